@@ -1,0 +1,1072 @@
+//! The configuration: what operators write (`raw`, serde structs that refuse unknown keys) kept
+//! apart from what the code uses (`Config`, typed and validated), joined by one function,
+//! [`Config::from_raw`].
+//!
+//! Structural mistakes (an unknown key, a string where a number belongs) stop serde at the first
+//! one; every semantic problem after that is collected, so an operator fixing a file on sale day
+//! sees all of them at once, each with its key path.
+
+use std::fmt;
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::num::{NonZeroU32, NonZeroU64};
+use std::path::Path;
+use std::time::Duration;
+
+use http::{HeaderName, Method};
+
+use crate::rules::PollTier;
+
+/// One problem in a configuration file, named by its key path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    pub path: String,
+    pub message: String,
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.path.is_empty() {
+            write!(f, "{}", self.message)
+        } else {
+            write!(f, "{}: {}", self.path, self.message)
+        }
+    }
+}
+
+/// Why a configuration could not be used: every problem found, in file order.
+#[derive(Debug, thiserror::Error)]
+pub struct ConfigError {
+    pub problems: Vec<Problem>,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let lines: Vec<String> = self.problems.iter().map(Problem::to_string).collect();
+        f.write_str(&lines.join("\n"))
+    }
+}
+
+impl ConfigError {
+    fn one(path: &str, message: impl Into<String>) -> Self {
+        ConfigError { problems: vec![Problem { path: path.into(), message: message.into() }] }
+    }
+}
+
+/// The user-facing shape of `proxy.yaml`. Durations and addresses stay strings here so that
+/// [`Config::from_raw`] can report a bad one with its key path instead of a serde type error.
+pub mod raw {
+    use serde::Deserialize;
+
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct Config {
+        #[serde(default = "d_listen")]
+        pub listen: String,
+        #[serde(default = "d_metrics_listen")]
+        pub metrics_listen: String,
+        pub upstream: Option<String>,
+        #[serde(default)]
+        pub redis: Redis,
+        #[serde(default)]
+        pub identity: Identity,
+        #[serde(default)]
+        pub token: Token,
+        #[serde(default = "d_protected")]
+        pub protected: Vec<Route>,
+        #[serde(default)]
+        pub admission: Admission,
+        #[serde(default)]
+        pub queue: Queue,
+        #[serde(default)]
+        pub endpoints: Endpoints,
+        #[serde(default = "d_poll_after")]
+        pub poll_after: Vec<Tier>,
+        #[serde(default)]
+        pub shutdown: Shutdown,
+        #[serde(default)]
+        pub reload: Reload,
+        #[serde(default)]
+        pub polling: Polling,
+        #[serde(default)]
+        pub abuse: Abuse,
+        #[serde(default)]
+        pub page: Page,
+    }
+
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct Redis {
+        pub url: Option<String>,
+        pub cluster: Option<Vec<String>>,
+        pub sentinel: Option<Sentinel>,
+        #[serde(default = "d_key_prefix")]
+        pub key_prefix: String,
+        #[serde(default = "d_redis_timeout")]
+        pub timeout: String,
+        #[serde(default)]
+        pub read_from_replicas: bool,
+    }
+
+    impl Default for Redis {
+        fn default() -> Self {
+            Redis {
+                url: None,
+                cluster: None,
+                sentinel: None,
+                key_prefix: d_key_prefix(),
+                timeout: d_redis_timeout(),
+                read_from_replicas: false,
+            }
+        }
+    }
+
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct Sentinel {
+        pub master: String,
+        pub addrs: Vec<String>,
+    }
+
+    #[derive(Debug, Default, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct Identity {
+        pub header: Option<String>,
+        pub jwt: Option<Jwt>,
+    }
+
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct Jwt {
+        #[serde(default = "d_jwt_from")]
+        pub from: String,
+        #[serde(default = "d_jwt_algorithms")]
+        pub algorithms: Vec<String>,
+        pub secret_env: Option<String>,
+        pub public_key_file: Option<String>,
+        #[serde(default = "d_jwt_claim")]
+        pub claim: String,
+        pub issuer: Option<String>,
+        pub audience: Option<String>,
+        #[serde(default = "d_jwt_leeway")]
+        pub leeway: String,
+    }
+
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct Token {
+        #[serde(default = "d_token_header")]
+        pub header: String,
+        #[serde(default = "d_token_ttl")]
+        pub ttl: String,
+    }
+
+    impl Default for Token {
+        fn default() -> Self {
+            Token { header: d_token_header(), ttl: d_token_ttl() }
+        }
+    }
+
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct Route {
+        pub method: String,
+        pub path: String,
+    }
+
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct Admission {
+        #[serde(default = "d_interval")]
+        pub interval: String,
+        #[serde(default = "d_batch_size")]
+        pub batch_size: i64,
+        #[serde(default)]
+        pub instant: bool,
+        #[serde(default)]
+        pub max_active: i64,
+        pub adaptive: Option<Adaptive>,
+    }
+
+    impl Default for Admission {
+        fn default() -> Self {
+            Admission {
+                interval: d_interval(),
+                batch_size: d_batch_size(),
+                instant: false,
+                max_active: 0,
+                adaptive: None,
+            }
+        }
+    }
+
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct Adaptive {
+        #[serde(default = "d_target_p95")]
+        pub target_p95: String,
+        #[serde(default = "d_min_batch")]
+        pub min_batch: i64,
+    }
+
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct Queue {
+        #[serde(default = "d_capacity")]
+        pub capacity: i64,
+        #[serde(default = "d_retry_after")]
+        pub retry_after: String,
+        #[serde(default = "d_zero")]
+        pub abandon_after: String,
+    }
+
+    impl Default for Queue {
+        fn default() -> Self {
+            Queue { capacity: d_capacity(), retry_after: d_retry_after(), abandon_after: d_zero() }
+        }
+    }
+
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct Endpoints {
+        #[serde(default = "d_prefix")]
+        pub prefix: String,
+    }
+
+    impl Default for Endpoints {
+        fn default() -> Self {
+            Endpoints { prefix: d_prefix() }
+        }
+    }
+
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct Tier {
+        pub min_wait: String,
+        pub poll_after: String,
+    }
+
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct Shutdown {
+        #[serde(default = "d_grace")]
+        pub grace: String,
+    }
+
+    impl Default for Shutdown {
+        fn default() -> Self {
+            Shutdown { grace: d_grace() }
+        }
+    }
+
+    #[derive(Debug, Default, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct Reload {
+        #[serde(default)]
+        pub watch: bool,
+    }
+
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct Polling {
+        #[serde(default)]
+        pub enforce: bool,
+        #[serde(default = "d_polling_grace")]
+        pub grace: String,
+    }
+
+    impl Default for Polling {
+        fn default() -> Self {
+            Polling { enforce: false, grace: d_polling_grace() }
+        }
+    }
+
+    #[derive(Debug, Default, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct Abuse {
+        #[serde(default)]
+        pub identities_per_address: i64,
+        #[serde(default)]
+        pub trusted_proxies: Vec<String>,
+    }
+
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct Page {
+        #[serde(default = "d_ready_url")]
+        pub ready_url: String,
+        #[serde(default = "d_true")]
+        pub enabled: bool,
+    }
+
+    impl Default for Page {
+        fn default() -> Self {
+            Page { ready_url: d_ready_url(), enabled: true }
+        }
+    }
+
+    fn s(v: &str) -> String {
+        v.to_string()
+    }
+    fn d_listen() -> String {
+        s("0.0.0.0:8080")
+    }
+    fn d_metrics_listen() -> String {
+        s("127.0.0.1:9090")
+    }
+    fn d_key_prefix() -> String {
+        s("waitroom")
+    }
+    fn d_redis_timeout() -> String {
+        s("500ms")
+    }
+    fn d_jwt_from() -> String {
+        s("authorization")
+    }
+    fn d_jwt_algorithms() -> Vec<String> {
+        vec![s("HS256")]
+    }
+    fn d_jwt_claim() -> String {
+        s("sub")
+    }
+    fn d_jwt_leeway() -> String {
+        s("30s")
+    }
+    fn d_token_header() -> String {
+        s("X-Entry-Token")
+    }
+    fn d_token_ttl() -> String {
+        s("5m")
+    }
+    fn d_protected() -> Vec<Route> {
+        vec![Route { method: s("POST"), path: s("/api/orders") }]
+    }
+    fn d_interval() -> String {
+        s("100ms")
+    }
+    fn d_batch_size() -> i64 {
+        10
+    }
+    fn d_target_p95() -> String {
+        s("300ms")
+    }
+    fn d_min_batch() -> i64 {
+        1
+    }
+    fn d_capacity() -> i64 {
+        100_000
+    }
+    fn d_retry_after() -> String {
+        s("30s")
+    }
+    fn d_zero() -> String {
+        s("0s")
+    }
+    fn d_prefix() -> String {
+        s("/queue")
+    }
+    fn d_poll_after() -> Vec<Tier> {
+        [("60s", "10s"), ("10s", "5s"), ("0s", "2s")]
+            .into_iter()
+            .map(|(m, p)| Tier { min_wait: s(m), poll_after: s(p) })
+            .collect()
+    }
+    fn d_grace() -> String {
+        s("10s")
+    }
+    fn d_polling_grace() -> String {
+        s("20%")
+    }
+    fn d_ready_url() -> String {
+        s("/checkout")
+    }
+    fn d_true() -> bool {
+        true
+    }
+}
+
+/// The validated configuration the proxy runs with.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub listen: SocketAddr,
+    pub metrics_listen: SocketAddr,
+    /// As written (`host:port`); resolved once at start-up.
+    pub upstream: String,
+    pub redis: RedisConfig,
+    pub identity: IdentityConfig,
+    pub token: TokenConfig,
+    pub protected: Vec<Route>,
+    pub admission: AdmissionConfig,
+    pub queue: QueueConfig,
+    pub endpoints: EndpointsConfig,
+    pub poll_after: Vec<PollTier>,
+    pub shutdown_grace: Duration,
+    pub reload_watch: bool,
+    pub polling: PollingConfig,
+    pub abuse: AbuseConfig,
+    pub page: PageConfig,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RedisTarget {
+    Url(String),
+    Cluster(Vec<String>),
+    Sentinel { master: String, addrs: Vec<String> },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedisConfig {
+    pub target: RedisTarget,
+    pub key_prefix: String,
+    pub timeout: Duration,
+    pub read_from_replicas: bool,
+}
+
+#[derive(Debug, Clone)]
+pub enum IdentityConfig {
+    Header(HeaderName),
+    Jwt(JwtConfig),
+}
+
+#[derive(Debug, Clone)]
+pub struct JwtConfig {
+    pub from: String,
+    pub algorithms: Vec<String>,
+    pub secret_env: Option<String>,
+    pub public_key_file: Option<String>,
+    pub claim: String,
+    pub issuer: Option<String>,
+    pub audience: Option<String>,
+    pub leeway: Duration,
+}
+
+#[derive(Debug, Clone)]
+pub struct TokenConfig {
+    pub header: HeaderName,
+    pub ttl: Duration,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Route {
+    pub method: Method,
+    pub path: String,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct AdmissionConfig {
+    pub interval: Duration,
+    pub batch_size: NonZeroU32,
+    pub instant: bool,
+    pub max_active: u64,
+    pub adaptive: Option<AdaptiveConfig>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct AdaptiveConfig {
+    pub target_p95: Duration,
+    pub min_batch: NonZeroU32,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct QueueConfig {
+    pub capacity: NonZeroU64,
+    pub retry_after: Duration,
+    pub abandon_after: Duration,
+}
+
+#[derive(Debug, Clone)]
+pub struct EndpointsConfig {
+    pub prefix: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct PollingConfig {
+    pub enforce: bool,
+    /// Fraction of pollAfter that may be skipped (0.2 for "20%").
+    pub grace: f64,
+}
+
+#[derive(Debug, Clone)]
+pub struct AbuseConfig {
+    pub identities_per_address: u32,
+    pub trusted_proxies: Vec<Cidr>,
+}
+
+#[derive(Debug, Clone)]
+pub struct PageConfig {
+    pub ready_url: String,
+    pub enabled: bool,
+}
+
+/// An address block from `abuse.trusted_proxies`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cidr {
+    pub addr: IpAddr,
+    pub prefix_len: u8,
+}
+
+impl Cidr {
+    pub fn parse(text: &str) -> Option<Cidr> {
+        let (addr, len) = match text.split_once('/') {
+            Some((a, l)) => (a.parse::<IpAddr>().ok()?, Some(l.parse::<u8>().ok()?)),
+            None => (text.parse::<IpAddr>().ok()?, None),
+        };
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        let prefix_len = len.unwrap_or(max);
+        (prefix_len <= max).then_some(Cidr { addr, prefix_len })
+    }
+
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        fn masked(bits: u128, len: u8, width: u8) -> u128 {
+            if len == 0 {
+                0
+            } else {
+                bits >> (width - len)
+            }
+        }
+        match (self.addr, ip) {
+            (IpAddr::V4(net), IpAddr::V4(ip)) => {
+                masked(u32::from(net) as u128, self.prefix_len, 32)
+                    == masked(u32::from(ip) as u128, self.prefix_len, 32)
+            }
+            (IpAddr::V6(net), IpAddr::V6(ip)) => {
+                masked(u128::from(net), self.prefix_len, 128)
+                    == masked(u128::from(ip), self.prefix_len, 128)
+            }
+            _ => false,
+        }
+    }
+}
+
+impl Config {
+    /// Reads and validates a configuration file.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError::one("", format!("cannot read {}: {e}", path.display())))?;
+        Config::parse(&text)
+    }
+
+    /// Parses and validates configuration text.
+    pub fn parse(text: &str) -> Result<Config, ConfigError> {
+        // An empty file is a valid document with every default (and so a missing upstream).
+        let raw: raw::Config = if text.trim().is_empty() {
+            serde_yaml::from_str("{}")
+        } else {
+            serde_yaml::from_str(text)
+        }
+        .map_err(|e| ConfigError::one("", e.to_string()))?;
+        Config::from_raw(raw)
+    }
+
+    /// The one place where what operators write becomes what the code uses.
+    pub fn from_raw(raw: raw::Config) -> Result<Config, ConfigError> {
+        let mut v = Validator::default();
+
+        let listen = v.socket_addr("listen", &raw.listen);
+        let metrics_listen = v.socket_addr("metrics_listen", &raw.metrics_listen);
+        let upstream = match raw.upstream {
+            None => v.fail("upstream", "is required (host:port of the order API)"),
+            Some(u) => v.host_port("upstream", &u).map(|_| u),
+        };
+        let redis = v.redis(raw.redis);
+        let identity = v.identity(raw.identity);
+        let token_header = v.header_name("token.header", &raw.token.header);
+        let ttl = v.positive_duration("token.ttl", &raw.token.ttl);
+        let protected = v.routes(raw.protected);
+        let admission = v.admission(raw.admission);
+        let capacity = v.positive("queue.capacity", raw.queue.capacity);
+        let retry_after = v.positive_duration("queue.retry_after", &raw.queue.retry_after);
+        let abandon_after = v.duration("queue.abandon_after", &raw.queue.abandon_after);
+        let prefix = v.endpoint_prefix(&raw.endpoints.prefix);
+        let poll_after = v.tiers(raw.poll_after);
+        let shutdown_grace = v.duration("shutdown.grace", &raw.shutdown.grace);
+        let polling = v.polling(raw.polling);
+        let abuse = v.abuse(raw.abuse);
+        let page = v.page(raw.page);
+
+        if let (Some(abandon), Some(tiers)) = (abandon_after, poll_after.as_ref()) {
+            let longest = tiers.iter().map(|t| t.poll_after).max().unwrap_or_default();
+            if !abandon.is_zero() && abandon < longest {
+                v.fail::<()>(
+                    "queue.abandon_after",
+                    format!(
+                        "must be 0s or at least the longest poll_after ({}), or users who poll as told are dropped",
+                        humantime::format_duration(longest)
+                    ),
+                );
+            }
+        }
+        if v.problems.is_empty() {
+            // Every Option below is Some when no problem was recorded.
+            let unwrap = "validated above";
+            Ok(Config {
+                listen: listen.expect(unwrap),
+                metrics_listen: metrics_listen.expect(unwrap),
+                upstream: upstream.expect(unwrap),
+                redis: redis.expect(unwrap),
+                identity: identity.expect(unwrap),
+                token: TokenConfig { header: token_header.expect(unwrap), ttl: ttl.expect(unwrap) },
+                protected: protected.expect(unwrap),
+                admission: admission.expect(unwrap),
+                queue: QueueConfig {
+                    capacity: NonZeroU64::new(capacity.expect(unwrap)).expect(unwrap),
+                    retry_after: retry_after.expect(unwrap),
+                    abandon_after: abandon_after.expect(unwrap),
+                },
+                endpoints: EndpointsConfig { prefix: prefix.expect(unwrap) },
+                poll_after: poll_after.expect(unwrap),
+                shutdown_grace: shutdown_grace.expect(unwrap),
+                reload_watch: raw.reload.watch,
+                polling: polling.expect(unwrap),
+                abuse: abuse.expect(unwrap),
+                page: page.expect(unwrap),
+            })
+        } else {
+            Err(ConfigError { problems: v.problems })
+        }
+    }
+
+    /// The rate the room admits at, in users per second, from the configured batch and interval.
+    pub fn admission_rate(&self) -> f64 {
+        self.admission.batch_size.get() as f64 / self.admission.interval.as_secs_f64()
+    }
+
+    /// Resolves `upstream` to the address connections go to.
+    pub fn resolve_upstream(&self) -> std::io::Result<SocketAddr> {
+        self.upstream.to_socket_addrs()?.next().ok_or_else(|| {
+            std::io::Error::new(std::io::ErrorKind::NotFound, "upstream resolved to no address")
+        })
+    }
+}
+
+/// Collects problems while converting; each check returns `None` after recording a problem.
+#[derive(Default)]
+struct Validator {
+    problems: Vec<Problem>,
+}
+
+impl Validator {
+    fn fail<T>(&mut self, path: &str, message: impl Into<String>) -> Option<T> {
+        self.problems.push(Problem { path: path.to_string(), message: message.into() });
+        None
+    }
+
+    fn duration(&mut self, path: &str, text: &str) -> Option<Duration> {
+        match humantime::parse_duration(text.trim()) {
+            Ok(d) => Some(d),
+            Err(_) => self.fail(
+                path,
+                format!("'{text}' is not a duration (write a number with a unit: 100ms, 2s, 5m, 1h)"),
+            ),
+        }
+    }
+
+    fn positive_duration(&mut self, path: &str, text: &str) -> Option<Duration> {
+        let d = self.duration(path, text)?;
+        if d.is_zero() {
+            return self.fail(path, "must be greater than 0");
+        }
+        Some(d)
+    }
+
+    fn positive(&mut self, path: &str, value: i64) -> Option<u64> {
+        if value < 1 {
+            return self.fail(path, "must be at least 1");
+        }
+        Some(value as u64)
+    }
+
+    fn non_negative(&mut self, path: &str, value: i64) -> Option<u64> {
+        if value < 0 {
+            return self.fail(path, "must be 0 or more");
+        }
+        Some(value as u64)
+    }
+
+    fn batch(&mut self, path: &str, value: i64) -> Option<NonZeroU32> {
+        let v = self.positive(path, value)?;
+        match u32::try_from(v).ok().and_then(NonZeroU32::new) {
+            Some(n) => Some(n),
+            None => self.fail(path, "is too large"),
+        }
+    }
+
+    fn socket_addr(&mut self, path: &str, text: &str) -> Option<SocketAddr> {
+        match text.parse::<SocketAddr>() {
+            Ok(a) => Some(a),
+            Err(_) => self.fail(path, format!("'{text}' is not an address (write ip:port, e.g. 0.0.0.0:8080)")),
+        }
+    }
+
+    fn host_port(&mut self, path: &str, text: &str) -> Option<()> {
+        if text.parse::<SocketAddr>().is_ok() {
+            return Some(());
+        }
+        let ok = match text.rsplit_once(':') {
+            Some((host, port)) => {
+                !host.is_empty()
+                    && host.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.')
+                    && port.parse::<u16>().map(|p| p > 0).unwrap_or(false)
+            }
+            None => false,
+        };
+        if ok {
+            Some(())
+        } else {
+            self.fail(path, format!("'{text}' is not host:port"))
+        }
+    }
+
+    fn redis_url(&mut self, path: &str, text: &str) -> Option<String> {
+        match redis::parse_redis_url(text) {
+            Some(_) if text.starts_with("redis://") || text.starts_with("rediss://") || text.starts_with("unix://") || text.starts_with("redis+unix://") => {
+                Some(text.to_string())
+            }
+            _ => self.fail(path, format!("'{text}' is not a Redis URL (redis://host:port)")),
+        }
+    }
+
+    fn redis(&mut self, r: raw::Redis) -> Option<RedisConfig> {
+        let timeout = self.positive_duration("redis.timeout", &r.timeout);
+        let prefix_ok = !r.key_prefix.is_empty()
+            && !r.key_prefix.contains(['{', '}'])
+            && r.key_prefix.bytes().all(|b| b.is_ascii_graphic());
+        if !prefix_ok {
+            self.fail::<()>(
+                "redis.key_prefix",
+                "must be non-empty printable ASCII without spaces or braces (the proxy adds the {hash tag} itself)",
+            );
+        }
+        let chosen = [r.url.is_some(), r.cluster.is_some(), r.sentinel.is_some()]
+            .iter()
+            .filter(|x| **x)
+            .count();
+        let target = match (r.url, r.cluster, r.sentinel) {
+            _ if chosen > 1 => self.fail("redis", "takes exactly one of url, cluster or sentinel"),
+            (None, None, None) => Some(RedisTarget::Url("redis://127.0.0.1:6379".into())),
+            (Some(url), _, _) => self.redis_url("redis.url", &url).map(RedisTarget::Url),
+            (_, Some(nodes), _) => {
+                if nodes.is_empty() {
+                    self.fail("redis.cluster", "needs at least one seed node")
+                } else {
+                    let before = self.problems.len();
+                    for (i, n) in nodes.iter().enumerate() {
+                        self.redis_url(&format!("redis.cluster[{i}]"), n);
+                    }
+                    (self.problems.len() == before).then_some(RedisTarget::Cluster(nodes))
+                }
+            }
+            (_, _, Some(s)) => {
+                let before = self.problems.len();
+                if s.master.is_empty() {
+                    self.fail::<()>("redis.sentinel.master", "must not be empty");
+                }
+                if s.addrs.is_empty() {
+                    self.fail::<()>("redis.sentinel.addrs", "needs at least one sentinel");
+                }
+                for (i, a) in s.addrs.iter().enumerate() {
+                    self.redis_url(&format!("redis.sentinel.addrs[{i}]"), a);
+                }
+                (self.problems.len() == before)
+                    .then_some(RedisTarget::Sentinel { master: s.master, addrs: s.addrs })
+            }
+        };
+        let target = target?;
+        // Cluster and Sentinel are validated in full but not yet served: refuse rather than
+        // silently talk to a default Redis.
+        if !matches!(target, RedisTarget::Url(_)) {
+            return self.fail(
+                if matches!(target, RedisTarget::Cluster(_)) { "redis.cluster" } else { "redis.sentinel" },
+                "is not supported by this build yet; use redis.url",
+            );
+        }
+        prefix_ok.then_some(())?;
+        Some(RedisConfig {
+            target,
+            key_prefix: r.key_prefix,
+            timeout: timeout?,
+            read_from_replicas: r.read_from_replicas,
+        })
+    }
+
+    fn header_name(&mut self, path: &str, text: &str) -> Option<HeaderName> {
+        match HeaderName::from_bytes(text.as_bytes()) {
+            Ok(h) if !text.is_empty() => Some(h),
+            _ => self.fail(path, format!("'{text}' is not an HTTP header name")),
+        }
+    }
+
+    fn identity(&mut self, i: raw::Identity) -> Option<IdentityConfig> {
+        match (i.header, i.jwt) {
+            (Some(_), Some(_)) => self.fail("identity", "takes either header or jwt, not both"),
+            (h, None) => {
+                let h = h.unwrap_or_else(|| "X-User-Id".to_string());
+                self.header_name("identity.header", &h).map(IdentityConfig::Header)
+            }
+            (None, Some(_)) => self.fail("identity.jwt", "is not supported by this build yet; use identity.header"),
+        }
+    }
+
+    fn routes(&mut self, routes: Vec<raw::Route>) -> Option<Vec<Route>> {
+        let before = self.problems.len();
+        let mut out = Vec::with_capacity(routes.len());
+        for (i, r) in routes.into_iter().enumerate() {
+            let method = match Method::from_bytes(r.method.as_bytes()) {
+                Ok(m) if is_standard_method(&m) => Some(m),
+                _ => self.fail(
+                    &format!("protected[{i}].method"),
+                    format!("'{}' is not an HTTP method", r.method),
+                ),
+            };
+            if !r.path.starts_with('/') {
+                self.fail::<()>(&format!("protected[{i}].path"), "must start with /");
+            }
+            if let Some(method) = method {
+                out.push(Route { method, path: r.path });
+            }
+        }
+        (self.problems.len() == before).then_some(out)
+    }
+
+    fn admission(&mut self, a: raw::Admission) -> Option<AdmissionConfig> {
+        let interval = self.positive_duration("admission.interval", &a.interval);
+        let batch_size = self.batch("admission.batch_size", a.batch_size);
+        let max_active = self.non_negative("admission.max_active", a.max_active);
+        let adaptive = match a.adaptive {
+            None => Some(None),
+            Some(ad) => {
+                let target = self.positive_duration("admission.adaptive.target_p95", &ad.target_p95);
+                let min_batch = self.batch("admission.adaptive.min_batch", ad.min_batch);
+                if let (Some(min), Some(max)) = (min_batch, batch_size) {
+                    if min > max {
+                        self.fail::<()>(
+                            "admission.adaptive.min_batch",
+                            "must not exceed admission.batch_size",
+                        );
+                        return None;
+                    }
+                }
+                Some(Some(AdaptiveConfig { target_p95: target?, min_batch: min_batch? }))
+            }
+        };
+        if a.instant || max_active.unwrap_or(0) > 0 || matches!(adaptive, Some(Some(_))) {
+            return self.fail(
+                "admission",
+                "instant, max_active and adaptive are not supported by this build yet",
+            );
+        }
+        Some(AdmissionConfig {
+            interval: interval?,
+            batch_size: batch_size?,
+            instant: a.instant,
+            max_active: max_active?,
+            adaptive: adaptive?,
+        })
+    }
+
+    fn endpoint_prefix(&mut self, prefix: &str) -> Option<String> {
+        if !prefix.starts_with('/') {
+            return self.fail("endpoints.prefix", "must start with /");
+        }
+        // "/queue/" and "/queue" name the same endpoints: {prefix}/enter is built from it.
+        Some(prefix.trim_end_matches('/').to_string())
+    }
+
+    fn tiers(&mut self, tiers: Vec<raw::Tier>) -> Option<Vec<PollTier>> {
+        if tiers.is_empty() {
+            return self.fail("poll_after", "needs at least one tier, the last with min_wait 0s");
+        }
+        let before = self.problems.len();
+        let mut out = Vec::with_capacity(tiers.len());
+        for (i, t) in tiers.iter().enumerate() {
+            let min_wait = self.duration(&format!("poll_after[{i}].min_wait"), &t.min_wait);
+            let poll = self.positive_duration(&format!("poll_after[{i}].poll_after"), &t.poll_after);
+            if let (Some(min_wait), Some(poll_after)) = (min_wait, poll) {
+                out.push(PollTier { min_wait, poll_after });
+            }
+        }
+        if self.problems.len() != before {
+            return None;
+        }
+        if out.last().map(|t| !t.min_wait.is_zero()).unwrap_or(true) {
+            return self.fail(
+                &format!("poll_after[{}].min_wait", out.len() - 1),
+                "the last tier must have min_wait 0s, so every wait has a tier",
+            );
+        }
+        Some(out)
+    }
+
+    fn polling(&mut self, p: raw::Polling) -> Option<PollingConfig> {
+        let text = p.grace.trim();
+        let grace = text
+            .strip_suffix('%')
+            .and_then(|n| n.trim().parse::<f64>().ok())
+            .filter(|g| (0.0..100.0).contains(g))
+            .map(|g| g / 100.0);
+        let Some(grace) = grace else {
+            return self.fail("polling.grace", format!("'{}' is not a percentage from 0% to 99%", p.grace));
+        };
+        if p.enforce {
+            return self.fail("polling.enforce", "is not supported by this build yet");
+        }
+        Some(PollingConfig { enforce: p.enforce, grace })
+    }
+
+    fn abuse(&mut self, a: raw::Abuse) -> Option<AbuseConfig> {
+        let limit = self.non_negative("abuse.identities_per_address", a.identities_per_address);
+        let before = self.problems.len();
+        let mut proxies = Vec::new();
+        for (i, c) in a.trusted_proxies.iter().enumerate() {
+            match Cidr::parse(c) {
+                Some(cidr) => proxies.push(cidr),
+                None => {
+                    self.fail::<()>(&format!("abuse.trusted_proxies[{i}]"), format!("'{c}' is not a CIDR"));
+                }
+            }
+        }
+        let limit = u32::try_from(limit?).ok().or_else(|| {
+            self.fail("abuse.identities_per_address", "is too large")
+        })?;
+        if limit > 0 {
+            return self.fail("abuse.identities_per_address", "is not supported by this build yet");
+        }
+        (self.problems.len() == before)
+            .then_some(AbuseConfig { identities_per_address: limit, trusted_proxies: proxies })
+    }
+
+    fn page(&mut self, p: raw::Page) -> Option<PageConfig> {
+        if p.ready_url.is_empty() || p.ready_url.contains(['"', '<', '>', '\'', ' ']) {
+            return self.fail("page.ready_url", "must be a URL or path without quotes, spaces or angle brackets");
+        }
+        Some(PageConfig { ready_url: p.ready_url, enabled: p.enabled })
+    }
+}
+
+fn is_standard_method(m: &Method) -> bool {
+    [
+        Method::GET,
+        Method::POST,
+        Method::PUT,
+        Method::DELETE,
+        Method::PATCH,
+        Method::HEAD,
+        Method::OPTIONS,
+        Method::CONNECT,
+        Method::TRACE,
+    ]
+    .contains(m)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn problems(yaml: &str) -> Vec<String> {
+        match Config::parse(yaml) {
+            Ok(_) => vec![],
+            Err(e) => e.problems.iter().map(|p| p.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn defaults_match_the_contract() {
+        let c = Config::parse("upstream: 127.0.0.1:8081").unwrap();
+        assert_eq!(c.listen, "0.0.0.0:8080".parse().unwrap());
+        assert_eq!(c.metrics_listen, "127.0.0.1:9090".parse().unwrap());
+        assert_eq!(c.redis.target, RedisTarget::Url("redis://127.0.0.1:6379".into()));
+        assert_eq!(c.redis.key_prefix, "waitroom");
+        assert_eq!(c.redis.timeout, Duration::from_millis(500));
+        assert!(matches!(&c.identity, IdentityConfig::Header(h) if h == "x-user-id"));
+        assert_eq!(c.token.header, "x-entry-token");
+        assert_eq!(c.token.ttl, Duration::from_secs(300));
+        assert_eq!(c.protected, vec![Route { method: Method::POST, path: "/api/orders".into() }]);
+        assert_eq!(c.admission.interval, Duration::from_millis(100));
+        assert_eq!(c.admission.batch_size.get(), 10);
+        assert_eq!(c.queue.capacity.get(), 100_000);
+        assert_eq!(c.queue.retry_after, Duration::from_secs(30));
+        assert_eq!(c.endpoints.prefix, "/queue");
+        let tiers: Vec<(u64, u64)> =
+            c.poll_after.iter().map(|t| (t.min_wait.as_secs(), t.poll_after.as_secs())).collect();
+        assert_eq!(tiers, vec![(60, 10), (10, 5), (0, 2)]);
+        assert_eq!(c.shutdown_grace, Duration::from_secs(10));
+        assert!(!c.reload_watch);
+        assert_eq!(c.admission_rate(), 100.0);
+    }
+
+    #[test]
+    fn the_shipped_proxy_yaml_is_valid() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("proxy.yaml");
+        Config::load(&path).unwrap();
+    }
+
+    #[test]
+    fn every_semantic_problem_is_reported_with_its_path() {
+        let got = problems(
+            "upstream: nope\nlisten: 'x'\nadmission: {batch_size: 0, interval: 0s}\nqueue: {capacity: 0}\n\
+             token: {ttl: 0s}\nprotected: [{method: FETCH, path: api}]\npoll_after: [{min_wait: 5s, poll_after: 1s}]",
+        );
+        let paths: Vec<&str> = got.iter().map(|l| l.split(':').next().unwrap()).collect();
+        assert_eq!(
+            paths,
+            vec![
+                "listen",
+                "upstream",
+                "token.ttl",
+                "protected[0].method",
+                "protected[0].path",
+                "admission.interval",
+                "admission.batch_size",
+                "queue.capacity",
+                "poll_after[0].min_wait"
+            ],
+            "{got:#?}"
+        );
+        assert!(got.contains(&"admission.batch_size: must be at least 1".to_string()));
+    }
+
+    #[test]
+    fn unknown_keys_and_wrong_types_name_their_path() {
+        let got = problems("upstream: a:1\nadmission: {batch_sise: 3}");
+        assert_eq!(got.len(), 1);
+        assert!(got[0].contains("admission") && got[0].contains("batch_sise"), "{got:?}");
+        let got = problems("upstream: a:1\nqueue: {capacity: lots}");
+        assert!(got[0].starts_with("queue.capacity"), "{got:?}");
+    }
+
+    #[test]
+    fn missing_upstream_is_an_error() {
+        assert_eq!(problems(""), vec!["upstream: is required (host:port of the order API)"]);
+    }
+
+    #[test]
+    fn durations_need_units() {
+        assert_eq!(
+            problems("upstream: a:1\ntoken: {ttl: '300'}"),
+            vec!["token.ttl: '300' is not a duration (write a number with a unit: 100ms, 2s, 5m, 1h)"]
+        );
+    }
+
+    #[test]
+    fn redis_takes_exactly_one_topology() {
+        let got = problems("upstream: a:1\nredis: {url: 'redis://a:1', cluster: ['redis://b:2']}");
+        assert_eq!(got, vec!["redis: takes exactly one of url, cluster or sentinel"]);
+        assert!(!problems("upstream: a:1\nredis: {url: 'http://x'}").is_empty());
+    }
+
+    #[test]
+    fn abandon_after_must_cover_the_longest_poll() {
+        let got = problems("upstream: a:1\nqueue: {abandon_after: 5s}");
+        assert!(got[0].starts_with("queue.abandon_after"), "{got:?}");
+        assert!(problems("upstream: a:1\nqueue: {abandon_after: 0s}").is_empty());
+    }
+
+    #[test]
+    fn cidr_matching() {
+        let c = Cidr::parse("10.0.0.0/8").unwrap();
+        assert!(c.contains("10.1.2.3".parse().unwrap()));
+        assert!(!c.contains("11.0.0.1".parse().unwrap()));
+        assert!(Cidr::parse("::1").unwrap().contains("::1".parse().unwrap()));
+        assert!(Cidr::parse("1.2.3.4/33").is_none());
+        assert!(Cidr::parse("0.0.0.0/0").unwrap().contains("8.8.8.8".parse().unwrap()));
+    }
+}

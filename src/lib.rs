@@ -1,0 +1,18 @@
+//! waitroom: a waiting-room reverse proxy on pingora. A stampede on the order API becomes a fair,
+//! capped line in Redis, drained at the rate the backend can take.
+//!
+//! Reading order: `main` -> [`config`] -> [`server`] (services) -> [`proxy`] (the request
+//! phases and one module per endpoint) -> [`rules`] (the queue's arithmetic) -> [`store`] (Redis
+//! and the scripts in `lua/`).
+
+pub mod admission;
+pub mod config;
+pub mod health;
+pub mod lifecycle;
+pub mod live;
+pub mod logging;
+pub mod metrics;
+pub mod proxy;
+pub mod rules;
+pub mod server;
+pub mod store;

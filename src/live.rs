@@ -1,0 +1,105 @@
+//! The running configuration, swappable without a restart (SIGHUP, section 6 of the contract).
+//!
+//! Readers take a snapshot per request (`load()`), so a reload never changes the rules half way
+//! through one request. Only what can change safely while serving does; the rest is logged as
+//! needing a restart and kept as it was.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+
+use crate::config::{Config, ConfigError};
+use crate::metrics;
+
+pub type LiveConfig = Arc<ArcSwap<Config>>;
+
+pub fn new(config: Config) -> LiveConfig {
+    Arc::new(ArcSwap::from_pointee(config))
+}
+
+/// What a reload changed: settings now in force, and settings that wait for a restart.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Changes {
+    pub applied: Vec<&'static str>,
+    pub need_restart: Vec<&'static str>,
+}
+
+/// Merges a freshly validated file into the running configuration.
+pub fn merge(running: &Config, mut next: Config) -> (Config, Changes) {
+    let mut changes = Changes::default();
+    // Sockets and the Redis connection are made once at start-up.
+    if next.listen != running.listen {
+        changes.need_restart.push("listen");
+        next.listen = running.listen;
+    }
+    if next.metrics_listen != running.metrics_listen {
+        changes.need_restart.push("metrics_listen");
+        next.metrics_listen = running.metrics_listen;
+    }
+    if next.redis != running.redis {
+        changes.need_restart.push("redis");
+        next.redis = running.redis.clone();
+    }
+    if next.upstream != running.upstream {
+        changes.need_restart.push("upstream");
+        next.upstream = running.upstream.clone();
+    }
+    let applied = [
+        ("admission", next.admission != running.admission),
+        ("queue", next.queue != running.queue),
+        ("token.ttl", next.token.ttl != running.token.ttl),
+        ("token.header", next.token.header != running.token.header),
+        ("poll_after", next.poll_after != running.poll_after),
+        ("protected", next.protected != running.protected),
+        ("endpoints.prefix", next.endpoints.prefix != running.endpoints.prefix),
+        ("shutdown.grace", next.shutdown_grace != running.shutdown_grace),
+    ];
+    changes.applied = applied.iter().filter(|(_, changed)| *changed).map(|(k, _)| *k).collect();
+    (next, changes)
+}
+
+/// Re-reads the file and swaps it in when valid; an invalid file leaves everything as it was.
+pub fn reload(live: &LiveConfig, path: &Path) -> Result<Changes, ConfigError> {
+    match Config::load(path) {
+        Ok(next) => {
+            let (merged, changes) = merge(&live.load(), next);
+            live.store(Arc::new(merged));
+            metrics::CONFIG_RELOADS_TOTAL.with_label_values(&["ok"]).inc();
+            metrics::ADMISSION_RATE.set(live.load().admission_rate());
+            tracing::info!(applied = ?changes.applied, "configuration reloaded");
+            for key in &changes.need_restart {
+                tracing::warn!(key, "configuration change needs a restart to take effect; keeping the running value");
+            }
+            Ok(changes)
+        }
+        Err(error) => {
+            metrics::CONFIG_RELOADS_TOTAL.with_label_values(&["error"]).inc();
+            for problem in &error.problems {
+                tracing::error!(%problem, "configuration reload refused; the running configuration stays");
+            }
+            Err(error)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn restart_only_keys_are_kept_and_reported() {
+        let running = Config::parse("upstream: 127.0.0.1:1").unwrap();
+        let next = Config::parse(
+            "upstream: 127.0.0.1:2\nlisten: 127.0.0.1:1\nadmission: {batch_size: 20}\nredis: {key_prefix: other}",
+        )
+        .unwrap();
+        let (merged, changes) = merge(&running, next);
+        assert_eq!(changes.need_restart, vec!["listen", "redis", "upstream"]);
+        assert_eq!(changes.applied, vec!["admission"]);
+        assert_eq!(merged.listen, running.listen);
+        assert_eq!(merged.redis, running.redis);
+        assert_eq!(merged.upstream, running.upstream);
+        assert_eq!(merged.admission.batch_size.get(), 20);
+    }
+}

@@ -1,0 +1,115 @@
+//! Prometheus metrics: statics in the default registry, recorded where each outcome is decided,
+//! served by [`crate::health`] on `metrics_listen`.
+//!
+//! Counters are per proxy (sum them across a room's proxies); gauges named `waitroom_queue_*`,
+//! `waitroom_active_tokens` and `waitroom_admission_batch` are the room's truth read from Redis
+//! about once a second, so every proxy of a room reports the same value.
+
+use std::sync::LazyLock;
+
+use prometheus::{
+    register_histogram_vec, register_int_counter, register_int_counter_vec, register_int_gauge,
+    HistogramVec, IntCounter, IntCounterVec, IntGauge,
+};
+
+const LATENCY_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+macro_rules! metric {
+    ($name:ident: $ty:ty = $make:expr) => {
+        pub static $name: LazyLock<$ty> =
+            LazyLock::new(|| $make.expect(concat!("registering ", stringify!($name))));
+    };
+}
+
+metric!(QUEUE_LENGTH: IntGauge =
+    register_int_gauge!("waitroom_queue_length", "Users waiting in the room's line (room-wide, from Redis)"));
+metric!(QUEUE_TAIL_WAIT: IntGauge = register_int_gauge!(
+    "waitroom_queue_tail_wait_seconds",
+    "Estimated wait of the last user in line at the configured rate (room-wide)"
+));
+metric!(ACTIVE_TOKENS: IntGauge =
+    register_int_gauge!("waitroom_active_tokens", "Entry tokens issued and not yet used or expired (room-wide)"));
+metric!(ADMISSION_BATCH: IntGauge =
+    register_int_gauge!("waitroom_admission_batch", "Users the room admits per interval (the batch in force)"));
+metric!(ADMISSION_RATE: prometheus::Gauge = prometheus::register_gauge!(
+    "waitroom_admission_rate_per_second",
+    "The configured admission rate: batch_size / interval"
+));
+metric!(ENTER_TOTAL: IntCounterVec =
+    register_int_counter_vec!("waitroom_enter_total", "Enter calls by outcome", &["result"]));
+metric!(STATUS_TOTAL: IntCounterVec =
+    register_int_counter_vec!("waitroom_status_total", "Status calls by answer", &["status"]));
+metric!(ADMITTED_TOTAL: IntCounter =
+    register_int_counter!("waitroom_admitted_total", "Users admitted (given an entry token) by this proxy's ticks"));
+metric!(ADMISSION_TICKS_TOTAL: IntCounterVec = register_int_counter_vec!(
+    "waitroom_admission_ticks_total",
+    "Admission script calls by this proxy: admitted (due, this proxy admitted), idle (due, line empty), early (another proxy had it)",
+    &["result"]
+));
+metric!(ABANDONED_TOTAL: IntCounter =
+    register_int_counter!("waitroom_abandoned_total", "Places lost by users who stopped polling"));
+metric!(TOKENS_CONSUMED_TOTAL: IntCounter =
+    register_int_counter!("waitroom_tokens_consumed_total", "Entry tokens spent by a successful protected request"));
+metric!(PROTECTED_TOTAL: IntCounterVec = register_int_counter_vec!(
+    "waitroom_protected_requests_total",
+    "Protected requests by outcome",
+    &["result"]
+));
+metric!(UPSTREAM_RESPONSES_TOTAL: IntCounterVec = register_int_counter_vec!(
+    "waitroom_upstream_responses_total",
+    "Upstream responses to protected and pass-through requests by status class",
+    &["class"]
+));
+metric!(REQUEST_DURATION: HistogramVec = register_histogram_vec!(
+    "waitroom_request_duration_seconds",
+    "Time from request to complete response, by endpoint kind",
+    &["endpoint"],
+    LATENCY_BUCKETS.to_vec()
+));
+metric!(UPSTREAM_DURATION: HistogramVec = register_histogram_vec!(
+    "waitroom_upstream_duration_seconds",
+    "Time from forwarding a request to the upstream's response header, by endpoint kind",
+    &["endpoint"],
+    LATENCY_BUCKETS.to_vec()
+));
+metric!(REDIS_ERRORS_TOTAL: IntCounter =
+    register_int_counter!("waitroom_redis_errors_total", "Redis calls that failed or timed out"));
+metric!(CONFIG_RELOADS_TOTAL: IntCounterVec =
+    register_int_counter_vec!("waitroom_config_reloads_total", "Configuration reloads by result", &["result"]));
+metric!(REDIS_UP: IntGauge =
+    register_int_gauge!("waitroom_redis_up", "1 while Redis answers this proxy's probes, else 0"));
+
+/// Registers every metric, so unlabelled ones are exported from the first scrape on.
+pub fn init() {
+    LazyLock::force(&QUEUE_LENGTH);
+    LazyLock::force(&QUEUE_TAIL_WAIT);
+    LazyLock::force(&ACTIVE_TOKENS);
+    LazyLock::force(&ADMISSION_BATCH);
+    LazyLock::force(&ADMISSION_RATE);
+    LazyLock::force(&ENTER_TOTAL);
+    LazyLock::force(&STATUS_TOTAL);
+    LazyLock::force(&ADMITTED_TOTAL);
+    LazyLock::force(&ADMISSION_TICKS_TOTAL);
+    LazyLock::force(&ABANDONED_TOTAL);
+    LazyLock::force(&TOKENS_CONSUMED_TOTAL);
+    LazyLock::force(&PROTECTED_TOTAL);
+    LazyLock::force(&UPSTREAM_RESPONSES_TOTAL);
+    LazyLock::force(&REQUEST_DURATION);
+    LazyLock::force(&UPSTREAM_DURATION);
+    LazyLock::force(&REDIS_ERRORS_TOTAL);
+    LazyLock::force(&CONFIG_RELOADS_TOTAL);
+    LazyLock::force(&REDIS_UP);
+}
+
+/// The text exposition of every registered metric.
+pub fn render() -> Vec<u8> {
+    use prometheus::Encoder;
+    let mut out = Vec::with_capacity(8 * 1024);
+    let encoder = prometheus::TextEncoder::new();
+    if let Err(e) = encoder.encode(&prometheus::gather(), &mut out) {
+        tracing::error!(error = %e, "encoding metrics failed");
+    }
+    out
+}

@@ -1,0 +1,138 @@
+//! The answers the proxy writes itself: JSON bodies with exactly the contract's keys, and the
+//! headers that go with them. Built here, written to the socket by [`super::write_answer`].
+
+use serde::Serialize;
+
+use crate::config::Config;
+use crate::rules::{self, IdentityProblem, Rate};
+
+/// A complete response the proxy sends without asking the upstream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answer {
+    pub status: u16,
+    pub body: Vec<u8>,
+    /// `Allow`, on 405.
+    pub allow: Option<&'static str>,
+    /// `Retry-After` in seconds, on FULL and 503.
+    pub retry_after: Option<u64>,
+}
+
+/// The body of every queue answer; `status` is the tag, so it is always the first key.
+#[derive(Serialize)]
+#[serde(tag = "status", rename_all = "SCREAMING_SNAKE_CASE", rename_all_fields = "camelCase")]
+enum QueueBody<'a> {
+    Waiting { position: u64, estimated_wait_time: u64, poll_after: u64 },
+    Ready { token: &'a str, expires_in: u64, poll_after: Option<u64> },
+    NotInQueue { poll_after: Option<u64> },
+    Full { retry_after: u64 },
+}
+
+#[derive(Serialize)]
+struct ErrorBody<'a> {
+    error: &'a str,
+}
+
+fn json(status: u16, body: &impl Serialize) -> Answer {
+    Answer {
+        status,
+        // Serialising these plain structs cannot fail.
+        body: serde_json::to_vec(body).unwrap_or_default(),
+        allow: None,
+        retry_after: None,
+    }
+}
+
+fn rate(config: &Config) -> Rate {
+    Rate {
+        batch: config.admission.batch_size.get() as u64,
+        interval: config.admission.interval,
+    }
+}
+
+impl Answer {
+    pub fn waiting(position: u64, config: &Config) -> Answer {
+        let eta = rules::estimated_wait_secs(position, rate(config));
+        json(
+            200,
+            &QueueBody::Waiting {
+                position,
+                estimated_wait_time: eta,
+                poll_after: rules::poll_after_secs(eta, &config.poll_after),
+            },
+        )
+    }
+
+    pub fn ready(token: &str, remaining_ms: u64, config: &Config) -> Answer {
+        json(
+            200,
+            &QueueBody::Ready {
+                token,
+                expires_in: rules::expires_in_secs(remaining_ms, config.token.ttl),
+                poll_after: None,
+            },
+        )
+    }
+
+    pub fn not_in_queue() -> Answer {
+        json(200, &QueueBody::NotInQueue { poll_after: None })
+    }
+
+    pub fn full(config: &Config) -> Answer {
+        let r = rules::ceil_secs(config.queue.retry_after);
+        Answer { retry_after: Some(r), ..json(429, &QueueBody::Full { retry_after: r }) }
+    }
+
+    pub fn error(status: u16, message: &str) -> Answer {
+        json(status, &ErrorBody { error: message })
+    }
+
+    /// Redis could not be asked in time: the client should come back, not hang.
+    pub fn unavailable(config: &Config) -> Answer {
+        Answer {
+            retry_after: Some(rules::ceil_secs(config.queue.retry_after)),
+            ..Answer::error(503, "the waiting room is temporarily unavailable, retry later")
+        }
+    }
+
+    pub fn method_not_allowed(allow: &'static str) -> Answer {
+        Answer { allow: Some(allow), ..Answer::error(405, "method not allowed") }
+    }
+
+    pub fn identity(problem: IdentityProblem) -> Answer {
+        Answer::error(problem.status(), problem.message())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> Config {
+        Config::parse("upstream: 127.0.0.1:1").unwrap()
+    }
+
+    fn body(a: &Answer) -> String {
+        String::from_utf8(a.body.clone()).unwrap()
+    }
+
+    #[test]
+    fn bodies_carry_exactly_the_contract_keys_in_order() {
+        let c = config();
+        assert_eq!(
+            body(&Answer::waiting(342, &c)),
+            r#"{"status":"WAITING","position":342,"estimatedWaitTime":4,"pollAfter":2}"#
+        );
+        assert_eq!(
+            body(&Answer::ready("u-1", 299_500, &c)),
+            r#"{"status":"READY","token":"u-1","expiresIn":300,"pollAfter":null}"#
+        );
+        assert_eq!(body(&Answer::not_in_queue()), r#"{"status":"NOT_IN_QUEUE","pollAfter":null}"#);
+        let full = Answer::full(&c);
+        assert_eq!((full.status, full.retry_after), (429, Some(30)));
+        assert_eq!(body(&full), r#"{"status":"FULL","retryAfter":30}"#);
+        assert_eq!(body(&Answer::error(403, "no \"token\"")), r#"{"error":"no \"token\""}"#);
+        let na = Answer::method_not_allowed("POST");
+        assert_eq!((na.status, na.allow), (405, Some("POST")));
+        assert_eq!(Answer::unavailable(&c).retry_after, Some(30));
+    }
+}

@@ -1,0 +1,65 @@
+//! A protected request (`protected` method + path): forwarded only with the user's current entry
+//! token, which is spent once the upstream answers 2xx.
+//! Parse (identity, token header) -> apply (read the token from Redis) -> render (a refusal, or
+//! nothing and the request goes upstream).
+
+use pingora::proxy::Session;
+
+use super::{identity, Answer, Ctx};
+use crate::config::Config;
+use crate::metrics;
+use crate::rules::{self, TokenFate};
+use crate::store::Room;
+
+/// Returns the refusal to send, or `None` when the request may go upstream.
+pub async fn check(config: &Config, room: &Room, session: &Session, ctx: &mut Ctx) -> Option<Answer> {
+    let (result, refusal) = decide(config, room, session, ctx).await;
+    metrics::PROTECTED_TOTAL.with_label_values(&[result]).inc();
+    refusal
+}
+
+async fn decide(
+    config: &Config,
+    room: &Room,
+    session: &Session,
+    ctx: &mut Ctx,
+) -> (&'static str, Option<Answer>) {
+    let user = match identity(config, session) {
+        Ok(user) => ctx.user.insert(user),
+        Err(problem) => return ("unauthenticated", Some(Answer::identity(problem))),
+    };
+    let presented = match session.req_header().headers.get(&config.token.header) {
+        Some(v) if !v.is_empty() => v.as_bytes(),
+        _ => return ("forbidden", Some(Answer::error(403, "an entry token is required"))),
+    };
+    match room.current_token(user).await {
+        Ok(Some(current)) if rules::token_matches(presented, current.as_bytes()) => {
+            ctx.spend = Some(current);
+            ("forwarded", None)
+        }
+        Ok(_) => ("forbidden", Some(Answer::error(403, "the entry token is not valid for this user"))),
+        Err(error) => {
+            metrics::REDIS_ERRORS_TOTAL.inc();
+            tracing::warn!(%error, "protected: redis unavailable, refusing (fail closed)");
+            ("unavailable", Some(Answer::unavailable(config)))
+        }
+    }
+}
+
+/// Applies the upstream's verdict to the token that was used.
+pub async fn settle(room: &Room, user: &str, token: &str, upstream_status: u16) {
+    if rules::token_fate(Some(upstream_status)) == TokenFate::Keep {
+        return;
+    }
+    match room.consume(user, token).await {
+        Ok(true) => metrics::TOKENS_CONSUMED_TOTAL.inc(),
+        // Expired, or already replaced by a newer token, between the check and now.
+        Ok(false) => {}
+        Err(error) => {
+            // The order went through; refusing its response now would only hide that from the
+            // user. The token stays live until its TTL, which the log makes visible.
+            metrics::REDIS_ERRORS_TOTAL.inc();
+            tracing::error!(%error, user, "could not spend an entry token after a successful order");
+        }
+    }
+}

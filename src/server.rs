@@ -1,0 +1,121 @@
+//! Assembles the process: the proxy service on `listen`, the operator endpoints on
+//! `metrics_listen`, and the background services (admission ticker, room watcher, reloader,
+//! drain), then hands control to pingora.
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::PathBuf;
+
+use pingora::server::configuration::ServerConf;
+use pingora::server::{RunArgs, Server};
+use pingora::services::background::background_service;
+use pingora::services::listening::Service;
+
+use crate::admission::Admitter;
+use crate::config::Config;
+use crate::health::{OpsEndpoints, RoomWatcher};
+use crate::lifecycle::{Drain, Reloader, StopSignals};
+use crate::live;
+use crate::metrics;
+use crate::proxy::Waitroom;
+use crate::rules;
+use crate::store::{Room, StoreError};
+
+/// Why the server could not start (exit code 1).
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("cannot listen on {addr} ({key}): {source}")]
+    Listen { key: &'static str, addr: SocketAddr, source: std::io::Error },
+    #[error("cannot resolve upstream {upstream}: {source}")]
+    Upstream { upstream: String, source: std::io::Error },
+    #[error("redis: {0}")]
+    Redis(#[from] StoreError),
+    #[error("cannot install the SIGHUP handler: {0}")]
+    Signals(std::io::Error),
+}
+
+/// Checks what pingora would otherwise only find out inside a service thread (where a bind
+/// failure panics instead of ending the process with a clear message).
+fn preflight(config: &Config) -> Result<SocketAddr, StartError> {
+    for (key, addr) in [("listen", config.listen), ("metrics_listen", config.metrics_listen)] {
+        TcpListener::bind(addr).map_err(|source| StartError::Listen { key, addr, source })?;
+    }
+    config
+        .resolve_upstream()
+        .map_err(|source| StartError::Upstream { upstream: config.upstream.clone(), source })
+}
+
+/// Replaces SIGHUP's default action (terminate) before any service runs, so a reload sent
+/// during start-up cannot kill the process. tokio keeps the handler for the process's life.
+fn claim_sighup() -> Result<(), StartError> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build()
+        .map_err(StartError::Signals)?;
+    rt.block_on(async { tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) })
+        .map(drop)
+        .map_err(StartError::Signals)
+}
+
+fn worker_threads() -> usize {
+    std::env::var("WAITROOM_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|n| *n > 0)
+        .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1))
+}
+
+/// Runs until a signal stops the server; the process exits from inside (see `lifecycle`).
+pub fn run(config: Config, config_path: PathBuf) -> Result<(), StartError> {
+    let upstream = preflight(&config)?;
+    claim_sighup()?;
+    metrics::init();
+    metrics::ADMISSION_RATE.set(config.admission_rate());
+    metrics::ADMISSION_BATCH.set(config.admission.batch_size.get() as i64);
+
+    let conf = ServerConf {
+        threads: worker_threads(),
+        // The drain service ends the process once requests are done; pingora's own sleep is
+        // only the backstop.
+        grace_period_seconds: Some(rules::ceil_secs(config.shutdown_grace) + 1),
+        graceful_shutdown_timeout_seconds: Some(1),
+        ..ServerConf::default()
+    };
+    let mut server = Server::new_with_opt_and_conf(None, conf);
+    server.bootstrap();
+
+    let listen = config.listen.to_string();
+    let metrics_listen = config.metrics_listen.to_string();
+    let redis = config.redis.clone();
+    let live = live::new(config);
+
+    let mut proxy = pingora::proxy::http_proxy_service_with_name(
+        &server.configuration,
+        Waitroom::new(live.clone(), Room::new(&redis)?, upstream),
+        "waitroom",
+    );
+    proxy.add_tcp(&listen);
+
+    let mut ops = Service::new("ops".to_string(), OpsEndpoints);
+    ops.add_tcp(&metrics_listen);
+    ops.threads = Some(1);
+
+    let mut admitter = background_service("admission", Admitter::new(live.clone(), Room::new(&redis)?));
+    admitter.threads = Some(1);
+    let mut watcher = background_service("room watcher", RoomWatcher::new(live.clone(), Room::new(&redis)?));
+    watcher.threads = Some(1);
+    let mut reloader = background_service("reloader", Reloader::new(live.clone(), config_path));
+    reloader.threads = Some(1);
+    let mut drain = background_service("drain", Drain::new(live));
+    drain.threads = Some(1);
+
+    server.add_service(proxy);
+    server.add_service(ops);
+    server.add_service(admitter);
+    server.add_service(watcher);
+    server.add_service(reloader);
+    server.add_service(drain);
+
+    tracing::info!(%listen, %metrics_listen, %upstream, "waitroom starting");
+    server.run(RunArgs { shutdown_signal: Box::new(StopSignals) });
+    Ok(())
+}

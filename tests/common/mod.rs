@@ -1,0 +1,63 @@
+//! Shared harness for waitroom's integration tests (style rule 6): real processes on free ports,
+//! one fresh `redis-server` per test, conditions awaited instead of slept for.
+//!
+//! ```ignore
+//! mod common;
+//! use common::*;
+//!
+//! let redis = RedisServer::start();
+//! let api = DemoApi::start(&["--slots", "4"]);
+//! let room = Proxy::builder(&redis.url(), api.addr()).yaml("admission: {interval: 100ms, batch_size: 5}");
+//! let a = room.start().await;
+//! let b = room.start().await;          // same builder => same key_prefix => same room
+//! assert_eq!(a.enter("alice").await.status, 200);
+//! ```
+//!
+//! Every test binary compiles this module and uses only part of it, hence the allows.
+#![allow(dead_code, unused_imports)]
+
+mod client;
+mod demo_api;
+mod process;
+mod proxy;
+mod redis_server;
+
+pub use client::{http_client, raw_request, send, try_send, Resp};
+pub use demo_api::DemoApi;
+pub use proxy::{
+    base_config, merge_yaml, merged_config_yaml, parse_metric, run_check, run_check_env,
+    unique_prefix, Proxy, ProxyBuilder,
+};
+pub use redis_server::RedisServer;
+
+use std::future::Future;
+use std::net::TcpListener;
+use std::time::{Duration, Instant};
+
+/// A port that was free a moment ago. Another process may take it before the caller binds it;
+/// the start-up helpers notice the failed bind and retry on a new port.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("bind 127.0.0.1:0")
+        .port()
+}
+
+/// Polls `cond` every `every` until it yields true (-> true) or `timeout` has passed (-> false).
+/// Returns a bool rather than panicking so the caller's `assert!` names what was awaited.
+pub async fn wait_until<F, Fut>(timeout: Duration, every: Duration, mut cond: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if cond().await {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(every).await;
+    }
+}
