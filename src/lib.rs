@@ -12,6 +12,7 @@ pub mod lifecycle;
 pub mod live;
 pub mod logging;
 pub mod metrics;
+pub mod page;
 pub mod proxy;
 pub mod rules;
 pub mod server;

@@ -13,6 +13,7 @@ use async_trait::async_trait;
 use pingora::server::{ShutdownSignal, ShutdownSignalWatch, ShutdownWatch};
 use pingora::services::background::BackgroundService;
 use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::mpsc;
 
 use crate::live::{self, LiveConfig};
 use crate::proxy::IN_FLIGHT;
@@ -76,15 +77,55 @@ impl BackgroundService for Drain {
     }
 }
 
-/// Reloads the configuration file on SIGHUP.
+/// Reloads the configuration file on SIGHUP, and on a change of the file when `reload.watch`.
 pub struct Reloader {
     config: LiveConfig,
     path: PathBuf,
 }
 
+/// Editors and ConfigMaps write a file in several steps (truncate + write, or write a temporary
+/// file and rename it over); wait for the burst to end before reading.
+const SETTLE: Duration = Duration::from_millis(200);
+
 impl Reloader {
     pub fn new(config: LiveConfig, path: PathBuf) -> Reloader {
         Reloader { config, path }
+    }
+
+    /// Watches the file's folder rather than the file: a file replaced by rename is a new inode,
+    /// which a watch on the old one would never report. Every event in the folder only wakes
+    /// the reloader; it reloads when the file's content actually changed.
+    fn watch(&self) -> Option<(notify::RecommendedWatcher, mpsc::UnboundedReceiver<()>)> {
+        use notify::Watcher;
+        let (tx, rx) = mpsc::unbounded_channel();
+        let folder = match self.path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        let made = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+            if event.is_ok() {
+                let _ = tx.send(());
+            }
+        });
+        let mut watcher = match made {
+            Ok(w) => w,
+            Err(error) => {
+                tracing::error!(%error, "cannot watch the configuration file; SIGHUP still reloads");
+                return None;
+            }
+        };
+        if let Err(error) = watcher.watch(&folder, notify::RecursiveMode::NonRecursive) {
+            tracing::error!(%error, folder = %folder.display(), "cannot watch the configuration folder; SIGHUP still reloads");
+            return None;
+        }
+        tracing::info!(path = %self.path.display(), "watching the configuration file for changes");
+        Some((watcher, rx))
+    }
+
+    fn reload(&self, why: &str) {
+        tracing::info!(path = %self.path.display(), why, "reloading the configuration");
+        // The outcome is logged and counted inside.
+        let _ = live::reload(&self.config, &self.path);
     }
 }
 
@@ -98,12 +139,29 @@ impl BackgroundService for Reloader {
                 return;
             }
         };
+        // Kept alive for as long as the loop runs; dropping it stops the watch.
+        let (_watcher, mut changes) = match self.config.load().reload_watch.then(|| self.watch()).flatten() {
+            Some((w, rx)) => (Some(w), Some(rx)),
+            None => (None, None),
+        };
+        let mut last_seen = std::fs::read(&self.path).ok();
         loop {
             tokio::select! {
                 _ = hup.recv() => {
-                    tracing::info!(path = %self.path.display(), "SIGHUP: reloading the configuration");
-                    // The outcome is logged and counted inside.
-                    let _ = live::reload(&self.config, &self.path);
+                    self.reload("SIGHUP");
+                    last_seen = std::fs::read(&self.path).ok();
+                }
+                Some(()) = async { match changes.as_mut() { Some(rx) => rx.recv().await, None => None } } => {
+                    tokio::time::sleep(SETTLE).await;
+                    if let Some(rx) = changes.as_mut() {
+                        while rx.try_recv().is_ok() {}
+                    }
+                    let now = std::fs::read(&self.path).ok();
+                    // A missing file mid-rename is not a change; the rename's own event follows.
+                    if now.is_some() && now != last_seen {
+                        self.reload("file changed");
+                        last_seen = now;
+                    }
                 }
                 _ = shutdown.changed() => return,
             }

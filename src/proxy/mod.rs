@@ -39,6 +39,7 @@ pub static IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
 pub enum Endpoint {
     Enter,
     Status,
+    Page,
     Protected,
     Passthrough,
 }
@@ -48,6 +49,7 @@ impl Endpoint {
         match self {
             Endpoint::Enter => "enter",
             Endpoint::Status => "status",
+            Endpoint::Page => "page",
             Endpoint::Protected => "protected",
             Endpoint::Passthrough => "passthrough",
         }
@@ -59,6 +61,7 @@ impl Endpoint {
             match rest {
                 "/enter" => return Endpoint::Enter,
                 "/status" => return Endpoint::Status,
+                "/" if config.page.enabled && method == http::Method::GET => return Endpoint::Page,
                 _ => {}
             }
         }
@@ -132,6 +135,17 @@ async fn write_answer(session: &mut Session, answer: Answer) -> Result<()> {
     session.write_response_body(Some(Bytes::from(answer.body)), true).await
 }
 
+/// Writes the waiting page: the one answer of ours that is HTML.
+async fn write_page(session: &mut Session, page: Vec<u8>) -> Result<()> {
+    let mut header = ResponseHeader::build(200, Some(4))?;
+    header.insert_header(http::header::CONTENT_TYPE, "text/html; charset=utf-8")?;
+    header.insert_header(http::header::CACHE_CONTROL, "no-store")?;
+    header.insert_header(http::header::CONTENT_LENGTH, page.len())?;
+    header.insert_header(http::header::VARY, "Accept-Language")?;
+    session.write_response_header(Box::new(header), false).await?;
+    session.write_response_body(Some(Bytes::from(page)), true).await
+}
+
 #[async_trait]
 impl ProxyHttp for Waitroom {
     type CTX = Ctx;
@@ -154,6 +168,12 @@ impl ProxyHttp for Waitroom {
         ctx.endpoint = Endpoint::classify(&config, &header.method, header.uri.path());
         let answer = match ctx.endpoint {
             Endpoint::Passthrough => return Ok(false),
+            Endpoint::Page => {
+                let accept_language = header.headers.get(http::header::ACCEPT_LANGUAGE);
+                let page = crate::page::render(&config, accept_language.map(|v| v.as_bytes()));
+                write_page(session, page).await?;
+                return Ok(true);
+            }
             Endpoint::Enter => enter::handle(&config, &self.room, session, ctx).await,
             Endpoint::Status => status::handle(&config, &self.room, session, ctx).await,
             Endpoint::Protected => match protected::check(&config, &self.room, session, ctx).await {
