@@ -553,7 +553,7 @@ impl Config {
         } else {
             serde_yaml::from_str(text)
         }
-        .map_err(|e| ConfigError::one("", e.to_string()))?;
+        .map_err(|e| ConfigError { problems: vec![structural_problem(&e.to_string())] })?;
         Config::from_raw(raw)
     }
 
@@ -942,6 +942,23 @@ impl Validator {
     }
 }
 
+/// Turns serde's message into a problem named by its key path: serde_yaml reports an unknown
+/// key by the path of the map that holds it ("admission: unknown field `x`, expected ...").
+fn structural_problem(message: &str) -> Problem {
+    let (path, rest) = match message.split_once(": ") {
+        Some((p, r)) if !p.contains(' ') => (p.to_string(), r),
+        _ => (String::new(), message),
+    };
+    if let Some(after) = rest.strip_prefix("unknown field `") {
+        if let Some((key, tail)) = after.split_once('`') {
+            let full = if path.is_empty() { key.to_string() } else { format!("{path}.{key}") };
+            let expected = tail.trim_start_matches(", ").replace("expected", "known keys:");
+            return Problem { path: full, message: format!("unknown key ({expected})") };
+        }
+    }
+    Problem { path, message: rest.to_string() }
+}
+
 fn is_standard_method(m: &Method) -> bool {
     [
         Method::GET,
@@ -1028,7 +1045,9 @@ mod tests {
     fn unknown_keys_and_wrong_types_name_their_path() {
         let got = problems("upstream: a:1\nadmission: {batch_sise: 3}");
         assert_eq!(got.len(), 1);
-        assert!(got[0].contains("admission") && got[0].contains("batch_sise"), "{got:?}");
+        assert!(got[0].starts_with("admission.batch_sise: unknown key (known keys: one of `interval`"), "{got:?}");
+        let got = problems("upstream: a:1\nfoo: 1");
+        assert!(got[0].starts_with("foo: unknown key"), "{got:?}");
         let got = problems("upstream: a:1\nqueue: {capacity: lots}");
         assert!(got[0].starts_with("queue.capacity"), "{got:?}");
     }
