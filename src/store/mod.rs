@@ -11,18 +11,19 @@
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Script, Value};
-use tokio::sync::OnceCell;
 
-use crate::config::{RedisConfig, RedisTarget};
+use crate::config::RedisConfig;
 
-static ENTER: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../lua/enter.lua")));
-static STATUS: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../lua/status.lua")));
-static ADMIT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../lua/admit.lua")));
+mod conn;
+pub use conn::{Connector, RedisConn};
+
+static ENTER: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/enter.lua")));
+static STATUS: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/status.lua")));
+static ADMIT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/admit.lua")));
 static CONSUME: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../lua/consume.lua")));
-static STATS: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../lua/stats.lua")));
+    LazyLock::new(|| Script::new(include_str!("../../lua/consume.lua")));
+static STATS: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/stats.lua")));
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -98,21 +99,15 @@ pub struct RoomStats {
 /// and pingora gives every service its own runtime. So: one `Room` per service.
 pub struct Room {
     keys: Keys,
-    client: redis::Client,
-    conn: OnceCell<ConnectionManager>,
+    connector: Connector,
     timeout: Duration,
 }
 
 impl Room {
     pub fn new(config: &RedisConfig) -> Result<Room, StoreError> {
-        let url = match &config.target {
-            RedisTarget::Url(url) => url,
-            other => return Err(StoreError::Reply(format!("unsupported redis target {other:?}"))),
-        };
         Ok(Room {
             keys: Keys::new(&config.key_prefix),
-            client: redis::Client::open(url.as_str())?,
-            conn: OnceCell::new(),
+            connector: Connector::new(config)?,
             timeout: config.timeout,
         })
     }
@@ -131,22 +126,8 @@ impl Room {
         self.timeout
     }
 
-    async fn conn(&self) -> Result<ConnectionManager, StoreError> {
-        let manager = self
-            .conn
-            .get_or_try_init(|| async {
-                // Reconnect quickly and give up on a dead socket quickly: a proxy in front of a
-                // checkout must notice a Redis that came back within a second or so.
-                let config = ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(self.timeout))
-                    .set_response_timeout(Some(self.timeout))
-                    .set_min_delay(Duration::from_millis(10))
-                    .set_max_delay(Duration::from_millis(250))
-                    .set_number_of_retries(2);
-                ConnectionManager::new_lazy_with_config(self.client.clone(), config)
-            })
-            .await?;
-        Ok(manager.clone())
+    async fn conn(&self) -> Result<RedisConn, StoreError> {
+        self.connector.get().await
     }
 
     /// Runs one Redis operation under the configured timeout.
