@@ -404,6 +404,9 @@ pub struct Config {
     pub polling: PollingConfig,
     pub abuse: AbuseConfig,
     pub page: PageConfig,
+    /// `poll_after` as position thresholds for the Redis scripts (derived, see
+    /// [`rules::poll_thresholds`](crate::rules::poll_thresholds)).
+    pub poll_thresholds: Vec<(u64, Duration)>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -598,7 +601,15 @@ impl Config {
         if v.problems.is_empty() {
             // Every Option below is Some when no problem was recorded.
             let unwrap = "validated above";
+            let admission: AdmissionConfig = admission.expect(unwrap);
+            let poll_after = poll_after.expect(unwrap);
+            let rate = crate::rules::Rate {
+                batch: admission.batch_size.get() as u64,
+                interval: admission.interval,
+            };
+            let poll_thresholds = crate::rules::poll_thresholds(rate, &poll_after);
             Ok(Config {
+                poll_thresholds,
                 listen: listen.expect(unwrap),
                 metrics_listen: metrics_listen.expect(unwrap),
                 upstream: upstream.expect(unwrap),
@@ -606,14 +617,14 @@ impl Config {
                 identity: identity.expect(unwrap),
                 token: TokenConfig { header: token_header.expect(unwrap), ttl: ttl.expect(unwrap) },
                 protected: protected.expect(unwrap),
-                admission: admission.expect(unwrap),
+                admission,
                 queue: QueueConfig {
                     capacity: NonZeroU64::new(capacity.expect(unwrap)).expect(unwrap),
                     retry_after: retry_after.expect(unwrap),
                     abandon_after: abandon_after.expect(unwrap),
                 },
                 endpoints: EndpointsConfig { prefix: prefix.expect(unwrap) },
-                poll_after: poll_after.expect(unwrap),
+                poll_after,
                 shutdown_grace: shutdown_grace.expect(unwrap),
                 reload_watch: raw.reload.watch,
                 polling: polling.expect(unwrap),
@@ -906,9 +917,6 @@ impl Validator {
         let Some(grace) = grace else {
             return self.fail("polling.grace", format!("'{}' is not a percentage from 0% to 99%", p.grace));
         };
-        if p.enforce {
-            return self.fail("polling.enforce", "is not supported by this build yet");
-        }
         Some(PollingConfig { enforce: p.enforce, grace })
     }
 
@@ -927,9 +935,6 @@ impl Validator {
         let limit = u32::try_from(limit?).ok().or_else(|| {
             self.fail("abuse.identities_per_address", "is too large")
         })?;
-        if limit > 0 {
-            return self.fail("abuse.identities_per_address", "is not supported by this build yet");
-        }
         (self.problems.len() == before)
             .then_some(AbuseConfig { identities_per_address: limit, trusted_proxies: proxies })
     }

@@ -2,6 +2,7 @@
 //! a waiting user (position, estimated wait, when to poll again, how long a token lives) and every
 //! decision about a request's identity or its token is made here, so it is tested here.
 
+use std::net::IpAddr;
 use std::time::Duration;
 
 /// One `poll_after` tier: applies when the estimated wait is at least `min_wait`.
@@ -41,6 +42,58 @@ pub fn poll_after_secs(estimated_wait_secs: u64, tiers: &[PollTier]) -> u64 {
         .find(|t| t.min_wait <= wait)
         .map(|t| ceil_secs(t.poll_after).max(1))
         .unwrap_or(1)
+}
+
+/// The step function "position -> pollAfter" as thresholds a Redis script can apply without
+/// knowing the arithmetic: `(first position of the tier, poll_after)`, in tier order. The
+/// first entry whose position is reached applies, exactly as [`poll_after_secs`] of
+/// [`estimated_wait_secs`] would decide (estimated wait never falls as the position grows).
+pub fn poll_thresholds(rate: Rate, tiers: &[PollTier]) -> Vec<(u64, Duration)> {
+    tiers
+        .iter()
+        .map(|t| {
+            let needed = ceil_secs(t.min_wait);
+            // The smallest position whose estimated wait reaches the tier.
+            let (mut lo, mut hi) = (1u64, 1u64 << 53);
+            if estimated_wait_secs(hi, rate) < needed {
+                return (u64::MAX, t.poll_after);
+            }
+            while lo < hi {
+                let mid = lo + (hi - lo) / 2;
+                if estimated_wait_secs(mid, rate) >= needed {
+                    hi = mid;
+                } else {
+                    lo = mid + 1;
+                }
+            }
+            (lo, Duration::from_secs(ceil_secs(t.poll_after).max(1)))
+        })
+        .collect()
+}
+
+/// The client address that abuse limits count: the connection's peer, or, when the peer is a
+/// trusted proxy, the rightmost `X-Forwarded-For` entry that is not itself a trusted proxy
+/// (entries to the left of it could have been written by the client).
+pub fn client_address(
+    peer: IpAddr,
+    forwarded_for: Option<&str>,
+    trusted: &[crate::config::Cidr],
+) -> IpAddr {
+    let is_trusted = |ip: IpAddr| trusted.iter().any(|c| c.contains(ip));
+    if !is_trusted(peer) {
+        return peer;
+    }
+    let Some(chain) = forwarded_for else { return peer };
+    let mut last_trusted = peer;
+    for entry in chain.rsplit(',') {
+        match entry.trim().parse::<IpAddr>() {
+            Ok(ip) if is_trusted(ip) => last_trusted = ip,
+            Ok(ip) => return ip,
+            // Garbage in the chain: believe nothing to the left of it.
+            Err(_) => return last_trusted,
+        }
+    }
+    last_trusted
 }
 
 /// What is left of a token's life in whole seconds, rounded up, within 1..=ttl.
@@ -192,6 +245,43 @@ mod tests {
     fn sub_second_poll_after_rounds_up() {
         let t = [PollTier { min_wait: Duration::ZERO, poll_after: Duration::from_millis(1500) }];
         assert_eq!(poll_after_secs(3, &t), 2);
+    }
+
+    #[test]
+    fn poll_thresholds_agree_with_the_arithmetic() {
+        for r in [rate(10, 100), rate(1, 1000), rate(3, 700), rate(50, 100)] {
+            let tiers = default_tiers();
+            let thresholds = poll_thresholds(r, &tiers);
+            for position in 1..20_000u64 {
+                let by_rules = poll_after_secs(estimated_wait_secs(position, r), &tiers);
+                let by_thresholds = thresholds
+                    .iter()
+                    .find(|(first, _)| position >= *first)
+                    .map(|(_, d)| d.as_secs())
+                    .unwrap();
+                assert_eq!(by_rules, by_thresholds, "rate {r:?} position {position}");
+            }
+        }
+        assert_eq!(poll_thresholds(rate(10, 100), &default_tiers())[0].0, 5_901);
+    }
+
+    #[test]
+    fn client_address_believes_only_trusted_hops() {
+        use crate::config::Cidr;
+        let trusted = [Cidr::parse("10.0.0.0/8").unwrap()];
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        // An untrusted peer is the client, whatever it claims.
+        assert_eq!(client_address(ip("1.2.3.4"), Some("9.9.9.9"), &trusted), ip("1.2.3.4"));
+        // A trusted peer: the rightmost untrusted entry.
+        assert_eq!(client_address(ip("10.0.0.1"), Some("6.6.6.6, 1.2.3.4"), &trusted), ip("1.2.3.4"));
+        assert_eq!(
+            client_address(ip("10.0.0.1"), Some("6.6.6.6, 1.2.3.4, 10.0.0.7"), &trusted),
+            ip("1.2.3.4")
+        );
+        // Nothing forwarded, or only trusted hops: the last trusted hop.
+        assert_eq!(client_address(ip("10.0.0.1"), None, &trusted), ip("10.0.0.1"));
+        assert_eq!(client_address(ip("10.0.0.1"), Some("10.0.0.9"), &trusted), ip("10.0.0.9"));
+        assert_eq!(client_address(ip("10.0.0.1"), Some("1.1.1.1, junk"), &trusted), ip("10.0.0.1"));
     }
 
     #[test]

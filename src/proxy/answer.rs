@@ -25,6 +25,8 @@ enum QueueBody<'a> {
     Ready { token: &'a str, expires_in: u64, poll_after: Option<u64> },
     NotInQueue { poll_after: Option<u64> },
     Full { retry_after: u64 },
+    TooEarly { retry_after: u64 },
+    Limited { retry_after: u64 },
 }
 
 #[derive(Serialize)]
@@ -82,6 +84,16 @@ impl Answer {
         Answer { retry_after: Some(r), ..json(429, &QueueBody::Full { retry_after: r }) }
     }
 
+    /// A status call earlier than the pollAfter last given (polling.enforce).
+    pub fn too_early(retry_secs: u64) -> Answer {
+        Answer { retry_after: Some(retry_secs), ..json(429, &QueueBody::TooEarly { retry_after: retry_secs }) }
+    }
+
+    /// A new identity from an address over its per-minute limit (abuse.identities_per_address).
+    pub fn limited(retry_secs: u64) -> Answer {
+        Answer { retry_after: Some(retry_secs), ..json(429, &QueueBody::Limited { retry_after: retry_secs }) }
+    }
+
     pub fn error(status: u16, message: &str) -> Answer {
         json(status, &ErrorBody { error: message })
     }
@@ -130,6 +142,10 @@ mod tests {
         let full = Answer::full(&c);
         assert_eq!((full.status, full.retry_after), (429, Some(30)));
         assert_eq!(body(&full), r#"{"status":"FULL","retryAfter":30}"#);
+        let early = Answer::too_early(3);
+        assert_eq!((early.status, early.retry_after), (429, Some(3)));
+        assert_eq!(body(&early), r#"{"status":"TOO_EARLY","retryAfter":3}"#);
+        assert_eq!(body(&Answer::limited(42)), r#"{"status":"LIMITED","retryAfter":42}"#);
         assert_eq!(body(&Answer::error(403, "no \"token\"")), r#"{"error":"no \"token\""}"#);
         let na = Answer::method_not_allowed("POST");
         assert_eq!((na.status, na.allow), (405, Some("POST")));

@@ -29,7 +29,7 @@ use crate::config::{Config, IdentityConfig};
 use crate::live::LiveConfig;
 use crate::metrics;
 use crate::rules::{self, IdentityProblem};
-use crate::store::Room;
+use crate::store::{PollClock, Room};
 
 /// Requests being handled right now; graceful shutdown waits for this to reach zero.
 pub static IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
@@ -119,17 +119,25 @@ fn identity(config: &Config, session: &Session) -> Result<String, IdentityProble
     }
 }
 
+/// The poll clock the scripts enforce, from the configuration in force.
+fn poll_clock(config: &Config) -> PollClock<'_> {
+    if !config.polling.enforce {
+        return PollClock::OFF;
+    }
+    PollClock { on_time_factor: Some(1.0 - config.polling.grace), thresholds: &config.poll_thresholds }
+}
+
 /// Writes an answer of the proxy's own: JSON, never cached.
 async fn write_answer(session: &mut Session, answer: Answer) -> Result<()> {
     let mut header = ResponseHeader::build(answer.status, Some(5))?;
-    header.insert_header(http::header::CONTENT_TYPE, "application/json")?;
-    header.insert_header(http::header::CACHE_CONTROL, "no-store")?;
-    header.insert_header(http::header::CONTENT_LENGTH, answer.body.len())?;
+    header.insert_header("Content-Type", "application/json")?;
+    header.insert_header("Cache-Control", "no-store")?;
+    header.insert_header("Content-Length", answer.body.len())?;
     if let Some(allow) = answer.allow {
-        header.insert_header(http::header::ALLOW, allow)?;
+        header.insert_header("Allow", allow)?;
     }
     if let Some(secs) = answer.retry_after {
-        header.insert_header(http::header::RETRY_AFTER, secs)?;
+        header.insert_header("Retry-After", secs)?;
     }
     session.write_response_header(Box::new(header), false).await?;
     session.write_response_body(Some(Bytes::from(answer.body)), true).await
@@ -138,10 +146,10 @@ async fn write_answer(session: &mut Session, answer: Answer) -> Result<()> {
 /// Writes the waiting page: the one answer of ours that is HTML.
 async fn write_page(session: &mut Session, page: Vec<u8>) -> Result<()> {
     let mut header = ResponseHeader::build(200, Some(4))?;
-    header.insert_header(http::header::CONTENT_TYPE, "text/html; charset=utf-8")?;
-    header.insert_header(http::header::CACHE_CONTROL, "no-store")?;
-    header.insert_header(http::header::CONTENT_LENGTH, page.len())?;
-    header.insert_header(http::header::VARY, "Accept-Language")?;
+    header.insert_header("Content-Type", "text/html; charset=utf-8")?;
+    header.insert_header("Cache-Control", "no-store")?;
+    header.insert_header("Content-Length", page.len())?;
+    header.insert_header("Vary", "Accept-Language")?;
     session.write_response_header(Box::new(header), false).await?;
     session.write_response_body(Some(Bytes::from(page)), true).await
 }

@@ -3,7 +3,7 @@
 
 use pingora::proxy::Session;
 
-use super::{identity, Answer, Ctx};
+use super::{identity, poll_clock, Answer, Ctx};
 use crate::config::Config;
 use crate::metrics;
 use crate::store::{Room, StatusOutcome};
@@ -16,12 +16,13 @@ pub async fn handle(config: &Config, room: &Room, session: &Session, ctx: &mut C
         Ok(user) => ctx.user.insert(user),
         Err(problem) => return Answer::identity(problem),
     };
-    let (label, answer) = match room.status(user).await {
+    let (label, answer) = match room.status(user, poll_clock(config)).await {
         Ok(StatusOutcome::Waiting { position }) => ("WAITING", Answer::waiting(position, config)),
         Ok(StatusOutcome::Ready { token, remaining_ms }) => {
             ("READY", Answer::ready(&token, remaining_ms, config))
         }
         Ok(StatusOutcome::NotInQueue) => ("NOT_IN_QUEUE", Answer::not_in_queue()),
+        Ok(StatusOutcome::TooEarly { retry_secs }) => ("TOO_EARLY", Answer::too_early(retry_secs)),
         Err(error) => {
             metrics::REDIS_ERRORS_TOTAL.inc();
             tracing::warn!(%error, "status: redis unavailable");

@@ -18,8 +18,17 @@ use crate::config::RedisConfig;
 mod conn;
 pub use conn::{Connector, RedisConn};
 
-static ENTER: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/enter.lua")));
-static STATUS: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/status.lua")));
+/// The poll clock's functions are shared by enter and status: one source, prepended to both.
+macro_rules! with_poll_clock {
+    ($file:literal) => {
+        concat!(include_str!("../../lua/poll_clock.lua"), "\n", include_str!($file))
+    };
+}
+
+static ENTER: LazyLock<Script> =
+    LazyLock::new(|| Script::new(with_poll_clock!("../../lua/enter.lua")));
+static STATUS: LazyLock<Script> =
+    LazyLock::new(|| Script::new(with_poll_clock!("../../lua/status.lua")));
 static ADMIT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/admit.lua")));
 static CONSUME: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../lua/consume.lua")));
@@ -43,6 +52,8 @@ pub struct Keys {
     pub next_admission: String,
     pub tokens: String,
     pub token_prefix: String,
+    pub poll_prefix: String,
+    pub abuse_prefix: String,
 }
 
 impl Keys {
@@ -54,14 +65,21 @@ impl Keys {
             next_admission: format!("{tag}:admission:next"),
             tokens: format!("{tag}:tokens"),
             token_prefix: format!("{tag}:token:"),
+            poll_prefix: format!("{tag}:poll:"),
+            abuse_prefix: format!("{tag}:abuse:"),
         }
     }
 
     pub fn token(&self, user: &str) -> String {
-        let mut k = String::with_capacity(self.token_prefix.len() + user.len());
-        k.push_str(&self.token_prefix);
-        k.push_str(user);
-        k
+        [self.token_prefix.as_str(), user].concat()
+    }
+
+    pub fn poll_clock(&self, user: &str) -> String {
+        [self.poll_prefix.as_str(), user].concat()
+    }
+
+    pub fn abuse_counter(&self, address: &str) -> String {
+        [self.abuse_prefix.as_str(), address].concat()
     }
 }
 
@@ -70,6 +88,7 @@ pub enum EnterOutcome {
     Waiting { position: u64, already: bool },
     Ready { token: String, remaining_ms: u64 },
     Full,
+    Limited { retry_secs: u64 },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -77,6 +96,44 @@ pub enum StatusOutcome {
     Waiting { position: u64 },
     Ready { token: String, remaining_ms: u64 },
     NotInQueue,
+    TooEarly { retry_secs: u64 },
+}
+
+/// Server-enforced polling, handed to the scripts as data (see `lua/poll_clock.lua`).
+#[derive(Debug, Clone, Copy)]
+pub struct PollClock<'a> {
+    /// 1 - grace; `None` when enforcement is off.
+    pub on_time_factor: Option<f64>,
+    /// `(first position of the tier, pollAfter)`, in tier order.
+    pub thresholds: &'a [(u64, Duration)],
+}
+
+impl PollClock<'_> {
+    pub const OFF: PollClock<'static> = PollClock { on_time_factor: None, thresholds: &[] };
+
+    fn push_args(&self, call: &mut redis::ScriptInvocation<'_>) {
+        match self.on_time_factor {
+            None => {
+                call.arg(0);
+            }
+            Some(factor) => {
+                call.arg(factor);
+                for (first, poll_after) in self.thresholds {
+                    call.arg(*first).arg(poll_after.as_millis() as u64);
+                }
+            }
+        }
+    }
+}
+
+/// Who is entering, from where, under which limits.
+#[derive(Debug, Clone, Copy)]
+pub struct EnterRequest<'a> {
+    pub user: &'a str,
+    pub capacity: u64,
+    /// `(client address, identities allowed per address per minute)`; `None` when unlimited.
+    pub per_address: Option<(&'a str, u32)>,
+    pub poll: PollClock<'a>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -141,17 +198,21 @@ impl Room {
         }
     }
 
-    pub async fn enter(&self, user: &str, capacity: u64) -> Result<EnterOutcome, StoreError> {
+    pub async fn enter(&self, request: EnterRequest<'_>) -> Result<EnterOutcome, StoreError> {
+        let user = request.user;
+        let (address, limit) = request.per_address.unwrap_or(("-", 0));
         self.bounded(async {
             let mut conn = self.conn().await?;
-            let reply: Vec<Value> = ENTER
-                .key(&self.keys.queue)
-                .key(&self.keys.seq)
+            let mut call = ENTER.key(&self.keys.queue);
+            call.key(&self.keys.seq)
                 .key(self.keys.token(user))
+                .key(self.keys.poll_clock(user))
+                .key(self.keys.abuse_counter(address))
                 .arg(user)
-                .arg(capacity)
-                .invoke_async(&mut conn)
-                .await?;
+                .arg(request.capacity)
+                .arg(limit);
+            request.poll.push_args(&mut call);
+            let reply: Vec<Value> = call.invoke_async(&mut conn).await?;
             match tag(&reply)? {
                 "READY" => Ok(EnterOutcome::Ready {
                     token: text(&reply, 1)?,
@@ -162,21 +223,20 @@ impl Room {
                     already: int(&reply, 2)? == 1,
                 }),
                 "FULL" => Ok(EnterOutcome::Full),
+                "LIMITED" => Ok(EnterOutcome::Limited { retry_secs: int(&reply, 1)?.max(1) as u64 }),
                 other => Err(StoreError::Reply(format!("enter answered {other}"))),
             }
         })
         .await
     }
 
-    pub async fn status(&self, user: &str) -> Result<StatusOutcome, StoreError> {
+    pub async fn status(&self, user: &str, poll: PollClock<'_>) -> Result<StatusOutcome, StoreError> {
         self.bounded(async {
             let mut conn = self.conn().await?;
-            let reply: Vec<Value> = STATUS
-                .key(&self.keys.queue)
-                .key(self.keys.token(user))
-                .arg(user)
-                .invoke_async(&mut conn)
-                .await?;
+            let mut call = STATUS.key(&self.keys.queue);
+            call.key(self.keys.token(user)).key(self.keys.poll_clock(user)).arg(user);
+            poll.push_args(&mut call);
+            let reply: Vec<Value> = call.invoke_async(&mut conn).await?;
             match tag(&reply)? {
                 "WAITING" => Ok(StatusOutcome::Waiting { position: int(&reply, 1)?.max(1) as u64 }),
                 "READY" => Ok(StatusOutcome::Ready {
@@ -184,6 +244,7 @@ impl Room {
                     remaining_ms: int(&reply, 2)?.max(0) as u64,
                 }),
                 "NOT_IN_QUEUE" => Ok(StatusOutcome::NotInQueue),
+                "TOO_EARLY" => Ok(StatusOutcome::TooEarly { retry_secs: int(&reply, 1)?.max(1) as u64 }),
                 other => Err(StoreError::Reply(format!("status answered {other}"))),
             }
         })
