@@ -1,0 +1,1146 @@
+//! Observability (issue 3, contract section 4): what `/metrics` says after a scripted session,
+//! whether the Grafana dashboard only asks for metrics the proxy exports, whether `promtool`
+//! accepts the exposition and the dashboard's PromQL, and that entry tokens stay out of the logs.
+//!
+//! Every test runs its own Redis, demo API and proxy on free ports, so counters start at zero and
+//! "moved by" is the exported value itself.
+
+mod common;
+
+use common::*;
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Write;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+const POLL: Duration = Duration::from_millis(20);
+/// Room-wide gauges are at most 1 s old (contract, section 4); the rest is scrape slack.
+const GAUGE_FRESH: Duration = Duration::from_millis(1500);
+/// Metrics are recorded in pingora's `logging` phase, just after the response went out: a scrape
+/// right after the client's last byte may still miss that request.
+const SETTLE: Duration = Duration::from_secs(3);
+
+// ---- the exposition, parsed ---------------------------------------------------------------------
+
+/// One sample line of the text exposition.
+#[derive(Debug, Clone)]
+struct Sample {
+    name: String,
+    labels: BTreeMap<String, String>,
+    value: f64,
+}
+
+/// Every sample line of `text` (comments skipped). Panics on a line it cannot read: the format
+/// is the contract, so an unreadable line is a failure of its own.
+fn samples(text: &str) -> Vec<Sample> {
+    text.lines()
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(|l| parse_sample(l).unwrap_or_else(|| panic!("unreadable sample line: {l:?}")))
+        .collect()
+}
+
+fn parse_sample(line: &str) -> Option<Sample> {
+    let name_end = line.find(|c: char| c == '{' || c == ' ')?;
+    let name = line[..name_end].to_owned();
+    let mut labels = BTreeMap::new();
+    let mut rest = &line[name_end..];
+    if let Some(body) = rest.strip_prefix('{') {
+        let mut chars = body.char_indices().peekable();
+        let close;
+        loop {
+            // label name up to '='
+            let (start, c) = chars.next()?;
+            if c == '}' {
+                close = start;
+                break;
+            }
+            let mut key = String::from(c);
+            loop {
+                let (_, c) = chars.next()?;
+                if c == '=' {
+                    break;
+                }
+                key.push(c);
+            }
+            if chars.next()?.1 != '"' {
+                return None;
+            }
+            let mut value = String::new();
+            loop {
+                match chars.next()?.1 {
+                    '\\' => match chars.next()?.1 {
+                        'n' => value.push('\n'),
+                        other => value.push(other),
+                    },
+                    '"' => break,
+                    other => value.push(other),
+                }
+            }
+            labels.insert(key.trim().to_owned(), value);
+            if chars.peek().map(|&(_, c)| c) == Some(',') {
+                chars.next();
+            }
+        }
+        rest = &body[close + 1..];
+    }
+    let value = rest.split_whitespace().next()?;
+    let value = match value {
+        "+Inf" => f64::INFINITY,
+        "-Inf" => f64::NEG_INFINITY,
+        v => v.parse().ok()?,
+    };
+    Some(Sample {
+        name,
+        labels,
+        value,
+    })
+}
+
+/// `name{labels}` exactly (no other labels); 0 when the series is absent, as a labelled series
+/// appears only once it first occurs.
+fn value(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> f64 {
+    let want: BTreeMap<String, String> = labels
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    samples
+        .iter()
+        .find(|s| s.name == name && s.labels == want)
+        .map_or(0.0, |s| s.value)
+}
+
+/// The values one label takes on a family, with their sample values.
+fn by_label(samples: &[Sample], name: &str, label: &str) -> BTreeMap<String, f64> {
+    samples
+        .iter()
+        .filter(|s| s.name == name)
+        .filter_map(|s| Some((s.labels.get(label)?.clone(), s.value)))
+        .collect()
+}
+
+/// Family name -> type, from the `# TYPE` lines.
+fn families(text: &str) -> BTreeMap<String, String> {
+    text.lines()
+        .filter_map(|l| {
+            let mut it = l.strip_prefix("# TYPE ")?.split_whitespace();
+            Some((it.next()?.to_owned(), it.next()?.to_owned()))
+        })
+        .collect()
+}
+
+/// Polls `/metrics` until `ok` holds for its samples, then returns that scrape; on timeout,
+/// returns the last scrape so the caller's assertions name what differs.
+async fn scrape_until(proxy: &Proxy, timeout: Duration, ok: impl Fn(&[Sample]) -> bool) -> String {
+    let last = std::sync::Mutex::new(String::new());
+    wait_until(timeout, POLL, || {
+        let (last, ok) = (&last, &ok);
+        async move {
+            let text = proxy.metrics().await;
+            let done = ok(&samples(&text));
+            *last.lock().unwrap() = text;
+            done
+        }
+    })
+    .await;
+    last.into_inner().unwrap()
+}
+
+/// One expected value of a series, with its description for the failure message.
+struct Expect {
+    name: &'static str,
+    labels: Vec<(&'static str, &'static str)>,
+    value: f64,
+}
+
+fn exp(name: &'static str, labels: &[(&'static str, &'static str)], value: f64) -> Expect {
+    Expect {
+        name,
+        labels: labels.to_vec(),
+        value,
+    }
+}
+
+fn mismatches(samples: &[Sample], expected: &[Expect]) -> Vec<String> {
+    expected
+        .iter()
+        .filter_map(|e| {
+            let got = value(samples, e.name, &e.labels);
+            (got != e.value)
+                .then(|| format!("{}{:?}: expected {}, got {got}", e.name, e.labels, e.value))
+        })
+        .collect()
+}
+
+/// Checks one histogram family for one `endpoint`: cumulative `_bucket` series with `le` labels
+/// ending in `+Inf`, `_sum` and `_count`, count == `count`.
+fn check_histogram(samples: &[Sample], family: &str, endpoint: &str, count: f64) {
+    let bucket = format!("{family}_bucket");
+    let mut buckets: Vec<(f64, f64)> = samples
+        .iter()
+        .filter(|s| {
+            s.name == bucket && s.labels.get("endpoint").map(String::as_str) == Some(endpoint)
+        })
+        .map(|s| {
+            assert_eq!(
+                s.labels.len(),
+                2,
+                "{bucket} labels are endpoint and le: {s:?}"
+            );
+            let le = s
+                .labels
+                .get("le")
+                .unwrap_or_else(|| panic!("{bucket} without le: {s:?}"));
+            let le = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                le.parse().expect("le is a number")
+            };
+            (le, s.value)
+        })
+        .collect();
+    buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+    assert!(
+        buckets.len() >= 3,
+        "{bucket}{{endpoint={endpoint:?}}}: too few buckets: {buckets:?}"
+    );
+    assert_eq!(
+        buckets.last().unwrap().0,
+        f64::INFINITY,
+        "{bucket}{{endpoint={endpoint:?}}} has no le=\"+Inf\""
+    );
+    assert!(
+        buckets.windows(2).all(|w| w[0].1 <= w[1].1),
+        "{bucket}{{endpoint={endpoint:?}}} is not cumulative: {buckets:?}"
+    );
+    let labels = [("endpoint", endpoint)];
+    let n = value(samples, &format!("{family}_count"), &labels);
+    let sum = value(samples, &format!("{family}_sum"), &labels);
+    assert_eq!(n, count, "{family}_count{{endpoint={endpoint:?}}}");
+    assert_eq!(
+        buckets.last().unwrap().1,
+        n,
+        "{family} +Inf bucket == count for {endpoint}"
+    );
+    assert!(
+        samples.iter().any(|s| s.name == format!("{family}_sum")
+            && s.labels.get("endpoint").map(String::as_str) == Some(endpoint)),
+        "{family}_sum{{endpoint={endpoint:?}}} missing"
+    );
+    assert!(
+        sum.is_finite() && sum > 0.0,
+        "{family}_sum{{endpoint={endpoint:?}}} = {sum}"
+    );
+    // Each request took well under the scripted session's length.
+    assert!(
+        sum < 30.0 * count,
+        "{family}_sum{{endpoint={endpoint:?}}} = {sum} for {count} requests"
+    );
+}
+
+// ---- the scripted session -----------------------------------------------------------------------
+
+async fn zcard(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> u64 {
+    redis::cmd("ZCARD")
+        .arg(key)
+        .query_async(conn)
+        .await
+        .expect("ZCARD")
+}
+
+fn body_status(resp: &Resp) -> String {
+    resp.json()["status"].as_str().unwrap_or("-").to_owned()
+}
+
+/// enters, a FULL, polls, admission, forbidden / unauthenticated / forwarded protected requests, a
+/// 4xx from upstream, a consumed token, a pass-through, reloads, and finally a dead Redis; then
+/// each counter must have moved by exactly its share.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scripted_session_moves_each_counter_by_exactly_its_share() {
+    let mut redis = RedisServer::start();
+    let api = DemoApi::start(&["--service-time-ms", "1"]);
+    let proxy = Proxy::builder(&redis.url(), api.addr())
+        .yaml("admission: {interval: 100ms, batch_size: 1}\nqueue: {capacity: 2}\nredis: {timeout: 300ms}")
+        .start()
+        .await;
+    let prefix = proxy.key_prefix();
+    let queue_key = format!("{{{prefix}}}:queue");
+    let schedule_key = format!("{{{prefix}}}:admission:next");
+    let mut conn = redis.conn().await;
+
+    // Hold admission so the line stays as scripted: the room's schedule (see lua/admit.lua) says
+    // the next batch is due in the year 2255. Wait for the ticker's first write so the SET ... GET
+    // can prove this is the key the ticker uses.
+    let ticked = scrape_until(&proxy, Duration::from_secs(5), |s| {
+        value(s, "waitroom_admission_ticks_total", &[("result", "idle")]) >= 1.0
+    })
+    .await;
+    assert!(
+        value(
+            &samples(&ticked),
+            "waitroom_admission_ticks_total",
+            &[("result", "idle")]
+        ) >= 1.0,
+        "no admission tick within 5 s:\n{ticked}"
+    );
+    let previous: Option<String> = redis::cmd("SET")
+        .arg(&schedule_key)
+        .arg("9000000000000000")
+        .arg("GET")
+        .query_async(&mut conn)
+        .await
+        .expect("SET schedule");
+    assert!(
+        previous.is_some(),
+        "{schedule_key} did not exist: the admission schedule key moved; update this test"
+    );
+
+    let fixed = [
+        exp("waitroom_admission_rate_per_second", &[], 10.0),
+        exp("waitroom_admission_batch", &[], 1.0),
+        exp("waitroom_redis_up", &[], 1.0),
+        exp("waitroom_admitted_total", &[], 0.0),
+        exp("waitroom_redis_errors_total", &[], 0.0),
+    ];
+    // The room watcher's first probe may still be on its way.
+    let text = scrape_until(&proxy, GAUGE_FRESH, |s| mismatches(s, &fixed).is_empty()).await;
+    let s = samples(&text);
+    assert!(
+        mismatches(&s, &fixed).is_empty(),
+        "{:?}\n{text}",
+        mismatches(&s, &fixed)
+    );
+    assert_eq!(proxy.readyz().await, 200);
+    assert_eq!(
+        send(proxy.client().get(proxy.metrics_url("/healthz")))
+            .await
+            .status,
+        200
+    );
+
+    // enters: queued x2, already_waiting, full
+    let r = proxy.enter("alice").await;
+    assert_eq!(
+        (r.status, r.json()["position"].as_u64()),
+        (200, Some(1)),
+        "{}",
+        r.body
+    );
+    let r = proxy.enter("bob").await;
+    assert_eq!(
+        (r.status, r.json()["position"].as_u64()),
+        (200, Some(2)),
+        "{}",
+        r.body
+    );
+    let r = proxy.enter("alice").await;
+    assert_eq!(
+        (r.status, r.json()["position"].as_u64()),
+        (200, Some(1)),
+        "{}",
+        r.body
+    );
+    let r = proxy.enter("carol").await;
+    assert_eq!(
+        (r.status, body_status(&r).as_str()),
+        (429, "FULL"),
+        "{}",
+        r.body
+    );
+    // polls: WAITING, NOT_IN_QUEUE
+    let r = proxy.status("alice").await;
+    assert_eq!(body_status(&r), "WAITING", "{}", r.body);
+    let r = proxy.status("dave").await;
+    assert_eq!(body_status(&r), "NOT_IN_QUEUE", "{}", r.body);
+
+    // The room-wide gauges follow the real line within about a second.
+    assert_eq!(zcard(&mut conn, &queue_key).await, 2, "the line in Redis");
+    let text = scrape_until(&proxy, GAUGE_FRESH, |s| {
+        value(s, "waitroom_queue_length", &[]) == 2.0
+            && value(s, "waitroom_queue_tail_wait_seconds", &[]) == 1.0
+    })
+    .await;
+    let s = samples(&text);
+    assert_eq!(
+        value(&s, "waitroom_queue_length", &[]),
+        2.0,
+        "queue length after 2 enters:\n{text}"
+    );
+    // 2 waiting at 10 users/s: ceil(2 / 10) = 1 s.
+    assert_eq!(
+        value(&s, "waitroom_queue_tail_wait_seconds", &[]),
+        1.0,
+        "tail wait:\n{text}"
+    );
+    assert_eq!(
+        value(&s, "waitroom_active_tokens", &[]),
+        0.0,
+        "no token yet:\n{text}"
+    );
+
+    // Release admission: one user per 100 ms leaves the line.
+    let _: () = redis::cmd("DEL")
+        .arg(&schedule_key)
+        .query_async(&mut conn)
+        .await
+        .expect("DEL");
+    let text = scrape_until(&proxy, Duration::from_secs(5), |s| {
+        value(s, "waitroom_admitted_total", &[]) >= 2.0
+    })
+    .await;
+    assert_eq!(
+        value(&samples(&text), "waitroom_admitted_total", &[]),
+        2.0,
+        "both admitted:\n{text}"
+    );
+    assert_eq!(
+        zcard(&mut conn, &queue_key).await,
+        0,
+        "the line in Redis after admission"
+    );
+    let text = scrape_until(&proxy, GAUGE_FRESH, |s| {
+        value(s, "waitroom_queue_length", &[]) == 0.0
+            && value(s, "waitroom_active_tokens", &[]) == 2.0
+    })
+    .await;
+    let s = samples(&text);
+    assert_eq!(
+        value(&s, "waitroom_queue_length", &[]),
+        0.0,
+        "queue length after admission:\n{text}"
+    );
+    assert_eq!(
+        value(&s, "waitroom_active_tokens", &[]),
+        2.0,
+        "live tokens after admission:\n{text}"
+    );
+    assert!(
+        value(
+            &s,
+            "waitroom_admission_ticks_total",
+            &[("result", "admitted")]
+        ) >= 1.0,
+        "{text}"
+    );
+
+    // READY x2, and enter of a user holding a token
+    let r = proxy.status("alice").await;
+    assert_eq!(body_status(&r), "READY", "{}", r.body);
+    let token_a = r.json()["token"].as_str().unwrap().to_owned();
+    let r = proxy.status("bob").await;
+    assert_eq!(body_status(&r), "READY", "{}", r.body);
+    let token_b = r.json()["token"].as_str().unwrap().to_owned();
+    let r = proxy.enter("alice").await;
+    assert_eq!(
+        (r.status, body_status(&r).as_str()),
+        (200, "READY"),
+        "{}",
+        r.body
+    );
+
+    // protected: forbidden (wrong token), unauthenticated (no identity)
+    let r = proxy.order("alice", Some(&token_b)).await;
+    assert_eq!(r.status, 403, "bob's token for alice: {}", r.body);
+    let r = send(
+        proxy
+            .client()
+            .post(proxy.url("/api/orders"))
+            .header("X-Entry-Token", &token_a)
+            .body("{}"),
+    )
+    .await;
+    assert_eq!(r.status, 401, "no identity: {}", r.body);
+    // forwarded, upstream 409: token kept
+    let r = send(
+        proxy
+            .client()
+            .post(proxy.url("/api/orders"))
+            .header("X-User-Id", "alice")
+            .header("X-Entry-Token", &token_a)
+            .header("X-Demo-Fail", "409")
+            .header("content-type", "application/json")
+            .body(r#"{"item":"widget","quantity":1}"#),
+    )
+    .await;
+    assert_eq!(
+        r.status, 409,
+        "the upstream's 409 passes through: {}",
+        r.body
+    );
+    let r = proxy.status("alice").await;
+    assert_eq!(
+        (body_status(&r).as_str(), r.json()["token"].as_str()),
+        ("READY", Some(token_a.as_str())),
+        "a 4xx keeps the token: {}",
+        r.body
+    );
+    // forwarded, upstream 2xx: token consumed; a repeat is forbidden
+    let r = proxy.order("alice", Some(&token_a)).await;
+    assert!(
+        (200..300).contains(&r.status),
+        "order with a valid token: {} {}",
+        r.status,
+        r.body
+    );
+    let r = proxy.order("alice", Some(&token_a)).await;
+    assert_eq!(r.status, 403, "a spent token: {}", r.body);
+    let r = proxy.status("alice").await;
+    assert_eq!(body_status(&r), "NOT_IN_QUEUE", "{}", r.body);
+    // pass-through
+    let r = proxy.get("/hello?x=1").await;
+    assert_eq!(r.status, 200, "pass-through: {}", r.body);
+    let text = scrape_until(&proxy, GAUGE_FRESH, |s| {
+        value(s, "waitroom_active_tokens", &[]) == 1.0
+    })
+    .await;
+    assert_eq!(
+        value(&samples(&text), "waitroom_active_tokens", &[]),
+        1.0,
+        "bob's token is live:\n{text}"
+    );
+
+    // reloads: one accepted, one refused
+    proxy.rewrite_config("queue: {retry_after: 20s}");
+    proxy.signal("HUP");
+    let text = scrape_until(&proxy, Duration::from_secs(5), |s| {
+        value(s, "waitroom_config_reloads_total", &[("result", "ok")]) >= 1.0
+    })
+    .await;
+    assert_eq!(
+        value(
+            &samples(&text),
+            "waitroom_config_reloads_total",
+            &[("result", "ok")]
+        ),
+        1.0,
+        "{text}"
+    );
+    proxy.write_config_raw("admission: [this, is, not, a, mapping]\n");
+    proxy.signal("HUP");
+    let text = scrape_until(&proxy, Duration::from_secs(5), |s| {
+        value(s, "waitroom_config_reloads_total", &[("result", "error")]) >= 1.0
+    })
+    .await;
+    assert_eq!(
+        value(
+            &samples(&text),
+            "waitroom_config_reloads_total",
+            &[("result", "error")]
+        ),
+        1.0,
+        "{text}"
+    );
+    assert_eq!(
+        value(&samples(&text), "waitroom_redis_errors_total", &[]),
+        0.0,
+        "no Redis error while Redis runs:\n{text}"
+    );
+
+    // Redis goes away: readiness, the up gauge, and one error of each request kind.
+    redis.stop();
+    let text = scrape_until(&proxy, Duration::from_secs(2), |s| {
+        value(s, "waitroom_redis_up", &[]) == 0.0
+    })
+    .await;
+    assert_eq!(
+        value(&samples(&text), "waitroom_redis_up", &[]),
+        0.0,
+        "redis_up after stop:\n{text}"
+    );
+    assert_eq!(proxy.readyz().await, 503);
+    let r = proxy.enter("erin").await;
+    assert_eq!(r.status, 503, "enter without Redis: {}", r.body);
+    let r = proxy.status("erin").await;
+    assert_eq!(r.status, 503, "status without Redis: {}", r.body);
+    let r = proxy.order("bob", Some(&token_b)).await;
+    assert_eq!(
+        r.status, 503,
+        "protected without Redis (fail closed): {}",
+        r.body
+    );
+
+    let expected = vec![
+        exp("waitroom_enter_total", &[("result", "queued")], 2.0),
+        exp(
+            "waitroom_enter_total",
+            &[("result", "already_waiting")],
+            1.0,
+        ),
+        exp("waitroom_enter_total", &[("result", "full")], 1.0),
+        exp("waitroom_enter_total", &[("result", "ready")], 1.0),
+        exp("waitroom_enter_total", &[("result", "error")], 1.0),
+        exp("waitroom_status_total", &[("status", "WAITING")], 1.0),
+        exp("waitroom_status_total", &[("status", "READY")], 3.0),
+        exp("waitroom_status_total", &[("status", "NOT_IN_QUEUE")], 2.0),
+        exp("waitroom_status_total", &[("status", "error")], 1.0),
+        exp("waitroom_admitted_total", &[], 2.0),
+        exp("waitroom_tokens_consumed_total", &[], 1.0),
+        exp("waitroom_abandoned_total", &[], 0.0),
+        exp(
+            "waitroom_protected_requests_total",
+            &[("result", "forbidden")],
+            2.0,
+        ),
+        exp(
+            "waitroom_protected_requests_total",
+            &[("result", "unauthenticated")],
+            1.0,
+        ),
+        exp(
+            "waitroom_protected_requests_total",
+            &[("result", "forwarded")],
+            2.0,
+        ),
+        exp(
+            "waitroom_protected_requests_total",
+            &[("result", "unavailable")],
+            1.0,
+        ),
+        exp(
+            "waitroom_upstream_responses_total",
+            &[("class", "2xx")],
+            2.0,
+        ),
+        exp(
+            "waitroom_upstream_responses_total",
+            &[("class", "4xx")],
+            1.0,
+        ),
+        exp("waitroom_config_reloads_total", &[("result", "ok")], 1.0),
+        exp("waitroom_config_reloads_total", &[("result", "error")], 1.0),
+        exp(
+            "waitroom_request_duration_seconds_count",
+            &[("endpoint", "enter")],
+            6.0,
+        ),
+        exp(
+            "waitroom_request_duration_seconds_count",
+            &[("endpoint", "status")],
+            7.0,
+        ),
+        exp(
+            "waitroom_request_duration_seconds_count",
+            &[("endpoint", "protected")],
+            6.0,
+        ),
+        exp(
+            "waitroom_request_duration_seconds_count",
+            &[("endpoint", "passthrough")],
+            1.0,
+        ),
+        exp(
+            "waitroom_upstream_duration_seconds_count",
+            &[("endpoint", "protected")],
+            2.0,
+        ),
+        exp(
+            "waitroom_upstream_duration_seconds_count",
+            &[("endpoint", "passthrough")],
+            1.0,
+        ),
+    ];
+    let text = scrape_until(&proxy, SETTLE, |s| mismatches(s, &expected).is_empty()).await;
+    let s = samples(&text);
+    let wrong = mismatches(&s, &expected);
+    assert!(
+        wrong.is_empty(),
+        "counters off:\n  {}\n\n{text}",
+        wrong.join("\n  ")
+    );
+
+    // No other label value moved (e.g. no "limited", no upstream "error" class).
+    let labelled = [
+        (
+            "waitroom_enter_total",
+            "result",
+            &["already_waiting", "error", "full", "queued", "ready"][..],
+        ),
+        (
+            "waitroom_status_total",
+            "status",
+            &["NOT_IN_QUEUE", "READY", "WAITING", "error"][..],
+        ),
+        (
+            "waitroom_protected_requests_total",
+            "result",
+            &["forbidden", "forwarded", "unauthenticated", "unavailable"][..],
+        ),
+        (
+            "waitroom_upstream_responses_total",
+            "class",
+            &["2xx", "4xx"][..],
+        ),
+        (
+            "waitroom_config_reloads_total",
+            "result",
+            &["error", "ok"][..],
+        ),
+    ];
+    for (family, label, values) in labelled {
+        let seen: Vec<String> = by_label(&s, family, label).into_keys().collect();
+        assert_eq!(seen, values.to_vec(), "{family} {label} values:\n{text}");
+    }
+    // The three request failures count as Redis errors; the admission ticker's failed ticks count
+    // too, so "at least".
+    let redis_errors = value(&s, "waitroom_redis_errors_total", &[]);
+    assert!(
+        redis_errors >= 3.0,
+        "waitroom_redis_errors_total = {redis_errors}:\n{text}"
+    );
+    assert_eq!(value(&s, "waitroom_redis_up", &[]), 0.0);
+
+    // Histograms: buckets with le (incl. +Inf), _sum, _count == requests made of each kind.
+    for (endpoint, n) in [
+        ("enter", 6.0),
+        ("status", 7.0),
+        ("protected", 6.0),
+        ("passthrough", 1.0),
+    ] {
+        check_histogram(&s, "waitroom_request_duration_seconds", endpoint, n);
+    }
+    for (endpoint, n) in [("protected", 2.0), ("passthrough", 1.0)] {
+        check_histogram(&s, "waitroom_upstream_duration_seconds", endpoint, n);
+    }
+    let fams = families(&text);
+    for (family, kind) in [
+        ("waitroom_queue_length", "gauge"),
+        ("waitroom_enter_total", "counter"),
+        ("waitroom_status_total", "counter"),
+        ("waitroom_admitted_total", "counter"),
+        ("waitroom_tokens_consumed_total", "counter"),
+        ("waitroom_protected_requests_total", "counter"),
+        ("waitroom_upstream_responses_total", "counter"),
+        ("waitroom_request_duration_seconds", "histogram"),
+        ("waitroom_redis_errors_total", "counter"),
+        ("waitroom_config_reloads_total", "counter"),
+        ("waitroom_admission_batch", "gauge"),
+        ("waitroom_active_tokens", "gauge"),
+        ("waitroom_abandoned_total", "counter"),
+    ] {
+        assert_eq!(
+            fams.get(family).map(String::as_str),
+            Some(kind),
+            "# TYPE of {family}"
+        );
+    }
+}
+
+// ---- a proxy that has seen every kind of traffic ------------------------------------------------
+
+/// A running proxy after traffic that creates a series in every labelled family the proxy
+/// registers (the prometheus crate prints no `# HELP`/`# TYPE` for a family without series):
+/// enter, status, a forwarded and a forbidden protected request, a pass-through, a reload.
+async fn busy_proxy() -> (RedisServer, DemoApi, Proxy, String) {
+    let redis = RedisServer::start();
+    let api = DemoApi::start(&["--service-time-ms", "1"]);
+    let proxy = Proxy::builder(&redis.url(), api.addr()).start().await;
+    let token = proxy.until_ready("dash", Duration::from_secs(5)).await;
+    assert!((200..300).contains(&proxy.order("dash", Some(&token)).await.status));
+    assert_eq!(proxy.order("dash", Some(&token)).await.status, 403);
+    assert_eq!(proxy.get("/anything").await.status, 200);
+    proxy.signal("HUP");
+    let labelled = [
+        "waitroom_enter_total",
+        "waitroom_status_total",
+        "waitroom_admission_ticks_total",
+        "waitroom_protected_requests_total",
+        "waitroom_upstream_responses_total",
+        "waitroom_request_duration_seconds",
+        "waitroom_upstream_duration_seconds",
+        "waitroom_config_reloads_total",
+    ];
+    let text = scrape_until(&proxy, Duration::from_secs(5), |s| {
+        labelled
+            .iter()
+            .all(|f| s.iter().any(|x| x.name.starts_with(*f)))
+            && value(
+                s,
+                "waitroom_upstream_duration_seconds_count",
+                &[("endpoint", "passthrough")],
+            ) == 1.0
+    })
+    .await;
+    let fams = families(&text);
+    let all_there = labelled.iter().all(|f| fams.contains_key(*f));
+    assert!(
+        all_there,
+        "not every labelled family has a series after the traffic:\n{text}"
+    );
+    (redis, api, proxy, text)
+}
+
+// ---- the dashboard ------------------------------------------------------------------------------
+
+fn dashboard() -> serde_json::Value {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/dashboards/waitroom.json");
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("read {path}: {e}"));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path} is not JSON: {e}"))
+}
+
+/// Every non-row panel, rows' nested (collapsed) panels included.
+fn leaf_panels(panels: &serde_json::Value, out: &mut Vec<serde_json::Value>) {
+    for p in panels.as_array().into_iter().flatten() {
+        if let Some(nested) = p.get("panels") {
+            leaf_panels(nested, out);
+        }
+        if p["type"] != "row" {
+            out.push(p.clone());
+        }
+    }
+}
+
+/// (where, expr) for every target of every panel, and the templating queries.
+fn dashboard_queries(d: &serde_json::Value) -> Vec<(String, String)> {
+    let mut panels = Vec::new();
+    leaf_panels(&d["panels"], &mut panels);
+    let mut out = Vec::new();
+    for p in &panels {
+        for t in p["targets"].as_array().into_iter().flatten() {
+            if let Some(expr) = t["expr"].as_str() {
+                out.push((
+                    format!("panel {:?} target {}", p["title"], t["refId"]),
+                    expr.to_owned(),
+                ));
+            }
+        }
+    }
+    for v in d["templating"]["list"].as_array().into_iter().flatten() {
+        for q in [&v["definition"], &v["query"], &v["query"]["query"]] {
+            if let Some(q) = q.as_str().filter(|_| v["type"] == "query") {
+                out.push((format!("variable {:?}", v["name"]), q.to_owned()));
+            }
+        }
+    }
+    out
+}
+
+/// Identifiers matching `waitroom_[a-z0-9_]+` in a PromQL expression.
+fn metric_names(expr: &str) -> BTreeSet<String> {
+    let bytes = expr.as_bytes();
+    let mut names = BTreeSet::new();
+    let mut i = 0;
+    while let Some(at) = expr[i..].find("waitroom_") {
+        let start = i + at;
+        let boundary = start == 0
+            || !(bytes[start - 1].is_ascii_alphanumeric()
+                || bytes[start - 1] == b'_'
+                || bytes[start - 1] == b':');
+        let mut end = start + "waitroom_".len();
+        while end < bytes.len()
+            && (bytes[end].is_ascii_lowercase()
+                || bytes[end].is_ascii_digit()
+                || bytes[end] == b'_')
+        {
+            end += 1;
+        }
+        if boundary && end > start + "waitroom_".len() {
+            names.insert(expr[start..end].to_owned());
+        }
+        i = end;
+    }
+    names
+}
+
+#[test]
+fn metric_names_are_extracted_from_promql() {
+    let names = metric_names(
+        r#"histogram_quantile(0.95, sum by (le, endpoint) (rate(waitroom_request_duration_seconds_bucket{job=~"$job"}[$__rate_interval]))) / max(waitroom_queue_length) + x_waitroom_not"#,
+    );
+    assert_eq!(
+        names.into_iter().collect::<Vec<_>>(),
+        vec![
+            "waitroom_queue_length",
+            "waitroom_request_duration_seconds_bucket"
+        ]
+    );
+}
+
+/// The dashboard is importable as is: a Prometheus datasource variable that every panel and
+/// target uses, unique panel ids, a description on every panel, the panels the issue asks for.
+#[test]
+fn dashboard_is_well_formed() {
+    let d = dashboard();
+    assert!(
+        d["schemaVersion"].as_u64().is_some_and(|v| v >= 36),
+        "schemaVersion: {}",
+        d["schemaVersion"]
+    );
+    assert!(d["title"].as_str().is_some_and(|t| !t.is_empty()));
+    assert!(
+        d.get("__inputs").is_none(),
+        "no import-time inputs: the datasource is a variable"
+    );
+    let vars = d["templating"]["list"].as_array().expect("templating.list");
+    assert!(
+        vars.iter().any(|v| v["type"] == "datasource"
+            && v["name"] == "datasource"
+            && v["query"] == "prometheus"),
+        "a Prometheus datasource variable named datasource"
+    );
+    let mut panels = Vec::new();
+    leaf_panels(&d["panels"], &mut panels);
+    let mut ids = BTreeSet::new();
+    for p in d["panels"].as_array().unwrap().iter().chain(panels.iter()) {
+        ids.insert(
+            p["id"]
+                .as_u64()
+                .unwrap_or_else(|| panic!("panel without id: {}", p["title"])),
+        );
+    }
+    let rows = d["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["type"] == "row")
+        .count();
+    assert_eq!(ids.len(), panels.len() + rows, "panel ids are unique");
+    assert!(rows >= 3, "panels are grouped in rows");
+    for p in &panels {
+        let title = p["title"].as_str().unwrap_or_default();
+        assert!(!title.is_empty(), "panel without title: {p}");
+        assert!(
+            p["description"].as_str().is_some_and(|s| s.len() > 20),
+            "panel {title:?} has no description"
+        );
+        assert_eq!(
+            p["datasource"]["uid"], "${datasource}",
+            "panel {title:?} datasource"
+        );
+        let targets = p["targets"]
+            .as_array()
+            .unwrap_or_else(|| panic!("panel {title:?} has no targets"));
+        assert!(!targets.is_empty(), "panel {title:?} has no targets");
+        for t in targets {
+            assert!(
+                t["expr"].as_str().is_some_and(|e| !e.trim().is_empty()),
+                "panel {title:?}: empty expr"
+            );
+            assert_eq!(
+                t["datasource"]["uid"], "${datasource}",
+                "panel {title:?} target datasource"
+            );
+        }
+    }
+    let used: BTreeSet<String> = dashboard_queries(&d)
+        .iter()
+        .flat_map(|(_, e)| metric_names(e))
+        .collect();
+    for wanted in [
+        "waitroom_queue_length",
+        "waitroom_admitted_total",
+        "waitroom_admission_rate_per_second",
+        "waitroom_admission_batch",
+        "waitroom_enter_total",
+        "waitroom_status_total",
+        "waitroom_queue_tail_wait_seconds",
+        "waitroom_active_tokens",
+        "waitroom_tokens_consumed_total",
+        "waitroom_protected_requests_total",
+        "waitroom_upstream_responses_total",
+        "waitroom_request_duration_seconds_bucket",
+        "waitroom_upstream_duration_seconds_bucket",
+        "waitroom_redis_errors_total",
+        "waitroom_redis_up",
+        "waitroom_config_reloads_total",
+        "waitroom_admission_ticks_total",
+    ] {
+        assert!(
+            used.contains(wanted),
+            "the dashboard no longer shows {wanted}"
+        );
+    }
+}
+
+/// The dashboard can never rot silently: every metric its queries name is exported by a running
+/// proxy (checked against the `# TYPE` lines of a real scrape; `_bucket`/`_sum`/`_count` only on
+/// histogram families).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dashboard_uses_only_metrics_the_proxy_exports() {
+    let d = dashboard();
+    let queries = dashboard_queries(&d);
+    assert!(queries.len() >= 15, "too few queries found: {queries:?}");
+    let (_redis, _api, _proxy, text) = busy_proxy().await;
+    let fams = families(&text);
+    let source = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/src/metrics.rs"))
+        .unwrap_or_default();
+
+    let mut problems = Vec::new();
+    for (place, expr) in &queries {
+        let names = metric_names(expr);
+        if names.is_empty() {
+            problems.push(format!("{place}: names no waitroom_ metric: {expr}"));
+        }
+        for name in names {
+            let histogram_part = ["_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|suffix| name.strip_suffix(suffix))
+                .filter(|base| fams.get(*base).map(String::as_str) == Some("histogram"));
+            let problem = match (fams.get(&name).map(String::as_str), histogram_part) {
+                (Some("histogram"), _) => Some("is a histogram: query its _bucket, _sum or _count".to_owned()),
+                (Some(_), _) | (None, Some(_)) => None,
+                (None, None) if source.contains(&format!("\"{name}\"")) => Some(
+                    "is registered in src/metrics.rs but had no series after busy_proxy's traffic: extend that traffic".to_owned(),
+                ),
+                (None, None) => Some("is not exported by the proxy".to_owned()),
+            };
+            if let Some(p) = problem {
+                problems.push(format!("{place}: {name} {p}"));
+            }
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "dashboard problems:\n  {}\n\nexported families: {:?}",
+        problems.join("\n  "),
+        fams.keys().collect::<Vec<_>>()
+    );
+}
+
+// ---- promtool -----------------------------------------------------------------------------------
+
+/// Runs `promtool ARGS`, feeding `stdin`; fails loudly when promtool is not installed.
+fn promtool(args: &[&str], stdin: &[u8]) -> std::process::Output {
+    let mut child = Command::new("promtool")
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| {
+            panic!(
+                "cannot run promtool ({e}). It is part of Debian's `prometheus` package: \
+                 apt-get install -y prometheus"
+            )
+        });
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin)
+        .expect("write to promtool");
+    child.wait_with_output().expect("wait for promtool")
+}
+
+/// `promtool check metrics` accepts the names, help texts and types of a busy proxy's exposition.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn promtool_accepts_the_exposition() {
+    let (_redis, _api, _proxy, text) = busy_proxy().await;
+    let out = promtool(&["check", "metrics"], text.as_bytes());
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success() && said.trim().is_empty(),
+        "promtool check metrics ({}):\n{said}\n--- exposition ---\n{text}",
+        out.status
+    );
+}
+
+/// Every dashboard query is valid PromQL (`promtool check rules` on a rule per query, the
+/// Grafana variables replaced by what they expand to).
+#[test]
+fn dashboard_queries_are_valid_promql() {
+    let d = dashboard();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("dashboard-rules.yml");
+    let mut rules = String::from("groups:\n  - name: dashboard\n    rules:\n");
+    let queries = dashboard_queries(&d);
+    for (i, (_, expr)) in queries.iter().enumerate() {
+        if expr.starts_with("label_values(") {
+            continue; // Grafana's variable function, not PromQL
+        }
+        let expr = expr
+            .replace("$__rate_interval", "1m")
+            .replace("$__interval", "1m")
+            .replace("$__range", "1h")
+            .replace("$job", ".*")
+            .replace("$instance", ".*");
+        let quoted = serde_json::to_string(&expr).unwrap(); // a JSON string is a YAML string
+        rules.push_str(&format!(
+            "      - record: dashboard:query_{i}\n        expr: {quoted}\n"
+        ));
+    }
+    std::fs::write(&path, &rules).expect("write rules");
+    let out = promtool(&["check", "rules", path.to_str().unwrap()], b"");
+    assert!(
+        out.status.success(),
+        "promtool check rules:\n{}{}\n--- rules ---\n{rules}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+// ---- logs ---------------------------------------------------------------------------------------
+
+/// A full cycle with RUST_LOG=debug, in both log formats: enter, admitted, status READY, a
+/// forwarded protected request that spends the token, a 403 with a wrong token and one with the
+/// spent token. Neither the token nor the wrong one appears anywhere in the proxy's output.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn entry_tokens_never_appear_in_the_logs() {
+    let redis = RedisServer::start();
+    let api = DemoApi::start(&["--service-time-ms", "1"]);
+    for format in ["text", "json"] {
+        let proxy = Proxy::builder(&redis.url(), api.addr())
+            .env("RUST_LOG", "debug")
+            .env("WAITROOM_LOG_FORMAT", format)
+            .start()
+            .await;
+        let user = format!("loguser-{format}");
+        let token = proxy.until_ready(&user, Duration::from_secs(5)).await;
+        let wrong = "3f0c1a9e-7d4b-4c2a-9e51-0a8b6c4d2e17";
+        let r = proxy.order(&user, Some(wrong)).await;
+        assert_eq!(r.status, 403, "wrong token: {}", r.body);
+        let r = proxy.order(&user, Some(&token)).await;
+        assert!(
+            (200..300).contains(&r.status),
+            "valid token: {} {}",
+            r.status,
+            r.body
+        );
+        let r = proxy.order(&user, Some(&token)).await;
+        assert_eq!(r.status, 403, "spent token: {}", r.body);
+        assert_eq!(body_status(&proxy.status(&user).await), "NOT_IN_QUEUE");
+
+        // Access lines are written after each response: a last pass-through marks the end.
+        assert_eq!(proxy.get("/observability-marker").await.status, 200);
+        let done = |logs: &str| {
+            logs.contains("/observability-marker")
+                && logs
+                    .lines()
+                    .filter(|l| {
+                        l.contains("/api/orders") && l.contains(&user) && l.contains("access")
+                    })
+                    .count()
+                    >= 3
+        };
+        let complete = wait_until(Duration::from_secs(3), POLL, || {
+            let ok = done(&proxy.logs());
+            async move { ok }
+        })
+        .await;
+        let logs = proxy.logs();
+        assert!(
+            complete,
+            "{format}: access lines missing (marker and 3 orders of {user}):\n{logs}"
+        );
+        assert!(
+            logs.contains("DEBUG"),
+            "{format}: RUST_LOG=debug took effect:\n{logs}"
+        );
+
+        let simple = token.replace('-', "");
+        for (what, secret) in [
+            ("the entry token", token.as_str()),
+            ("its hex form", simple.as_str()),
+            ("the wrong token", wrong),
+        ] {
+            let hits: Vec<&str> = logs.lines().filter(|l| l.contains(secret)).collect();
+            assert!(
+                hits.is_empty(),
+                "{format}: {what} {secret} is in the proxy's logs:\n{}",
+                hits.join("\n")
+            );
+        }
+    }
+}
