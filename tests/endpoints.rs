@@ -1,0 +1,1212 @@
+//! The proxy's own endpoints, `POST {prefix}/enter` and `GET {prefix}/status`, checked from the
+//! outside against contract section 3: exact bodies (parsed JSON compared with whole expected
+//! objects, so an extra key fails), exact status codes and headers, the identity rules, the cap
+//! under a burst, and the answers while Redis is stopped or hangs.
+//!
+//! Each test owns its redis-server, its upstream and its proxies; several assertions share one
+//! proxy start to keep the file fast.
+
+mod common;
+
+use common::*;
+use futures::future::join_all;
+use serde_json::{json, Value};
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+// ---- helpers --------------------------------------------------------------------------------
+
+/// A room where nobody is admitted while the test runs.
+const NO_ADMISSION: &str = "admission: {interval: 1h, batch_size: 1}";
+
+/// Every answer the proxy writes itself: JSON, never cached (section 3, first paragraph).
+#[track_caller]
+fn assert_own_headers(ctx: &str, content_type: Option<&str>, cache_control: Option<&str>) {
+    let mime = content_type
+        .unwrap_or_else(|| panic!("{ctx}: no Content-Type"))
+        .split(';')
+        .next()
+        .unwrap()
+        .trim();
+    assert!(
+        mime.eq_ignore_ascii_case("application/json"),
+        "{ctx}: Content-Type {content_type:?}, want application/json"
+    );
+    let cc = cache_control.unwrap_or_else(|| panic!("{ctx}: no Cache-Control"));
+    assert!(
+        cc.split(',')
+            .any(|d| d.trim().eq_ignore_ascii_case("no-store")),
+        "{ctx}: Cache-Control {cc:?}, want no-store"
+    );
+}
+
+/// Status, the JSON headers and the exact body.
+#[track_caller]
+fn assert_answer(ctx: &str, r: &Resp, status: u16, body: Value) {
+    assert_eq!(r.status, status, "{ctx}: status; body {}", r.body);
+    assert_own_headers(ctx, r.header("content-type"), r.header("cache-control"));
+    assert_eq!(r.json(), body, "{ctx}: body");
+}
+
+/// An error answer: `{"error": "<reason>"}` and nothing else.
+#[track_caller]
+fn assert_error(ctx: &str, r: &Resp, status: u16) {
+    assert_eq!(r.status, status, "{ctx}: status; body {}", r.body);
+    assert_own_headers(ctx, r.header("content-type"), r.header("cache-control"));
+    assert_error_body(ctx, &r.json());
+}
+
+#[track_caller]
+fn assert_error_body(ctx: &str, body: &Value) {
+    let obj = body
+        .as_object()
+        .unwrap_or_else(|| panic!("{ctx}: body is not an object: {body}"));
+    assert_eq!(
+        obj.keys().collect::<Vec<_>>(),
+        vec!["error"],
+        "{ctx}: only `error`: {body}"
+    );
+    assert!(
+        obj["error"].as_str().is_some_and(|s| !s.is_empty()),
+        "{ctx}: `error` must be a non-empty string: {body}"
+    );
+}
+
+fn waiting(position: u64, eta: u64, poll_after: u64) -> Value {
+    json!({"status": "WAITING", "position": position, "estimatedWaitTime": eta, "pollAfter": poll_after})
+}
+
+fn not_in_queue() -> Value {
+    json!({"status": "NOT_IN_QUEUE", "pollAfter": null})
+}
+
+/// Canonical lowercase hyphenated UUID, version 4, RFC 4122 variant.
+#[track_caller]
+fn assert_uuid_v4(token: &str) {
+    let b = token.as_bytes();
+    let shape_ok = b.len() == 36
+        && b.iter().enumerate().all(|(i, c)| match i {
+            8 | 13 | 18 | 23 => *c == b'-',
+            _ => c.is_ascii_digit() || (b'a'..=b'f').contains(c),
+        });
+    assert!(shape_ok, "token {token:?} is not a canonical UUID");
+    assert_eq!(b[14], b'4', "token {token:?} is not version 4");
+    assert!(
+        matches!(b[19], b'8' | b'9' | b'a' | b'b'),
+        "token {token:?} is not RFC 4122 variant"
+    );
+    let parsed = uuid::Uuid::parse_str(token).expect("parses as a UUID");
+    assert_eq!(parsed.get_version_num(), 4);
+}
+
+/// A READY body: exactly these keys, a v4 token, `expiresIn` in 1..=ttl, `pollAfter` null.
+/// Returns the token.
+#[track_caller]
+fn assert_ready(ctx: &str, r: &Resp, ttl_secs: u64) -> String {
+    assert_eq!(r.status, 200, "{ctx}: status; body {}", r.body);
+    assert_own_headers(ctx, r.header("content-type"), r.header("cache-control"));
+    let body = r.json();
+    let obj = body.as_object().expect("READY body is an object");
+    let keys: BTreeSet<&str> = obj.keys().map(String::as_str).collect();
+    assert_eq!(
+        keys,
+        BTreeSet::from(["status", "token", "expiresIn", "pollAfter"]),
+        "{ctx}: READY keys: {body}"
+    );
+    assert_eq!(body["status"], "READY", "{ctx}: {body}");
+    assert_eq!(body["pollAfter"], Value::Null, "{ctx}: {body}");
+    let expires = body["expiresIn"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{ctx}: expiresIn not an integer: {body}"));
+    assert!(
+        (1..=ttl_secs).contains(&expires),
+        "{ctx}: expiresIn {expires} outside 1..={ttl_secs}"
+    );
+    let token = body["token"]
+        .as_str()
+        .expect("token is a string")
+        .to_owned();
+    assert_uuid_v4(&token);
+    token
+}
+
+fn redis_key(proxy: &Proxy, suffix: &str) -> String {
+    format!("{{{}}}:{suffix}", proxy.key_prefix())
+}
+
+/// How many users wait in the proxy's room, read straight from Redis (src/store.rs `Keys`).
+async fn zcard(redis: &RedisServer, proxy: &Proxy) -> u64 {
+    redis::cmd("ZCARD")
+        .arg(redis_key(proxy, "queue"))
+        .query_async(&mut redis.conn().await)
+        .await
+        .expect("ZCARD")
+}
+
+/// Starts a proxy and waits for the room's first admission tick, which happens at start while the
+/// line is still empty. With a long interval nobody is admitted afterwards during the test, so
+/// positions stay exactly as entered. The tick is seen through the schedule key it writes
+/// (src/store.rs `Keys::next_admission`).
+async fn start_settled(redis: &RedisServer, builder: &ProxyBuilder) -> Proxy {
+    let proxy = builder.start().await;
+    let key = redis_key(&proxy, "admission:next");
+    let conn = redis.conn().await;
+    let ticked = wait_until(Duration::from_secs(10), Duration::from_millis(10), || {
+        let mut conn = conn.clone();
+        let key = key.clone();
+        async move {
+            redis::cmd("EXISTS")
+                .arg(&key)
+                .query_async::<i64>(&mut conn)
+                .await
+                .is_ok_and(|n| n == 1)
+        }
+    })
+    .await;
+    assert!(
+        ticked,
+        "no first admission tick within 10 s:\n{}",
+        proxy.logs()
+    );
+    proxy
+}
+
+/// A response read off a raw socket.
+#[derive(Debug)]
+struct RawResp {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: String,
+}
+
+impl RawResp {
+    fn parse(raw: &str) -> RawResp {
+        let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((raw, ""));
+        let mut lines = head.split("\r\n");
+        let status = lines
+            .next()
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        let headers = lines
+            .filter_map(|l| l.split_once(':'))
+            .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
+            .collect();
+        RawResp {
+            status,
+            headers,
+            body: body.to_owned(),
+        }
+    }
+
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    fn is_json(&self) -> bool {
+        self.header("content-type")
+            .is_some_and(|ct| ct.to_ascii_lowercase().starts_with("application/json"))
+    }
+}
+
+/// `method path` with `X-User-Id: <identity bytes>` written as they are.
+async fn raw_with_identity(proxy: &Proxy, method: &str, path: &str, identity: &[u8]) -> RawResp {
+    let mut req =
+        format!("{method} {path} HTTP/1.1\r\nHost: waitroom.test\r\nX-User-Id: ").into_bytes();
+    req.extend_from_slice(identity);
+    req.extend_from_slice(b"\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+    RawResp::parse(&raw_request(proxy.addr(), &req).await)
+}
+
+// ---- enter and status: WAITING, positions, estimated wait, pollAfter ------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enter_numbers_arrivals_and_status_agrees() {
+    let t0 = Instant::now();
+    let redis = RedisServer::start();
+    let api = DemoApi::start(&[]);
+    // rate = 4 / 30 s. Positions 1..=4 are the first batch (eta 0 -> pollAfter 2); beyond it
+    // eta = ceil(p * 30 / 4): 5 -> 38 (37.5 rounded up), 6 -> 45, 7 -> 53, all in the 5 s tier;
+    // 8 -> 60 (exactly the 10 s tier's min_wait), 9 -> 68. The next tick is 30 s after start.
+    let builder =
+        Proxy::builder(&redis.url(), api.addr()).yaml("admission: {interval: 30s, batch_size: 4}");
+    let proxy = start_settled(&redis, &builder).await;
+
+    let expected = [
+        waiting(1, 0, 2),
+        waiting(2, 0, 2),
+        waiting(3, 0, 2),
+        waiting(4, 0, 2),
+        waiting(5, 38, 5),
+        waiting(6, 45, 5),
+        waiting(7, 53, 5),
+        waiting(8, 60, 10),
+        waiting(9, 68, 10),
+    ];
+    for (i, want) in expected.iter().enumerate() {
+        let user = format!("user-{}", i + 1);
+        let r = proxy.enter(&user).await;
+        assert_answer(&format!("first enter of {user}"), &r, 200, want.clone());
+    }
+
+    // Entering again, after others joined, keeps the place; status says the same.
+    for (i, want) in expected.iter().enumerate() {
+        let user = format!("user-{}", i + 1);
+        assert_answer(
+            &format!("second enter of {user}"),
+            &proxy.enter(&user).await,
+            200,
+            want.clone(),
+        );
+        assert_answer(
+            &format!("status of {user}"),
+            &proxy.status(&user).await,
+            200,
+            want.clone(),
+        );
+    }
+
+    // A newcomer goes to the back; nobody ahead moved.
+    assert_answer(
+        "newcomer",
+        &proxy.enter("user-10").await,
+        200,
+        waiting(10, 75, 10),
+    );
+    assert_answer(
+        "user-1 again",
+        &proxy.enter("user-1").await,
+        200,
+        waiting(1, 0, 2),
+    );
+
+    // Someone never seen.
+    assert_answer(
+        "stranger",
+        &proxy.status("stranger").await,
+        200,
+        not_in_queue(),
+    );
+
+    // The query string is ignored on both endpoints.
+    let c = proxy.client();
+    let r = send(
+        c.get(proxy.url("/queue/status?x=1"))
+            .header("X-User-Id", "user-6"),
+    )
+    .await;
+    assert_answer("status?x=1", &r, 200, waiting(6, 45, 5));
+    let r = send(
+        c.get(proxy.url("/queue/status?x=1"))
+            .header("X-User-Id", "stranger"),
+    )
+    .await;
+    assert_answer("status?x=1 stranger", &r, 200, not_in_queue());
+    let r = send(
+        c.post(proxy.url("/queue/enter?from=ad&x=1"))
+            .header("X-User-Id", "user-3"),
+    )
+    .await;
+    assert_answer("enter?x=1, waiting", &r, 200, waiting(3, 0, 2));
+    let r = send(
+        c.post(proxy.url("/queue/enter?x=1"))
+            .header("X-User-Id", "user-11"),
+    )
+    .await;
+    assert_answer("enter?x=1, new", &r, 200, waiting(11, 83, 10));
+
+    assert_eq!(zcard(&redis, &proxy).await, 11, "one place per user");
+    println!(
+        "enter_numbers_arrivals_and_status_agrees: {:?}",
+        t0.elapsed()
+    );
+}
+
+// ---- READY ------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admitted_users_get_ready_from_status_and_enter() {
+    let t0 = Instant::now();
+    let redis = RedisServer::start();
+    let api = DemoApi::start(&[]);
+    let builder = Proxy::builder(&redis.url(), api.addr())
+        .yaml("admission: {interval: 100ms, batch_size: 10}\ntoken: {ttl: 60s}");
+    let proxy = builder.start().await;
+
+    let token = proxy.until_ready("reader", Duration::from_secs(10)).await;
+    let status_token = assert_ready(
+        "status of an admitted user",
+        &proxy.status("reader").await,
+        60,
+    );
+    assert_eq!(status_token, token, "status repeats the same token");
+
+    // Entering while holding a live token answers the READY body of status, same token.
+    let enter_token = assert_ready(
+        "enter of an admitted user",
+        &proxy.enter("reader").await,
+        60,
+    );
+    assert_eq!(enter_token, token, "enter does not issue another token");
+    assert_eq!(
+        zcard(&redis, &proxy).await,
+        0,
+        "a READY user is not queued again"
+    );
+
+    // A second admitted user gets a different token.
+    let other = proxy.until_ready("reader-2", Duration::from_secs(10)).await;
+    assert_ne!(other, token, "tokens are per user");
+    assert_uuid_v4(&other);
+
+    assert_answer(
+        "stranger",
+        &proxy.status("nobody").await,
+        200,
+        not_in_queue(),
+    );
+
+    // Once the token has expired the user is neither waiting nor admitted; enter queues anew.
+    let short = Proxy::builder(&redis.url(), api.addr())
+        .yaml("admission: {interval: 100ms, batch_size: 10}\ntoken: {ttl: 1s}")
+        .start()
+        .await;
+    let token = short.until_ready("brief", Duration::from_secs(10)).await;
+    assert_eq!(
+        assert_ready("status with ttl 1s", &short.status("brief").await, 1),
+        token
+    );
+    let expired = wait_until(
+        Duration::from_secs(5),
+        Duration::from_millis(50),
+        || async { short.status("brief").await.json() == not_in_queue() },
+    )
+    .await;
+    assert!(expired, "a 1 s token still READY after 5 s");
+    assert_answer(
+        "expired, status",
+        &short.status("brief").await,
+        200,
+        not_in_queue(),
+    );
+    assert_answer(
+        "expired, enter again",
+        &short.enter("brief").await,
+        200,
+        waiting(1, 0, 2),
+    );
+    println!(
+        "admitted_users_get_ready_from_status_and_enter: {:?}",
+        t0.elapsed()
+    );
+}
+
+// ---- 405 ----------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_methods_get_405_with_allow_whatever_the_headers() {
+    let t0 = Instant::now();
+    let redis = RedisServer::start();
+    let api = DemoApi::start(&[]);
+    let proxy = start_settled(
+        &redis,
+        &Proxy::builder(&redis.url(), api.addr()).yaml(NO_ADMISSION),
+    )
+    .await;
+    let c = proxy.client();
+    let long = "a".repeat(257);
+
+    let cases: [(&str, &[&str], &str); 2] = [
+        (
+            "/queue/enter",
+            &["GET", "PUT", "DELETE", "PATCH", "OPTIONS", "HEAD"],
+            "POST",
+        ),
+        (
+            "/queue/status",
+            &["POST", "PUT", "DELETE", "PATCH", "OPTIONS", "HEAD"],
+            "GET",
+        ),
+    ];
+    // No identity, a good one, a bad one (too long): the method is checked first.
+    let identities: [Option<&str>; 4] = [None, Some("alice"), Some(""), Some(&long)];
+    for (path, methods, allow) in cases {
+        for method in methods {
+            for identity in identities {
+                let ctx = format!("{method} {path} with identity {:?}", identity.map(str::len));
+                let m = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+                let mut req = c.request(m, proxy.url(path));
+                if let Some(id) = identity {
+                    req = req.header("X-User-Id", id);
+                }
+                let r = send(req).await;
+                assert_eq!(r.status, 405, "{ctx}: {}", r.body);
+                assert_eq!(r.header("allow"), Some(allow), "{ctx}: Allow");
+                assert_own_headers(&ctx, r.header("content-type"), r.header("cache-control"));
+                if *method != "HEAD" {
+                    assert_error_body(&ctx, &r.json());
+                } else {
+                    assert_eq!(r.body, "", "{ctx}: HEAD answers carry no body");
+                }
+            }
+        }
+    }
+    // A query string does not dodge the check.
+    let r = send(
+        c.get(proxy.url("/queue/enter?x=1"))
+            .header("X-User-Id", "alice"),
+    )
+    .await;
+    assert_eq!(
+        (r.status, r.header("allow")),
+        (405, Some("POST")),
+        "{}",
+        r.body
+    );
+
+    // None of that queued anybody.
+    assert_answer(
+        "alice after 405s",
+        &proxy.status("alice").await,
+        200,
+        not_in_queue(),
+    );
+    assert_eq!(zcard(&redis, &proxy).await, 0);
+    println!(
+        "wrong_methods_get_405_with_allow_whatever_the_headers: {:?}",
+        t0.elapsed()
+    );
+}
+
+// ---- identity: 401 / 400 ------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn identity_is_required_and_checked_on_both_endpoints() {
+    let t0 = Instant::now();
+    let redis = RedisServer::start();
+    let api = DemoApi::start(&[]);
+    let proxy = start_settled(
+        &redis,
+        &Proxy::builder(&redis.url(), api.addr()).yaml(NO_ADMISSION),
+    )
+    .await;
+    let c = proxy.client();
+    let endpoints = [("POST", "/queue/enter"), ("GET", "/queue/status")];
+
+    for (method, path) in endpoints {
+        let m = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+        // Missing.
+        let r = send(c.request(m.clone(), proxy.url(path))).await;
+        assert_error(&format!("{method} {path} without identity"), &r, 401);
+        // Empty.
+        let r = send(
+            c.request(m.clone(), proxy.url(path))
+                .header("X-User-Id", ""),
+        )
+        .await;
+        assert_error(&format!("{method} {path} with empty identity"), &r, 401);
+        // Empty on the wire, and only blanks (which the parser strips as surrounding space).
+        for id in [&b""[..], b"   ", b" \t "] {
+            let raw = raw_with_identity(&proxy, method, path, id).await;
+            let ctx = format!(
+                "{method} {path} raw identity {:?}",
+                String::from_utf8_lossy(id)
+            );
+            assert_eq!(raw.status, 401, "{ctx}: {raw:?}");
+            assert!(raw.is_json(), "{ctx}: {raw:?}");
+            assert_error_body(&ctx, &serde_json::from_str(&raw.body).unwrap());
+        }
+
+        // 257 bytes: too long (reqwest sends it fine).
+        let r = send(
+            c.request(m.clone(), proxy.url(path))
+                .header("X-User-Id", "a".repeat(257)),
+        )
+        .await;
+        assert_error(&format!("{method} {path} with 257-byte identity"), &r, 400);
+
+        // Bytes outside printable ASCII that HTTP parsers accept in a header value (a tab inside
+        // the value, obs-text 0xe9) reach the proxy: its own JSON 400.
+        for (name, id) in [
+            ("257 bytes", vec![b'a'; 257]),
+            ("a tab inside", b"ab\tcd".to_vec()),
+            ("0xe9", b"caf\xe9".to_vec()),
+        ] {
+            let raw = raw_with_identity(&proxy, method, path, &id).await;
+            let ctx = format!("{method} {path} raw identity with {name}");
+            assert_eq!(raw.status, 400, "{ctx}: {raw:?}");
+            assert!(raw.is_json(), "{ctx}: not JSON: {raw:?}");
+            assert!(
+                raw.header("cache-control")
+                    .is_some_and(|v| v.contains("no-store")),
+                "{ctx}: Cache-Control: {raw:?}"
+            );
+            assert_error_body(&ctx, &serde_json::from_str(&raw.body).unwrap());
+        }
+
+        // Control bytes the parser may refuse itself: a 400 either way (ours in JSON, or the
+        // parser's plain one), and the proxy stays up.
+        for (name, id) in [("0x01", b"a\x01b".to_vec()), ("0x7f", b"a\x7fb".to_vec())] {
+            let raw = raw_with_identity(&proxy, method, path, &id).await;
+            let ctx = format!("{method} {path} raw identity with {name}");
+            assert_eq!(raw.status, 400, "{ctx}: {raw:?}");
+            if raw.is_json() {
+                assert_error_body(&ctx, &serde_json::from_str(&raw.body).unwrap());
+            }
+            println!("{ctx}: json={} body={:?}", raw.is_json(), raw.body);
+            assert_answer(
+                &format!("after {ctx}"),
+                &proxy.status("alive").await,
+                200,
+                not_in_queue(),
+            );
+        }
+    }
+
+    // Exactly 256 bytes, all printable (space and ~ included), is a fine identity.
+    let id256 = format!("a b~!{}", "z".repeat(251));
+    assert_eq!(id256.len(), 256);
+    assert_answer(
+        "enter with 256 bytes",
+        &proxy.enter(&id256).await,
+        200,
+        waiting(1, 0, 2),
+    );
+    assert_answer(
+        "status with 256 bytes",
+        &proxy.status(&id256).await,
+        200,
+        waiting(1, 0, 2),
+    );
+    let max = "a".repeat(256);
+    assert_answer(
+        "enter with 256 'a's",
+        &proxy.enter(&max).await,
+        200,
+        waiting(2, 7200, 10),
+    );
+
+    assert_eq!(
+        zcard(&redis, &proxy).await,
+        2,
+        "refused identities queued nobody"
+    );
+    println!(
+        "identity_is_required_and_checked_on_both_endpoints: {:?}",
+        t0.elapsed()
+    );
+}
+
+// ---- FULL -------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_room_answers_429_with_retry_after() {
+    let t0 = Instant::now();
+    let redis = RedisServer::start();
+    let api = DemoApi::start(&[]);
+    let builder = Proxy::builder(&redis.url(), api.addr())
+        .yaml(NO_ADMISSION)
+        .yaml("queue: {capacity: 3}");
+    let proxy = start_settled(&redis, &builder).await;
+
+    for (i, user) in ["a", "b", "c"].iter().enumerate() {
+        let p = i as u64 + 1;
+        let eta = if p <= 1 { 0 } else { p * 3600 };
+        assert_answer(
+            user,
+            &proxy.enter(user).await,
+            200,
+            waiting(p, eta, if p <= 1 { 2 } else { 10 }),
+        );
+    }
+    for _ in 0..2 {
+        let r = proxy.enter("d").await;
+        assert_answer(
+            "4th user",
+            &r,
+            429,
+            json!({"status": "FULL", "retryAfter": 30}),
+        );
+        assert_eq!(r.header("retry-after"), Some("30"), "Retry-After of FULL");
+    }
+    // Users already waiting still get their place when the room is full.
+    assert_answer(
+        "a when full",
+        &proxy.enter("a").await,
+        200,
+        waiting(1, 0, 2),
+    );
+    assert_answer(
+        "c when full",
+        &proxy.enter("c").await,
+        200,
+        waiting(3, 10800, 10),
+    );
+    assert_answer(
+        "status of the refused user",
+        &proxy.status("d").await,
+        200,
+        not_in_queue(),
+    );
+    assert_eq!(zcard(&redis, &proxy).await, 3);
+
+    // queue.retry_after sets R in both places.
+    let builder7 = Proxy::builder(&redis.url(), api.addr())
+        .yaml(NO_ADMISSION)
+        .yaml("queue: {capacity: 1, retry_after: 7s}");
+    let proxy7 = start_settled(&redis, &builder7).await;
+    assert_answer(
+        "first of one",
+        &proxy7.enter("x").await,
+        200,
+        waiting(1, 0, 2),
+    );
+    let r = proxy7.enter("y").await;
+    assert_answer(
+        "second of one",
+        &r,
+        429,
+        json!({"status": "FULL", "retryAfter": 7}),
+    );
+    assert_eq!(r.header("retry-after"), Some("7"));
+    println!(
+        "a_full_room_answers_429_with_retry_after: {:?}",
+        t0.elapsed()
+    );
+}
+
+// ---- concurrency --------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_enters_never_exceeds_capacity_or_shares_a_number() {
+    let t0 = Instant::now();
+    let redis = RedisServer::start();
+    let api = DemoApi::start(&[]);
+    let builder = Proxy::builder(&redis.url(), api.addr())
+        .yaml("admission: {interval: 1h, batch_size: 1}\nqueue: {capacity: 500}");
+    let proxy = start_settled(&redis, &builder).await;
+
+    let url = proxy.url("/queue/enter");
+    let burst = Instant::now();
+    let answers = join_all((0..1000).map(|i| {
+        let c = proxy.client().clone();
+        let url = url.clone();
+        tokio::spawn(
+            async move { send(c.post(url).header("X-User-Id", format!("burst-{i}"))).await },
+        )
+    }))
+    .await;
+    println!("1000 concurrent enters took {:?}", burst.elapsed());
+
+    let mut positions = BTreeSet::new();
+    let mut full = 0;
+    for a in answers {
+        let r = a.expect("task");
+        match r.status {
+            200 => {
+                assert_own_headers(
+                    "burst 200",
+                    r.header("content-type"),
+                    r.header("cache-control"),
+                );
+                let body = r.json();
+                let p = body["position"].as_u64().expect("position");
+                let eta = if p <= 1 { 0 } else { p * 3600 };
+                assert_eq!(body, waiting(p, eta, if p <= 1 { 2 } else { 10 }));
+                assert!(positions.insert(p), "position {p} given twice");
+            }
+            429 => {
+                assert_answer(
+                    "burst 429",
+                    &r,
+                    429,
+                    json!({"status": "FULL", "retryAfter": 30}),
+                );
+                assert_eq!(r.header("retry-after"), Some("30"));
+                full += 1;
+            }
+            other => panic!("unexpected {other}: {}", r.body),
+        }
+    }
+    assert_eq!(positions.len(), 500, "exactly capacity users got a place");
+    assert_eq!(full, 500, "everyone else was told FULL");
+    assert_eq!(
+        positions,
+        (1..=500).collect::<BTreeSet<u64>>(),
+        "positions are 1..=500"
+    );
+    assert_eq!(
+        zcard(&redis, &proxy).await,
+        500,
+        "the line in Redis holds capacity users"
+    );
+    println!(
+        "a_burst_of_enters_never_exceeds_capacity_or_shares_a_number: {:?}",
+        t0.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_enters_by_one_user_make_one_place() {
+    let t0 = Instant::now();
+    let redis = RedisServer::start();
+    let api = DemoApi::start(&[]);
+    let proxy = start_settled(
+        &redis,
+        &Proxy::builder(&redis.url(), api.addr()).yaml(NO_ADMISSION),
+    )
+    .await;
+
+    assert_answer("first", &proxy.enter("first").await, 200, waiting(1, 0, 2));
+    let url = proxy.url("/queue/enter");
+    let answers = join_all((0..50).map(|_| {
+        let c = proxy.client().clone();
+        let url = url.clone();
+        tokio::spawn(async move { send(c.post(url).header("X-User-Id", "dup")).await })
+    }))
+    .await;
+    for a in answers {
+        assert_answer(
+            "concurrent enter of dup",
+            &a.expect("task"),
+            200,
+            waiting(2, 7200, 10),
+        );
+    }
+    assert_eq!(zcard(&redis, &proxy).await, 2, "one place for dup");
+    assert_answer(
+        "status of dup",
+        &proxy.status("dup").await,
+        200,
+        waiting(2, 7200, 10),
+    );
+    assert_answer(
+        "after dup",
+        &proxy.enter("last").await,
+        200,
+        waiting(3, 10800, 10),
+    );
+    println!(
+        "concurrent_enters_by_one_user_make_one_place: {:?}",
+        t0.elapsed()
+    );
+}
+
+// ---- Redis unavailable, health ----------------------------------------------------------------
+
+/// Enter and status of `user` while Redis is unreachable: 503, `{"error"}`, `Retry-After: R`, and
+/// within `timeout` + 1 s (the contract says + 100 ms; the slack keeps a loaded 2-core box green,
+/// and the printed times show the real margin).
+async fn assert_unavailable(
+    proxy: &Proxy,
+    user: &str,
+    timeout: Duration,
+    retry_after: &str,
+    what: &str,
+) {
+    for (name, call) in [("enter", true), ("status", false)] {
+        for attempt in 0..3 {
+            let started = Instant::now();
+            let r = if call {
+                proxy.enter(user).await
+            } else {
+                proxy.status(user).await
+            };
+            let took = started.elapsed();
+            println!(
+                "{what}: {name} #{attempt} answered {} in {took:?}",
+                r.status
+            );
+            assert_error(&format!("{what}: {name}"), &r, 503);
+            assert_eq!(
+                r.header("retry-after"),
+                Some(retry_after),
+                "{what}: {name} Retry-After"
+            );
+            assert!(
+                took < timeout + Duration::from_secs(1),
+                "{what}: {name} took {took:?} (redis.timeout {timeout:?})"
+            );
+        }
+    }
+}
+
+/// Pass-through needs no Redis.
+async fn assert_passthrough(proxy: &Proxy, what: &str) {
+    let r = proxy.get("/hello?x=1").await;
+    assert_eq!(r.status, 200, "{what}: pass-through: {}", r.body);
+    let echo = r.json();
+    assert_eq!(echo["path"], "/hello", "{what}: echo {echo}");
+    assert_eq!(echo["query"], "x=1", "{what}: echo {echo}");
+}
+
+async fn healthz(proxy: &Proxy) -> u16 {
+    send(proxy.client().get(proxy.metrics_url("/healthz")))
+        .await
+        .status
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stopped_redis_gives_fast_503_and_readyz_follows() {
+    let t0 = Instant::now();
+    let mut redis = RedisServer::start();
+    let api = DemoApi::start(&[]);
+    let timeout = Duration::from_millis(500);
+    let builder = Proxy::builder(&redis.url(), api.addr())
+        .yaml(NO_ADMISSION)
+        .yaml("redis: {timeout: 500ms}");
+    let proxy = start_settled(&redis, &builder).await;
+
+    assert_eq!(healthz(&proxy).await, 200);
+    let ready = wait_until(
+        Duration::from_secs(3),
+        Duration::from_millis(20),
+        || async { proxy.readyz().await == 200 },
+    )
+    .await;
+    assert!(ready, "readyz 200 with Redis up");
+    assert_answer("before", &proxy.enter("early").await, 200, waiting(1, 0, 2));
+
+    redis.stop();
+    let stopped = Instant::now();
+    let noticed = wait_until(
+        Duration::from_secs(3),
+        Duration::from_millis(10),
+        || async { proxy.readyz().await == 503 },
+    )
+    .await;
+    println!(
+        "readyz went 503 {:?} after Redis stopped",
+        stopped.elapsed()
+    );
+    assert!(noticed, "readyz still 200 3 s after Redis stopped");
+    assert!(
+        stopped.elapsed() < Duration::from_millis(1500),
+        "readyz noticed only after {:?} (contract: within 1 s)",
+        stopped.elapsed()
+    );
+
+    assert_unavailable(&proxy, "early", timeout, "30", "redis stopped").await;
+    assert_unavailable(&proxy, "newcomer", timeout, "30", "redis stopped").await;
+    assert_passthrough(&proxy, "redis stopped").await;
+    assert_eq!(healthz(&proxy).await, 200, "healthz while Redis is down");
+
+    redis.restart();
+    let restarted = Instant::now();
+    let back = wait_until(
+        Duration::from_secs(3),
+        Duration::from_millis(10),
+        || async { proxy.readyz().await == 200 },
+    )
+    .await;
+    println!("readyz back to 200 {:?} after restart", restarted.elapsed());
+    assert!(back, "readyz not 200 within 3 s of Redis restarting");
+    let recovered = wait_until(
+        Duration::from_secs(10),
+        Duration::from_millis(50),
+        || async { proxy.enter("after").await.status == 200 },
+    )
+    .await;
+    println!("enter answered 200 {:?} after restart", restarted.elapsed());
+    assert!(
+        recovered,
+        "enter not 200 within 10 s of Redis restarting:\n{}",
+        proxy.logs()
+    );
+    // The restarted Redis is empty (no persistence): a fresh line.
+    assert_answer(
+        "status after restart",
+        &proxy.status("after").await,
+        200,
+        waiting(1, 0, 2),
+    );
+    println!(
+        "stopped_redis_gives_fast_503_and_readyz_follows: {:?}",
+        t0.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frozen_redis_gives_503_within_timeout_and_the_proxy_recovers() {
+    let t0 = Instant::now();
+    let redis = RedisServer::start();
+    let api = DemoApi::start(&[]);
+    let timeout = Duration::from_millis(300);
+    // retry_after 7s: the 503's Retry-After follows queue.retry_after too.
+    let builder = Proxy::builder(&redis.url(), api.addr())
+        .yaml(NO_ADMISSION)
+        .yaml("redis: {timeout: 300ms}\nqueue: {retry_after: 7s}");
+    let proxy = start_settled(&redis, &builder).await;
+    assert_answer("before", &proxy.enter("early").await, 200, waiting(1, 0, 2));
+
+    redis.freeze();
+    let frozen = Instant::now();
+    let noticed = wait_until(
+        Duration::from_secs(3),
+        Duration::from_millis(10),
+        || async { proxy.readyz().await == 503 },
+    )
+    .await;
+    println!("readyz went 503 {:?} after the freeze", frozen.elapsed());
+    assert!(noticed, "readyz still 200 3 s into a frozen Redis");
+    assert!(
+        frozen.elapsed() < Duration::from_millis(1500),
+        "readyz noticed the hang only after {:?} (contract: within 1 s)",
+        frozen.elapsed()
+    );
+    assert_unavailable(&proxy, "early", timeout, "7", "redis frozen").await;
+    assert_unavailable(&proxy, "newcomer", timeout, "7", "redis frozen").await;
+    assert_passthrough(&proxy, "redis frozen").await;
+    assert_eq!(healthz(&proxy).await, 200, "healthz while Redis hangs");
+
+    redis.thaw();
+    let thawed = Instant::now();
+    let recovered = wait_until(
+        Duration::from_secs(10),
+        Duration::from_millis(50),
+        || async { proxy.enter("late").await.status == 200 },
+    )
+    .await;
+    println!("enter answered 200 {:?} after thaw", thawed.elapsed());
+    assert!(
+        recovered,
+        "enter not 200 within 10 s of thaw:\n{}",
+        proxy.logs()
+    );
+    // The data survived the freeze: places are where they were. The newcomer's enters were
+    // answered 503 but had already been written to the hung socket, so Redis may run them on
+    // thaw: a 503 means "not known", not "not queued" (a retry then finds the place).
+    assert_answer(
+        "early after thaw",
+        &proxy.status("early").await,
+        200,
+        waiting(1, 0, 2),
+    );
+    let newcomer = proxy.status("newcomer").await.json();
+    println!("newcomer after thaw: {newcomer}");
+    let late_at = if newcomer == not_in_queue() {
+        2
+    } else {
+        assert_eq!(
+            newcomer,
+            waiting(2, 7200, 10),
+            "newcomer, if queued, is right behind early"
+        );
+        3
+    };
+    assert_answer(
+        "late after thaw",
+        &proxy.status("late").await,
+        200,
+        waiting(late_at, late_at * 3600, 10),
+    );
+    let back = wait_until(
+        Duration::from_secs(3),
+        Duration::from_millis(20),
+        || async { proxy.readyz().await == 200 },
+    )
+    .await;
+    assert!(back, "readyz not 200 again after thaw");
+    println!(
+        "frozen_redis_gives_503_within_timeout_and_the_proxy_recovers: {:?}",
+        t0.elapsed()
+    );
+}
+
+// ---- endpoints.prefix, poll_after, identity.header -------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prefix_tiers_and_identity_header_come_from_the_config() {
+    let t0 = Instant::now();
+    let redis = RedisServer::start();
+    let api = DemoApi::start(&[]);
+    let builder = Proxy::builder(&redis.url(), api.addr())
+        .yaml(NO_ADMISSION)
+        .yaml("endpoints: {prefix: /wr}")
+        .yaml("poll_after: [{min_wait: 2h, poll_after: 7s}, {min_wait: 0s, poll_after: 1s}]")
+        .yaml("identity: {header: X-Customer}");
+    let proxy = start_settled(&redis, &builder).await;
+    let c = proxy.client();
+
+    // Only the configured identity header names the user.
+    let r = send(c.post(proxy.url("/wr/enter")).header("X-User-Id", "p1")).await;
+    assert_error("X-User-Id when X-Customer is configured", &r, 401);
+
+    // Configured tiers: eta 0 -> 1 s; position 2 waits 7200 s = 2 h exactly -> 7 s.
+    let r = send(c.post(proxy.url("/wr/enter")).header("X-Customer", "p1")).await;
+    assert_answer("POST /wr/enter", &r, 200, waiting(1, 0, 1));
+    let r = send(
+        c.get(proxy.url("/wr/status?x=1"))
+            .header("x-customer", "p1"),
+    )
+    .await;
+    assert_answer("GET /wr/status", &r, 200, waiting(1, 0, 1));
+    let r = send(c.post(proxy.url("/wr/enter")).header("X-Customer", "p3")).await;
+    assert_answer("POST /wr/enter, second", &r, 200, waiting(2, 7200, 7));
+    let r = send(c.get(proxy.url("/wr/enter"))).await;
+    assert_eq!(
+        (r.status, r.header("allow")),
+        (405, Some("POST")),
+        "GET /wr/enter: {}",
+        r.body
+    );
+    let r = send(c.post(proxy.url("/wr/status"))).await;
+    assert_eq!(
+        (r.status, r.header("allow")),
+        (405, Some("GET")),
+        "POST /wr/status: {}",
+        r.body
+    );
+
+    // The default paths are now the upstream's.
+    for (method, path) in [("POST", "/queue/enter"), ("GET", "/queue/status")] {
+        let m = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+        let r = send(c.request(m, proxy.url(path)).header("X-Customer", "p2")).await;
+        assert_eq!(r.status, 200, "{method} {path} passes through: {}", r.body);
+        let echo = r.json();
+        assert_eq!(echo["method"], method, "echo {echo}");
+        assert_eq!(echo["path"], path, "echo {echo}");
+    }
+    assert_eq!(
+        zcard(&redis, &proxy).await,
+        2,
+        "the pass-throughs queued nobody"
+    );
+    println!(
+        "prefix_tiers_and_identity_header_come_from_the_config: {:?}",
+        t0.elapsed()
+    );
+}
+
+// ---- connection reuse -------------------------------------------------------------------------
+
+/// Reads one response (Content-Length or chunked framing) off `s`; None when the server closed
+/// before sending anything.
+async fn read_one_response(s: &mut tokio::net::TcpStream, buf: &mut Vec<u8>) -> Option<RawResp> {
+    use tokio::io::AsyncReadExt;
+    let mut chunk = [0u8; 8192];
+    loop {
+        if let Some(head_end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = RawResp::parse(&String::from_utf8_lossy(&buf[..head_end + 4]));
+            let body_start = head_end + 4;
+            if let Some(len) = head
+                .header("content-length")
+                .and_then(|v| v.parse::<usize>().ok())
+            {
+                if buf.len() >= body_start + len {
+                    let body =
+                        String::from_utf8_lossy(&buf[body_start..body_start + len]).into_owned();
+                    buf.drain(..body_start + len);
+                    return Some(RawResp { body, ..head });
+                }
+            } else if head
+                .header("transfer-encoding")
+                .is_some_and(|v| v.contains("chunked"))
+            {
+                if let Some(end) = buf[body_start..].windows(5).position(|w| w == b"0\r\n\r\n") {
+                    let body =
+                        String::from_utf8_lossy(&buf[body_start..body_start + end]).into_owned();
+                    buf.drain(..body_start + end + 5);
+                    return Some(RawResp { body, ..head });
+                }
+            }
+        }
+        let n = tokio::time::timeout(Duration::from_secs(10), s.read(&mut chunk))
+            .await
+            .expect("no response within 10 s")
+            .unwrap_or(0);
+        if n == 0 {
+            assert!(
+                buf.is_empty(),
+                "connection closed mid-response: {:?}",
+                String::from_utf8_lossy(buf)
+            );
+            return None;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_to_requests_with_bodies_leave_the_connection_usable() {
+    use tokio::io::AsyncWriteExt;
+    let t0 = Instant::now();
+    let redis = RedisServer::start();
+    let api = DemoApi::start(&[]);
+    let proxy = start_settled(
+        &redis,
+        &Proxy::builder(&redis.url(), api.addr()).yaml(NO_ADMISSION),
+    )
+    .await;
+
+    // Each request in turn on one keep-alive connection: a request body the proxy did not need
+    // must not be read as the next request. Ending the connection instead is fine when the
+    // answer announces it (`Connection: close`); the next request then goes on a fresh one.
+    let body = r#"{"from":"the waiting page"}"#;
+    let requests: Vec<(String, u16, Option<Value>)> = vec![
+        (
+            format!("POST /queue/enter HTTP/1.1\r\nHost: t\r\nX-User-Id: u1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()),
+            200,
+            Some(waiting(1, 0, 2)),
+        ),
+        ("GET /queue/status HTTP/1.1\r\nHost: t\r\nX-User-Id: u1\r\n\r\n".into(), 200, Some(waiting(1, 0, 2))),
+        (
+            format!("POST /queue/status HTTP/1.1\r\nHost: t\r\nX-User-Id: u1\r\nContent-Length: {}\r\n\r\n{body}", body.len()),
+            405,
+            None,
+        ),
+        (
+            format!("POST /queue/enter HTTP/1.1\r\nHost: t\r\nContent-Length: {}\r\n\r\n{body}", body.len()),
+            401,
+            None,
+        ),
+        (
+            "POST /queue/enter HTTP/1.1\r\nHost: t\r\nX-User-Id: u2\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n".into(),
+            200,
+            Some(waiting(2, 7200, 10)),
+        ),
+        ("GET /queue/status HTTP/1.1\r\nHost: t\r\nX-User-Id: u2\r\n\r\n".into(), 200, Some(waiting(2, 7200, 10))),
+        ("GET /hello HTTP/1.1\r\nHost: t\r\n\r\n".into(), 200, None),
+    ];
+    let mut s = tokio::net::TcpStream::connect(proxy.addr()).await.unwrap();
+    let mut buf = Vec::new();
+    let mut reconnects = 0;
+    for (req, status, want) in &requests {
+        let first_line = req.lines().next().unwrap().to_owned();
+        s.write_all(req.as_bytes()).await.unwrap();
+        let r = read_one_response(&mut s, &mut buf)
+            .await
+            .unwrap_or_else(|| {
+                panic!("{first_line}: closed without an answer (and without announcing it)")
+            });
+        assert_eq!(r.status, *status, "{first_line}: {r:?}");
+        if let Some(want) = want {
+            assert!(r.is_json(), "{first_line}: {r:?}");
+            assert_eq!(
+                serde_json::from_str::<Value>(&r.body).unwrap(),
+                *want,
+                "{first_line}"
+            );
+        }
+        // A server may end the connection, but says so; otherwise the next request reuses it.
+        if r.header("connection")
+            .is_some_and(|v| v.eq_ignore_ascii_case("close"))
+        {
+            reconnects += 1;
+            s = tokio::net::TcpStream::connect(proxy.addr()).await.unwrap();
+            buf.clear();
+        }
+    }
+    println!(
+        "connection reuse: {reconnects} reconnects over {} requests",
+        requests.len()
+    );
+    assert_eq!(zcard(&redis, &proxy).await, 2);
+    println!(
+        "answers_to_requests_with_bodies_leave_the_connection_usable: {:?}",
+        t0.elapsed()
+    );
+}
