@@ -84,7 +84,7 @@ pub struct Reloader {
 }
 
 /// Editors and ConfigMaps write a file in several steps (truncate + write, or write a temporary
-/// file and rename it over); wait for the burst to end before reading.
+/// file and rename it over); the file is read once no event came for this long.
 const SETTLE: Duration = Duration::from_millis(200);
 
 impl Reloader {
@@ -93,8 +93,8 @@ impl Reloader {
     }
 
     /// Watches the file's folder rather than the file: a file replaced by rename is a new inode,
-    /// which a watch on the old one would never report. Every event in the folder only wakes
-    /// the reloader; it reloads when the file's content actually changed.
+    /// which a watch on the old one would never report. An event only wakes the reloader; it
+    /// reloads when the file's content actually changed.
     fn watch(&self) -> Option<(notify::RecommendedWatcher, mpsc::UnboundedReceiver<()>)> {
         use notify::Watcher;
         let (tx, rx) = mpsc::unbounded_channel();
@@ -102,8 +102,17 @@ impl Reloader {
             Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
             _ => PathBuf::from("."),
         };
+        let name = self.path.file_name().map(|n| n.to_os_string()).unwrap_or_default();
         let made = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-            if event.is_ok() {
+            // Only events about the file itself, or about a `..data`-style symlink swap (how
+            // Kubernetes updates a mounted ConfigMap), wake the reloader: other files in the
+            // folder (logs, say) may change all the time.
+            let relevant = event.map_or(false, |e| {
+                e.paths.iter().any(|p| {
+                    p.file_name().is_some_and(|f| f == name || f.to_string_lossy().starts_with(".."))
+                })
+            });
+            if relevant {
                 let _ = tx.send(());
             }
         });
@@ -152,9 +161,18 @@ impl BackgroundService for Reloader {
                     last_seen = std::fs::read(&self.path).ok();
                 }
                 Some(()) = async { match changes.as_mut() { Some(rx) => rx.recv().await, None => None } } => {
-                    tokio::time::sleep(SETTLE).await;
+                    // Wait for a quiet spell: a burst of writes ends before the file is read.
                     if let Some(rx) = changes.as_mut() {
-                        while rx.try_recv().is_ok() {}
+                        loop {
+                            tokio::time::sleep(SETTLE).await;
+                            let mut more = false;
+                            while rx.try_recv().is_ok() {
+                                more = true;
+                            }
+                            if !more {
+                                break;
+                            }
+                        }
                     }
                     let now = std::fs::read(&self.path).ok();
                     // A missing file mid-rename is not a change; the rename's own event follows.

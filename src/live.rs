@@ -45,6 +45,14 @@ pub fn merge(running: &Config, mut next: Config) -> (Config, Changes) {
         changes.need_restart.push("upstream");
         next.upstream = running.upstream.clone();
     }
+    // The file watcher is started (or not) with the process.
+    if next.reload_watch != running.reload_watch {
+        changes.need_restart.push("reload.watch");
+        next.reload_watch = running.reload_watch;
+    }
+    // Types without a natural equality (verified identity holds keys) compare by their debug
+    // form, which names every setting.
+    let differs = |a: &dyn std::fmt::Debug, b: &dyn std::fmt::Debug| format!("{a:?}") != format!("{b:?}");
     let applied = [
         ("admission", next.admission != running.admission),
         ("queue", next.queue != running.queue),
@@ -54,6 +62,10 @@ pub fn merge(running: &Config, mut next: Config) -> (Config, Changes) {
         ("protected", next.protected != running.protected),
         ("endpoints.prefix", next.endpoints.prefix != running.endpoints.prefix),
         ("shutdown.grace", next.shutdown_grace != running.shutdown_grace),
+        ("identity", differs(&next.identity, &running.identity)),
+        ("polling", differs(&next.polling, &running.polling)),
+        ("abuse", differs(&next.abuse, &running.abuse)),
+        ("page", differs(&next.page, &running.page)),
     ];
     changes.applied = applied.iter().filter(|(_, changed)| *changed).map(|(k, _)| *k).collect();
     (next, changes)

@@ -96,9 +96,10 @@ pub fn client_address(
     last_trusted
 }
 
-/// What is left of a token's life in whole seconds, rounded up, within 1..=ttl.
-pub fn expires_in_secs(remaining_ms: u64, ttl: Duration) -> u64 {
-    remaining_ms.div_ceil(1000).clamp(1, ceil_secs(ttl).max(1))
+/// What is left of a token's life in whole seconds, rounded up, at least 1. Not capped by the
+/// configured ttl: a token issued before a reload shortened it keeps its own, longer life.
+pub fn expires_in_secs(remaining_ms: u64) -> u64 {
+    remaining_ms.div_ceil(1000).max(1)
 }
 
 /// Whole seconds, rounded up: what a `Retry-After` header or a JSON seconds field carries.
@@ -285,15 +286,14 @@ mod tests {
     }
 
     #[test]
-    fn expires_in_rounds_up_within_ttl() {
-        let ttl = Duration::from_secs(300);
-        assert_eq!(expires_in_secs(300_000, ttl), 300);
-        assert_eq!(expires_in_secs(299_001, ttl), 300);
-        assert_eq!(expires_in_secs(299_000, ttl), 299);
-        assert_eq!(expires_in_secs(1, ttl), 1);
-        assert_eq!(expires_in_secs(0, ttl), 1);
-        // A token issued under a longer ttl before a reload still reports at most the ttl.
-        assert_eq!(expires_in_secs(900_000, ttl), 300);
+    fn expires_in_rounds_up_and_is_at_least_one() {
+        assert_eq!(expires_in_secs(300_000), 300);
+        assert_eq!(expires_in_secs(299_001), 300);
+        assert_eq!(expires_in_secs(299_000), 299);
+        assert_eq!(expires_in_secs(1), 1);
+        assert_eq!(expires_in_secs(0), 1);
+        // A token issued under a longer ttl before a reload reports its own remaining life.
+        assert_eq!(expires_in_secs(900_000), 900);
     }
 
     #[test]

@@ -64,12 +64,12 @@ impl Answer {
         )
     }
 
-    pub fn ready(token: &str, remaining_ms: u64, config: &Config) -> Answer {
+    pub fn ready(token: &str, remaining_ms: u64) -> Answer {
         json(
             200,
             &QueueBody::Ready {
                 token,
-                expires_in: rules::expires_in_secs(remaining_ms, config.token.ttl),
+                expires_in: rules::expires_in_secs(remaining_ms),
                 poll_after: None,
             },
         )
@@ -135,7 +135,7 @@ mod tests {
             r#"{"status":"WAITING","position":342,"estimatedWaitTime":4,"pollAfter":2}"#
         );
         assert_eq!(
-            body(&Answer::ready("u-1", 299_500, &c)),
+            body(&Answer::ready("u-1", 299_500)),
             r#"{"status":"READY","token":"u-1","expiresIn":300,"pollAfter":null}"#
         );
         assert_eq!(body(&Answer::not_in_queue()), r#"{"status":"NOT_IN_QUEUE","pollAfter":null}"#);

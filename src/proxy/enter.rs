@@ -30,7 +30,7 @@ pub async fn handle(config: &Config, room: &Room, session: &Session, ctx: &mut C
             Answer::waiting(position, config),
         ),
         Ok(EnterOutcome::Ready { token, remaining_ms }) => {
-            ("ready", Answer::ready(&token, remaining_ms, config))
+            ("ready", Answer::ready(&token, remaining_ms))
         }
         Ok(EnterOutcome::Full) => ("full", Answer::full(config)),
         Ok(EnterOutcome::Limited { retry_secs }) => ("limited", Answer::limited(retry_secs)),

@@ -19,7 +19,7 @@ pub async fn handle(config: &Config, room: &Room, session: &Session, ctx: &mut C
     let (label, answer) = match room.status(user, poll_clock(config)).await {
         Ok(StatusOutcome::Waiting { position }) => ("WAITING", Answer::waiting(position, config)),
         Ok(StatusOutcome::Ready { token, remaining_ms }) => {
-            ("READY", Answer::ready(&token, remaining_ms, config))
+            ("READY", Answer::ready(&token, remaining_ms))
         }
         Ok(StatusOutcome::NotInQueue) => ("NOT_IN_QUEUE", Answer::not_in_queue()),
         Ok(StatusOutcome::TooEarly { retry_secs }) => ("TOO_EARLY", Answer::too_early(retry_secs)),
