@@ -17,7 +17,13 @@ local interval = tonumber(ARGV[1])
 local due = tonumber(redis.call('GET', KEYS[2]) or '0')
 
 if now < due then
-  return {0, due - now, 0}
+  if due - now <= interval then
+    return {0, due - now, 0}
+  end
+  -- A schedule left by a longer interval (before a reload or a restart) must not hold back
+  -- this one: re-anchor it to the caller's interval.
+  redis.call('SET', KEYS[2], string.format('%.0f', now + interval))
+  return {0, interval, 0}
 end
 
 -- Keep the schedule's phase while ticks are merely late; after a whole missed interval (no proxy

@@ -1,0 +1,1180 @@
+//! Every Lua script of `lua/` against a real `redis-server`, through the library's `store::Room`
+//! (style rule 3): enter, status, admit, consume and stats, plus the key layout they share.
+//!
+//! Each test gets its own Redis and its own room. Redis is inspected directly to check what the
+//! scripts wrote (scores, TTLs, the key names), with the names taken from `store::Keys` so the
+//! tests follow the layout rather than restate it.
+
+mod common;
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use redis::aio::MultiplexedConnection;
+use waitroom::config::Config;
+use waitroom::store::{
+    AdmitOutcome, EnterOutcome, EnterRequest, Keys, PollClock, Room, RoomStats, StatusOutcome,
+    StoreError,
+};
+
+const CAPACITY: u64 = 100_000;
+const LONG: Duration = Duration::from_secs(3600);
+const TTL: Duration = Duration::from_secs(60);
+
+/// A room on `redis` named `prefix`, built the way the proxy builds it: from parsed configuration.
+fn open_room(redis: &RedisServer, prefix: &str) -> Room {
+    let yaml = format!(
+        "upstream: 127.0.0.1:1\nredis: {{url: \"{}\", key_prefix: \"{prefix}\", timeout: 2s}}\n",
+        redis.url()
+    );
+    let config = Config::parse(&yaml).expect("test config is valid");
+    Room::new(&config.redis).expect("room")
+}
+
+/// `enter` without the per-address limit and the poll clock (tested on their own below).
+async fn enter_room(room: &Room, user: &str, capacity: u64) -> Result<EnterOutcome, StoreError> {
+    room.enter(EnterRequest {
+        user,
+        capacity,
+        per_address: None,
+        poll: PollClock::OFF,
+    })
+    .await
+}
+
+async fn status_room(room: &Room, user: &str) -> Result<StatusOutcome, StoreError> {
+    room.status(user, PollClock::OFF).await
+}
+
+fn user(i: usize) -> String {
+    format!("user-{i:03}")
+}
+
+async fn enter_all(room: &Room, users: &[String]) {
+    for u in users {
+        let outcome = enter_room(room, u, CAPACITY).await.expect("enter");
+        assert!(
+            matches!(outcome, EnterOutcome::Waiting { already: false, .. }),
+            "{u}: {outcome:?}"
+        );
+    }
+}
+
+async fn zrange_withscores(conn: &mut MultiplexedConnection, key: &str) -> Vec<(String, f64)> {
+    redis::cmd("ZRANGE")
+        .arg(key)
+        .arg(0)
+        .arg(-1)
+        .arg("WITHSCORES")
+        .query_async(conn)
+        .await
+        .expect("ZRANGE")
+}
+
+async fn get(conn: &mut MultiplexedConnection, key: &str) -> Option<String> {
+    redis::cmd("GET")
+        .arg(key)
+        .query_async(conn)
+        .await
+        .expect("GET")
+}
+
+async fn pttl(conn: &mut MultiplexedConnection, key: &str) -> i64 {
+    redis::cmd("PTTL")
+        .arg(key)
+        .query_async(conn)
+        .await
+        .expect("PTTL")
+}
+
+async fn zcard(conn: &mut MultiplexedConnection, key: &str) -> u64 {
+    redis::cmd("ZCARD")
+        .arg(key)
+        .query_async(conn)
+        .await
+        .expect("ZCARD")
+}
+
+fn is_uuid_v4(token: &str) -> bool {
+    let Ok(parsed) = uuid::Uuid::parse_str(token) else {
+        return false;
+    };
+    // The canonical lowercase hyphenated form, version 4, RFC 4122 variant.
+    token.len() == 36
+        && parsed.hyphenated().to_string() == token
+        && parsed.get_version_num() == 4
+        && parsed.get_variant() == uuid::Variant::RFC4122
+}
+
+// ---- enter ------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enter_numbers_arrivals_with_a_redis_counter_and_keeps_places() {
+    let redis = RedisServer::start();
+    let room = open_room(&redis, "enter");
+    let keys = room.keys().clone();
+    let mut conn = redis.conn().await;
+
+    // Names that sort differently from their arrival: only the counter may decide the order.
+    let users = ["zoe", "adam", "mia", "bob"];
+    for (i, u) in users.iter().enumerate() {
+        let outcome = enter_room(&room, u, CAPACITY).await.unwrap();
+        assert_eq!(
+            outcome,
+            EnterOutcome::Waiting {
+                position: i as u64 + 1,
+                already: false
+            },
+            "{u}"
+        );
+    }
+    let line = zrange_withscores(&mut conn, &keys.queue).await;
+    assert_eq!(
+        line,
+        vec![
+            ("zoe".to_string(), 1.0),
+            ("adam".to_string(), 2.0),
+            ("mia".to_string(), 3.0),
+            ("bob".to_string(), 4.0)
+        ],
+        "scores are the INCR counter, in arrival order"
+    );
+    assert_eq!(get(&mut conn, &keys.seq).await.as_deref(), Some("4"));
+
+    // Entering again keeps the place (and the score), and draws no number.
+    for (i, u) in users.iter().enumerate() {
+        let outcome = enter_room(&room, u, CAPACITY).await.unwrap();
+        assert_eq!(
+            outcome,
+            EnterOutcome::Waiting {
+                position: i as u64 + 1,
+                already: true
+            }
+        );
+    }
+    assert_eq!(
+        zrange_withscores(&mut conn, &keys.queue).await,
+        line,
+        "no place moved"
+    );
+    assert_eq!(
+        get(&mut conn, &keys.seq).await.as_deref(),
+        Some("4"),
+        "no number drawn"
+    );
+
+    // After the front leaves, numbering carries on from the counter, never reusing a number.
+    let admitted = room.admit(LONG, 1, TTL).await.unwrap();
+    assert_eq!(admitted.admitted, 1);
+    let late = enter_room(&room, "carl", CAPACITY).await.unwrap();
+    assert_eq!(
+        late,
+        EnterOutcome::Waiting {
+            position: 4,
+            already: false
+        }
+    );
+    let line = zrange_withscores(&mut conn, &keys.queue).await;
+    assert_eq!(line.last(), Some(&("carl".to_string(), 5.0)), "{line:?}");
+    assert_eq!(line.len(), 4);
+
+    // A counter far ahead (e.g. a long-lived room) still numbers the next arrival after it.
+    let _: () = redis::cmd("SET")
+        .arg(&keys.seq)
+        .arg(1_000_000)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    enter_room(&room, "dora", CAPACITY).await.unwrap();
+    let line = zrange_withscores(&mut conn, &keys.queue).await;
+    assert_eq!(line.last(), Some(&("dora".to_string(), 1_000_001.0)));
+    assert_eq!(
+        status_room(&room, "dora").await.unwrap(),
+        StatusOutcome::Waiting { position: 5 }
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enter_is_full_at_capacity_but_still_answers_those_already_waiting() {
+    let redis = RedisServer::start();
+    let room = open_room(&redis, "full");
+    let keys = room.keys().clone();
+    let mut conn = redis.conn().await;
+
+    for i in 0..3 {
+        assert_eq!(
+            enter_room(&room, &user(i), 3).await.unwrap(),
+            EnterOutcome::Waiting {
+                position: i as u64 + 1,
+                already: false
+            }
+        );
+    }
+    assert_eq!(
+        enter_room(&room, "late", 3).await.unwrap(),
+        EnterOutcome::Full
+    );
+    assert_eq!(
+        enter_room(&room, "late", 3).await.unwrap(),
+        EnterOutcome::Full
+    );
+    assert_eq!(
+        zcard(&mut conn, &keys.queue).await,
+        3,
+        "FULL inserts nobody"
+    );
+    assert_eq!(
+        get(&mut conn, &keys.seq).await.as_deref(),
+        Some("3"),
+        "FULL draws no number"
+    );
+    assert_eq!(
+        status_room(&room, "late").await.unwrap(),
+        StatusOutcome::NotInQueue
+    );
+
+    // A waiting user at capacity keeps the place rather than being told FULL.
+    assert_eq!(
+        enter_room(&room, &user(2), 3).await.unwrap(),
+        EnterOutcome::Waiting {
+            position: 3,
+            already: true
+        }
+    );
+
+    // Once one leaves, one more fits, and only one.
+    assert_eq!(room.admit(LONG, 1, TTL).await.unwrap().admitted, 1);
+    assert_eq!(
+        enter_room(&room, "late", 3).await.unwrap(),
+        EnterOutcome::Waiting {
+            position: 3,
+            already: false
+        }
+    );
+    assert_eq!(
+        enter_room(&room, "later", 3).await.unwrap(),
+        EnterOutcome::Full
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_enters_never_exceed_capacity_or_share_a_number() {
+    let redis = RedisServer::start();
+    let room = Arc::new(open_room(&redis, "burst"));
+    let keys = room.keys().clone();
+    let mut conn = redis.conn().await;
+
+    let capacity = 50;
+    let tasks: Vec<_> = (0..200)
+        .map(|i| {
+            let room = room.clone();
+            tokio::spawn(async move { enter_room(&room, &user(i), capacity).await.unwrap() })
+        })
+        .collect();
+    let mut waiting = 0;
+    let mut positions = HashSet::new();
+    for t in tasks {
+        match t.await.unwrap() {
+            EnterOutcome::Waiting {
+                position,
+                already: false,
+            } => {
+                waiting += 1;
+                assert!(
+                    positions.insert(position),
+                    "position {position} given twice"
+                );
+            }
+            EnterOutcome::Full => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(waiting, capacity, "exactly capacity users got in");
+    assert_eq!(positions, (1..=capacity).collect::<HashSet<_>>());
+    let line = zrange_withscores(&mut conn, &keys.queue).await;
+    let scores: HashSet<u64> = line.iter().map(|(_, s)| *s as u64).collect();
+    assert_eq!(scores.len(), capacity as usize, "no shared number");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enter_answers_ready_while_a_token_is_live() {
+    let redis = RedisServer::start();
+    let room = open_room(&redis, "ready");
+    let keys = room.keys().clone();
+    let mut conn = redis.conn().await;
+
+    enter_room(&room, "alice", CAPACITY).await.unwrap();
+    assert_eq!(room.admit(LONG, 10, TTL).await.unwrap().admitted, 1);
+    let token = get(&mut conn, &keys.token("alice"))
+        .await
+        .expect("token written");
+
+    match enter_room(&room, "alice", CAPACITY).await.unwrap() {
+        EnterOutcome::Ready {
+            token: t,
+            remaining_ms,
+        } => {
+            assert_eq!(t, token);
+            assert!(
+                remaining_ms > TTL.as_millis() as u64 - 2_000
+                    && remaining_ms <= TTL.as_millis() as u64,
+                "remaining {remaining_ms} ms"
+            );
+        }
+        other => panic!("expected READY, got {other:?}"),
+    }
+    assert_eq!(
+        zcard(&mut conn, &keys.queue).await,
+        0,
+        "a READY user is not queued again"
+    );
+    assert_eq!(get(&mut conn, &keys.seq).await.as_deref(), Some("1"));
+}
+
+// ---- status -----------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_answers_waiting_ready_or_not_in_queue() {
+    let redis = RedisServer::start();
+    let room = open_room(&redis, "status");
+
+    assert_eq!(
+        status_room(&room, "ghost").await.unwrap(),
+        StatusOutcome::NotInQueue
+    );
+    assert_eq!(room.current_token("ghost").await.unwrap(), None);
+
+    let users: Vec<String> = (0..4).map(user).collect();
+    enter_all(&room, &users).await;
+    for (i, u) in users.iter().enumerate() {
+        assert_eq!(
+            status_room(&room, u).await.unwrap(),
+            StatusOutcome::Waiting {
+                position: i as u64 + 1
+            }
+        );
+    }
+
+    let ttl = Duration::from_secs(30);
+    assert_eq!(room.admit(LONG, 1, ttl).await.unwrap().admitted, 1);
+    match status_room(&room, &users[0]).await.unwrap() {
+        StatusOutcome::Ready {
+            token,
+            remaining_ms,
+        } => {
+            assert!(is_uuid_v4(&token), "{token}");
+            assert_eq!(room.current_token(&users[0]).await.unwrap(), Some(token));
+            assert!(
+                remaining_ms > 28_000 && remaining_ms <= 30_000,
+                "{remaining_ms}"
+            );
+        }
+        other => panic!("expected READY, got {other:?}"),
+    }
+    for (i, u) in users.iter().enumerate().skip(1) {
+        assert_eq!(
+            status_room(&room, u).await.unwrap(),
+            StatusOutcome::Waiting { position: i as u64 }
+        );
+    }
+    assert_eq!(
+        status_room(&room, "ghost").await.unwrap(),
+        StatusOutcome::NotInQueue
+    );
+    // Asking never enqueues.
+    assert_eq!(room.stats().await.unwrap().waiting, 3);
+}
+
+// ---- admit ------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admit_pops_the_front_in_order_and_writes_one_fresh_token_each() {
+    let redis = RedisServer::start();
+    let room = open_room(&redis, "admit");
+    let keys = room.keys().clone();
+    let mut conn = redis.conn().await;
+
+    let users: Vec<String> = (0..12).map(user).collect();
+    enter_all(&room, &users).await;
+
+    let interval = Duration::from_secs(10);
+    let first = room.admit(interval, 5, TTL).await.unwrap();
+    assert_eq!(first.admitted, 5);
+    assert!(first.was_due, "the first call of a fresh room is due");
+    assert!(
+        first.next_due <= interval && first.next_due > interval - Duration::from_secs(1),
+        "next admission in {:?}",
+        first.next_due
+    );
+
+    let mut tokens = HashSet::new();
+    for u in &users[..5] {
+        let key = keys.token(u);
+        let token = get(&mut conn, &key)
+            .await
+            .unwrap_or_else(|| panic!("no token for {u}"));
+        assert!(is_uuid_v4(&token), "{u}: {token:?} is not a UUID v4");
+        assert!(tokens.insert(token.clone()), "token {token} issued twice");
+        let left = pttl(&mut conn, &key).await;
+        assert!(left > 58_000 && left <= 60_000, "{u}: PTTL {left}");
+        assert!(
+            matches!(status_room(&room, u).await.unwrap(), StatusOutcome::Ready { token: t, .. } if t == token)
+        );
+    }
+    for u in &users[5..] {
+        assert_eq!(
+            get(&mut conn, &keys.token(u)).await,
+            None,
+            "{u} got a token out of turn"
+        );
+    }
+    let live: Vec<String> = zrange_withscores(&mut conn, &keys.tokens)
+        .await
+        .into_iter()
+        .map(|(u, _)| u)
+        .collect();
+    assert_eq!(
+        live.iter().collect::<HashSet<_>>(),
+        users[..5].iter().collect::<HashSet<_>>()
+    );
+    let line: Vec<String> = zrange_withscores(&mut conn, &keys.queue)
+        .await
+        .into_iter()
+        .map(|(u, _)| u)
+        .collect();
+    assert_eq!(line, users[5..].to_vec(), "the rest keep their order");
+
+    // Within the interval: nothing, and how long to wait.
+    let early = room.admit(interval, 5, TTL).await.unwrap();
+    assert_eq!(early.admitted, 0);
+    assert!(!early.was_due);
+    assert!(
+        early.next_due <= first.next_due && early.next_due > interval - Duration::from_secs(2),
+        "{early:?}"
+    );
+    assert_eq!(
+        room.stats().await.unwrap(),
+        RoomStats {
+            waiting: 7,
+            live_tokens: 5
+        }
+    );
+
+    // The next due tick takes the next five in order, then the last two: never more than asked.
+    let short = Duration::from_millis(1);
+    let _: () = redis::cmd("DEL")
+        .arg(&keys.next_admission)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(room.admit(short, 5, TTL).await.unwrap().admitted, 5);
+    let line: Vec<String> = zrange_withscores(&mut conn, &keys.queue)
+        .await
+        .into_iter()
+        .map(|(u, _)| u)
+        .collect();
+    assert_eq!(line, users[10..].to_vec());
+    let _: () = redis::cmd("DEL")
+        .arg(&keys.next_admission)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let last = room.admit(short, 5, TTL).await.unwrap();
+    assert_eq!(last.admitted, 2);
+    assert!(last.was_due);
+    for u in &users {
+        let token = get(&mut conn, &keys.token(u))
+            .await
+            .expect("everyone admitted");
+        tokens.insert(token);
+    }
+    assert_eq!(tokens.len(), 12, "all tokens distinct");
+
+    // An empty line: a due tick admits nobody.
+    let _: () = redis::cmd("DEL")
+        .arg(&keys.next_admission)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let idle = room.admit(short, 5, TTL).await.unwrap();
+    assert_eq!((idle.admitted, idle.was_due), (0, true));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_admit_calls_admit_exactly_one_batch_per_interval() {
+    let redis = RedisServer::start();
+    // Ten proxies: ten rooms on one prefix, each with its own connection.
+    let rooms: Vec<Arc<Room>> = (0..10)
+        .map(|_| Arc::new(open_room(&redis, "many")))
+        .collect();
+    let users: Vec<String> = (0..400).map(user).collect();
+    enter_all(&rooms[0], &users).await;
+    let batch = 5;
+
+    // Round 1 and 2: ten simultaneous calls (released together) for one due interval.
+    let interval = Duration::from_millis(300);
+    for round in 0..2 {
+        let barrier = Arc::new(tokio::sync::Barrier::new(rooms.len()));
+        let tasks: Vec<_> = rooms
+            .iter()
+            .map(|r| {
+                let (r, barrier) = (r.clone(), barrier.clone());
+                tokio::spawn(async move {
+                    r.stats().await.unwrap(); // connect before the race starts
+                    barrier.wait().await;
+                    r.admit(interval, batch, TTL).await.unwrap()
+                })
+            })
+            .collect();
+        let mut outcomes: Vec<AdmitOutcome> = Vec::new();
+        for t in tasks {
+            outcomes.push(t.await.unwrap());
+        }
+        let due: Vec<_> = outcomes.iter().filter(|o| o.was_due).collect();
+        assert_eq!(
+            due.len(),
+            1,
+            "round {round}: exactly one due call: {outcomes:?}"
+        );
+        let total: u64 = outcomes.iter().map(|o| o.admitted).sum();
+        assert_eq!(
+            total, batch as u64,
+            "round {round}: one batch in total: {outcomes:?}"
+        );
+        // Everybody else is told to wait for the same next interval.
+        let wait = outcomes.iter().map(|o| o.next_due).max().unwrap();
+        assert!(wait <= interval, "{outcomes:?}");
+        tokio::time::sleep(wait + Duration::from_millis(5)).await;
+    }
+
+    // Hammering: ten tasks calling in a tight loop for ~1 s at 100 ms intervals, from a fresh
+    // schedule so that the first call is due at once.
+    let keys = rooms[0].keys().clone();
+    let mut conn = redis.conn().await;
+    let _: () = redis::cmd("DEL")
+        .arg(&keys.next_admission)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let interval = Duration::from_millis(100);
+    let started = Instant::now();
+    let run_for = Duration::from_millis(1000);
+    let tasks: Vec<_> = rooms
+        .iter()
+        .map(|r| {
+            let r = r.clone();
+            tokio::spawn(async move {
+                let (mut due, mut admitted) = (0u64, 0u64);
+                while started.elapsed() < run_for {
+                    let o = r.admit(interval, batch, TTL).await.unwrap();
+                    due += o.was_due as u64;
+                    admitted += o.admitted;
+                }
+                (due, admitted)
+            })
+        })
+        .collect();
+    let (mut due, mut admitted) = (0, 0);
+    for t in tasks {
+        let (d, a) = t.await.unwrap();
+        due += d;
+        admitted += a;
+    }
+    let elapsed = started.elapsed();
+    let max_due = (elapsed.as_millis() / interval.as_millis()) as u64 + 1;
+    println!(
+        "hammering for {elapsed:?}: {due} due calls, {admitted} admitted (at most {max_due} due)"
+    );
+    assert!(
+        due <= max_due,
+        "{due} due calls in {elapsed:?}, at most {max_due} expected"
+    );
+    assert!(
+        due >= 5,
+        "admission stalled under contention: {due} due calls in {elapsed:?}"
+    );
+    assert_eq!(
+        admitted,
+        due * batch as u64,
+        "each due call admits one full batch, no more"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admit_skips_missed_intervals_instead_of_catching_up() {
+    let redis = RedisServer::start();
+    let room = open_room(&redis, "missed");
+    let users: Vec<String> = (0..40).map(user).collect();
+    enter_all(&room, &users).await;
+    let interval = Duration::from_millis(100);
+    let batch = 2;
+
+    assert_eq!(room.admit(interval, batch, TTL).await.unwrap().admitted, 2);
+    // Three whole intervals pass with no tick (no proxy ran).
+    tokio::time::sleep(interval * 3 + Duration::from_millis(50)).await;
+    let resumed = room.admit(interval, batch, TTL).await.unwrap();
+    assert_eq!(
+        resumed.admitted, 2,
+        "one batch, not a catch-up of three: {resumed:?}"
+    );
+    assert!(resumed.was_due);
+    assert!(
+        resumed.next_due > interval / 2 && resumed.next_due <= interval,
+        "the schedule restarts from now: {resumed:?}"
+    );
+    let again = room.admit(interval, batch, TTL).await.unwrap();
+    assert_eq!((again.admitted, again.was_due), (0, false), "{again:?}");
+
+    // From then on, at most one batch per interval however often it is called.
+    let started = Instant::now();
+    let mut admitted = 0;
+    while started.elapsed() < interval * 3 {
+        admitted += room.admit(interval, batch, TTL).await.unwrap().admitted;
+    }
+    assert!(
+        (4..=8).contains(&admitted),
+        "{admitted} admitted in three intervals after resuming (expected 3-4 batches of {batch})"
+    );
+    assert_eq!(room.stats().await.unwrap().waiting, 40 - 4 - admitted);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shorter_interval_is_not_held_back_by_a_schedule_made_with_a_longer_one() {
+    let redis = RedisServer::start();
+    let room = open_room(&redis, "faster");
+    enter_all(&room, &(0..4).map(user).collect::<Vec<_>>()).await;
+
+    // The room ran at one batch per hour (its last tick set the next one an hour ahead); then a
+    // proxy restarts, or reloads, with 100 ms.
+    assert_eq!(room.admit(LONG, 1, TTL).await.unwrap().admitted, 1);
+    let interval = Duration::from_millis(100);
+    let first = room.admit(interval, 1, TTL).await.unwrap();
+    assert!(
+        first.next_due <= interval,
+        "told to wait {:?} with a 100 ms interval: the old schedule holds the room back",
+        first.next_due
+    );
+    tokio::time::sleep(first.next_due).await;
+    let next = room.admit(interval, 1, TTL).await.unwrap();
+    assert_eq!(next.admitted, 1, "{next:?}");
+}
+
+// ---- consume ----------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consume_deletes_only_the_token_that_was_used() {
+    let redis = RedisServer::start();
+    let room = open_room(&redis, "consume");
+    let keys = room.keys().clone();
+    let mut conn = redis.conn().await;
+
+    enter_all(&room, &["alice".to_string(), "bob".to_string()]).await;
+    assert_eq!(room.admit(LONG, 2, TTL).await.unwrap().admitted, 2);
+    let alice = room
+        .current_token("alice")
+        .await
+        .unwrap()
+        .expect("alice's token");
+    let bob = room
+        .current_token("bob")
+        .await
+        .unwrap()
+        .expect("bob's token");
+    assert_eq!(room.stats().await.unwrap().live_tokens, 2);
+
+    // Another value (bob's, or a made-up one): nothing happens.
+    assert!(!room.consume("alice", &bob).await.unwrap());
+    assert!(!room
+        .consume("alice", &uuid::Uuid::new_v4().to_string())
+        .await
+        .unwrap());
+    assert!(!room.consume("alice", "").await.unwrap());
+    assert_eq!(
+        get(&mut conn, &keys.token("alice")).await,
+        Some(alice.clone()),
+        "key stays"
+    );
+    assert!(
+        pttl(&mut conn, &keys.token("alice")).await > 50_000,
+        "TTL untouched"
+    );
+    assert_eq!(room.stats().await.unwrap().live_tokens, 2);
+
+    // The right value: deleted, and out of the live-token set; bob untouched.
+    assert!(room.consume("alice", &alice).await.unwrap());
+    assert_eq!(get(&mut conn, &keys.token("alice")).await, None);
+    let live: Vec<String> = zrange_withscores(&mut conn, &keys.tokens)
+        .await
+        .into_iter()
+        .map(|(u, _)| u)
+        .collect();
+    assert_eq!(live, vec!["bob".to_string()]);
+    assert_eq!(room.stats().await.unwrap().live_tokens, 1);
+    assert_eq!(
+        status_room(&room, "alice").await.unwrap(),
+        StatusOutcome::NotInQueue
+    );
+    assert_eq!(room.current_token("bob").await.unwrap(), Some(bob.clone()));
+    // Spending twice: the second finds nothing.
+    assert!(!room.consume("alice", &alice).await.unwrap());
+
+    // Alice enters again and is admitted again: her old token can never delete the new one.
+    assert!(matches!(
+        enter_room(&room, "alice", CAPACITY).await.unwrap(),
+        EnterOutcome::Waiting {
+            position: 1,
+            already: false
+        }
+    ));
+    let _: () = redis::cmd("DEL")
+        .arg(&keys.next_admission)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(room.admit(LONG, 2, TTL).await.unwrap().admitted, 1);
+    let newer = room
+        .current_token("alice")
+        .await
+        .unwrap()
+        .expect("a new token");
+    assert_ne!(newer, alice, "a fresh token on each admission");
+    assert!(
+        !room.consume("alice", &alice).await.unwrap(),
+        "the old token deletes nothing"
+    );
+    assert_eq!(
+        room.current_token("alice").await.unwrap(),
+        Some(newer.clone())
+    );
+    assert_eq!(room.stats().await.unwrap().live_tokens, 2);
+    assert!(room.consume("alice", &newer).await.unwrap());
+}
+
+// ---- stats ------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stats_counts_waiting_and_live_tokens_and_forgets_expired_ones() {
+    let redis = RedisServer::start();
+    let room = open_room(&redis, "stats");
+    let keys = room.keys().clone();
+    let mut conn = redis.conn().await;
+
+    assert_eq!(
+        room.stats().await.unwrap(),
+        RoomStats {
+            waiting: 0,
+            live_tokens: 0
+        }
+    );
+    let users: Vec<String> = (0..6).map(user).collect();
+    enter_all(&room, &users).await;
+    assert_eq!(
+        room.stats().await.unwrap(),
+        RoomStats {
+            waiting: 6,
+            live_tokens: 0
+        }
+    );
+
+    // Two short-lived tokens, then (next interval) one long-lived one.
+    let short_ttl = Duration::from_millis(400);
+    let interval = Duration::from_millis(50);
+    assert_eq!(
+        room.admit(interval, 2, short_ttl).await.unwrap().admitted,
+        2
+    );
+    assert_eq!(
+        room.stats().await.unwrap(),
+        RoomStats {
+            waiting: 4,
+            live_tokens: 2
+        }
+    );
+    let _: () = redis::cmd("DEL")
+        .arg(&keys.next_admission)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(room.admit(interval, 1, TTL).await.unwrap().admitted, 1);
+    assert_eq!(
+        room.stats().await.unwrap(),
+        RoomStats {
+            waiting: 3,
+            live_tokens: 3
+        }
+    );
+
+    // Redis expires the short tokens' keys; stats then drops them from the count (and the set).
+    let expired = wait_until(
+        Duration::from_secs(5),
+        Duration::from_millis(20),
+        || async {
+            let mut c = redis.conn().await;
+            get(&mut c, &keys.token(&users[0])).await.is_none()
+                && get(&mut c, &keys.token(&users[1])).await.is_none()
+        },
+    )
+    .await;
+    assert!(expired, "short tokens never expired");
+    let counted = wait_until(
+        Duration::from_secs(2),
+        Duration::from_millis(20),
+        || async {
+            room.stats().await.unwrap()
+                == RoomStats {
+                    waiting: 3,
+                    live_tokens: 1,
+                }
+        },
+    )
+    .await;
+    assert!(
+        counted,
+        "stats still counts expired tokens: {:?}",
+        room.stats().await.unwrap()
+    );
+    let live: Vec<String> = zrange_withscores(&mut conn, &keys.tokens)
+        .await
+        .into_iter()
+        .map(|(u, _)| u)
+        .collect();
+    assert_eq!(live, vec![users[2].clone()], "expired entries left the set");
+    assert_eq!(
+        status_room(&room, &users[0]).await.unwrap(),
+        StatusOutcome::NotInQueue
+    );
+}
+
+// ---- the poll clock and the per-address limit inside enter and status --------------------------
+
+/// Enforced polling: positions from 1 on poll after 1 s, and 80 % of it (grace 20 %) is on time.
+const POLL_ON: PollClock<'static> = PollClock {
+    on_time_factor: Some(0.8),
+    thresholds: &[(1, Duration::from_secs(1))],
+};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enforced_polling_refuses_early_status_calls_without_restarting_the_clock() {
+    let redis = RedisServer::start();
+    let room = open_room(&redis, "poll");
+    let keys = room.keys().clone();
+    let mut conn = redis.conn().await;
+
+    let entered = Instant::now();
+    let request = EnterRequest {
+        user: "pat",
+        capacity: CAPACITY,
+        per_address: None,
+        poll: POLL_ON,
+    };
+    assert_eq!(
+        room.enter(request).await.unwrap(),
+        EnterOutcome::Waiting {
+            position: 1,
+            already: false
+        }
+    );
+    let clock = get(&mut conn, &keys.poll_clock("pat"))
+        .await
+        .expect("the clock started");
+    assert_eq!(
+        room.status("pat", POLL_ON).await.unwrap(),
+        StatusOutcome::TooEarly { retry_secs: 1 }
+    );
+    assert_eq!(
+        get(&mut conn, &keys.poll_clock("pat")).await,
+        Some(clock.clone()),
+        "a refused call restarted the clock"
+    );
+    // Without enforcement the same call is answered.
+    assert_eq!(
+        status_room(&room, "pat").await.unwrap(),
+        StatusOutcome::Waiting { position: 1 }
+    );
+
+    // Refused calls until 800 ms have passed; then answered, and the clock starts again.
+    let on_time = wait_until(
+        Duration::from_secs(3),
+        Duration::from_millis(20),
+        || async {
+            !matches!(
+                room.status("pat", POLL_ON).await.unwrap(),
+                StatusOutcome::TooEarly { .. }
+            )
+        },
+    )
+    .await;
+    let waited = entered.elapsed();
+    assert!(on_time, "never on time");
+    assert!(
+        waited >= Duration::from_millis(780) && waited < Duration::from_millis(1500),
+        "on time after {waited:?}, expected 800 ms"
+    );
+    let restarted = get(&mut conn, &keys.poll_clock("pat"))
+        .await
+        .expect("clock restarted");
+    assert!(restarted.parse::<u64>().unwrap() > clock.parse::<u64>().unwrap());
+    assert_eq!(
+        room.status("pat", POLL_ON).await.unwrap(),
+        StatusOutcome::TooEarly { retry_secs: 1 }
+    );
+
+    // Admitted: the user's clock still runs (the last answer said poll in 1 s) ...
+    assert_eq!(room.admit(LONG, 1, TTL).await.unwrap().admitted, 1);
+    assert!(matches!(
+        room.status("pat", POLL_ON).await.unwrap(),
+        StatusOutcome::TooEarly { .. }
+    ));
+    // ... a READY answer (null pollAfter) stops it: no refusal after that.
+    assert!(matches!(
+        status_room(&room, "pat").await.unwrap(),
+        StatusOutcome::Ready { .. }
+    ));
+    let request = EnterRequest {
+        user: "pat",
+        capacity: CAPACITY,
+        per_address: None,
+        poll: POLL_ON,
+    };
+    assert!(matches!(
+        room.enter(request).await.unwrap(),
+        EnterOutcome::Ready { .. }
+    ));
+    assert_eq!(
+        get(&mut conn, &keys.poll_clock("pat")).await,
+        None,
+        "READY stops the clock"
+    );
+    assert!(matches!(
+        room.status("pat", POLL_ON).await.unwrap(),
+        StatusOutcome::Ready { .. }
+    ));
+    // NOT_IN_QUEUE enforces nothing either.
+    for _ in 0..3 {
+        assert_eq!(
+            room.status("nobody", POLL_ON).await.unwrap(),
+            StatusOutcome::NotInQueue
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enter_limits_new_identities_per_address_and_window() {
+    let redis = RedisServer::start();
+    let room = open_room(&redis, "abuse");
+    // Counts are per clock minute: keep the test inside one.
+    let (secs, _): (u64, u64) = redis::cmd("TIME")
+        .query_async(&mut redis.conn().await)
+        .await
+        .unwrap();
+    if secs % 60 >= 58 {
+        tokio::time::sleep(Duration::from_secs(60 - secs % 60)).await;
+    }
+    let from = |user: &'static str, address: &'static str| EnterRequest {
+        user,
+        capacity: CAPACITY,
+        per_address: Some((address, 2)),
+        poll: PollClock::OFF,
+    };
+    assert!(matches!(
+        room.enter(from("a", "192.0.2.1")).await.unwrap(),
+        EnterOutcome::Waiting { .. }
+    ));
+    assert!(matches!(
+        room.enter(from("b", "192.0.2.1")).await.unwrap(),
+        EnterOutcome::Waiting { .. }
+    ));
+    match room.enter(from("c", "192.0.2.1")).await.unwrap() {
+        EnterOutcome::Limited { retry_secs } => {
+            assert!((1..=60).contains(&retry_secs), "{retry_secs}")
+        }
+        other => panic!("expected LIMITED, got {other:?}"),
+    }
+    assert_eq!(
+        status_room(&room, "c").await.unwrap(),
+        StatusOutcome::NotInQueue,
+        "not queued"
+    );
+    // Identities already counted still enter; other addresses have their own count.
+    assert_eq!(
+        room.enter(from("b", "192.0.2.1")).await.unwrap(),
+        EnterOutcome::Waiting {
+            position: 2,
+            already: true
+        }
+    );
+    assert_eq!(room.admit(LONG, 1, TTL).await.unwrap().admitted, 1);
+    let token = room.current_token("a").await.unwrap().unwrap();
+    assert!(room.consume("a", &token).await.unwrap());
+    assert_eq!(
+        room.enter(from("a", "192.0.2.1")).await.unwrap(),
+        EnterOutcome::Waiting {
+            position: 2,
+            already: false
+        },
+        "a counted identity may enter again"
+    );
+    assert!(matches!(
+        room.enter(from("c", "192.0.2.2")).await.unwrap(),
+        EnterOutcome::Waiting { .. }
+    ));
+}
+
+// ---- the room's keys and the script cache -----------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_key_touched_carries_the_room_hash_tag() {
+    let redis = RedisServer::start();
+    let room = open_room(&redis, "shop-eu");
+    let mut conn = redis.conn().await;
+
+    let users: Vec<String> = (0..5).map(user).collect();
+    enter_all(&room, &users).await;
+    // The optional parts of enter and status too: the poll clock and the per-address counter.
+    let limited = EnterRequest {
+        user: "from-address",
+        capacity: CAPACITY,
+        per_address: Some(("198.51.100.7", 5)),
+        poll: POLL_ON,
+    };
+    room.enter(limited).await.unwrap();
+    room.status("from-address", POLL_ON).await.unwrap();
+    status_room(&room, &users[4]).await.unwrap();
+    status_room(&room, "nobody").await.unwrap();
+    room.admit(Duration::from_millis(10), 3, TTL).await.unwrap();
+    enter_room(&room, &users[0], CAPACITY).await.unwrap();
+    let token = room
+        .current_token(&users[0])
+        .await
+        .unwrap()
+        .expect("admitted");
+    room.consume(&users[1], "not-it").await.unwrap();
+    assert!(room.consume(&users[0], &token).await.unwrap());
+    room.stats().await.unwrap();
+    assert_eq!(
+        enter_room(&room, "capped", 1).await.unwrap(),
+        EnterOutcome::Full
+    );
+
+    let all: Vec<String> = redis::cmd("KEYS")
+        .arg("*")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(!all.is_empty());
+    for key in &all {
+        assert!(
+            key.starts_with("{shop-eu}"),
+            "key {key:?} outside the room's hash tag"
+        );
+    }
+    let keys = Keys::new("shop-eu");
+    for k in [
+        &keys.queue,
+        &keys.seq,
+        &keys.next_admission,
+        &keys.tokens,
+        &keys.token_prefix,
+        &keys.poll_prefix,
+        &keys.abuse_prefix,
+    ] {
+        assert!(k.starts_with("{shop-eu}"), "{k}");
+    }
+    // Two rooms on one Redis never touch each other's keys.
+    let other = open_room(&redis, "shop-us");
+    enter_room(&other, "x", CAPACITY).await.unwrap();
+    assert_eq!(room.stats().await.unwrap().waiting, 3);
+    assert_eq!(other.stats().await.unwrap().waiting, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scripts_are_reloaded_after_the_script_cache_is_flushed() {
+    let redis = RedisServer::start();
+    let room = open_room(&redis, "flush");
+    let mut conn = redis.conn().await;
+
+    enter_room(&room, "a", CAPACITY).await.unwrap();
+    room.admit(LONG, 1, TTL).await.unwrap();
+    room.stats().await.unwrap();
+    // A Redis restart or failover empties the script cache: NOSCRIPT must lead to a reload.
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(matches!(
+        enter_room(&room, "b", CAPACITY).await.unwrap(),
+        EnterOutcome::Waiting { position: 1, .. }
+    ));
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        status_room(&room, "b").await.unwrap(),
+        StatusOutcome::Waiting { position: 1 }
+    );
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        room.stats().await.unwrap(),
+        RoomStats {
+            waiting: 1,
+            live_tokens: 1
+        }
+    );
+    let token = room.current_token("a").await.unwrap().unwrap();
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(room.consume("a", &token).await.unwrap());
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("DEL")
+        .arg(&room.keys().next_admission)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(room.admit(LONG, 1, TTL).await.unwrap().admitted, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_redis_is_an_error_within_the_timeout() {
+    let mut redis = RedisServer::start();
+    let yaml = format!(
+        "upstream: 127.0.0.1:1\nredis: {{url: \"{}\", key_prefix: \"down\", timeout: 300ms}}\n",
+        redis.url()
+    );
+    let room = Room::new(&Config::parse(&yaml).unwrap().redis).unwrap();
+    room.stats().await.unwrap();
+
+    // Hanging (frozen) and gone (stopped): each call fails, and within the bound.
+    redis.freeze();
+    let started = Instant::now();
+    assert!(enter_room(&room, "a", CAPACITY).await.is_err());
+    assert!(
+        started.elapsed() < Duration::from_millis(400),
+        "{:?}",
+        started.elapsed()
+    );
+    redis.stop();
+    let started = Instant::now();
+    assert!(status_room(&room, "a").await.is_err());
+    assert!(room.admit(LONG, 1, TTL).await.is_err());
+    assert!(
+        started.elapsed() < Duration::from_millis(800),
+        "{:?}",
+        started.elapsed()
+    );
+}
