@@ -1,15 +1,353 @@
 //! The waiting page served at `GET {prefix}/` (section 10 of the contract): one self-contained
-//! HTML document compiled into the binary, filled in with the room's settings per request.
+//! HTML document compiled into the binary, filled in per request with the room's settings and the
+//! texts of the visitor's language.
+//!
+//! Why the pieces are separate files under `assets/`:
+//! - `waiting.html` is the markup and inline CSS, with `{{...}}` placeholders (see `render`).
+//! - `poll.mjs` holds the page's decisions (state of an answer, delay and target of the next call,
+//!   wording of the wait) as pure functions, so `node --test` checks them without a browser
+//!   (`tests/page/poll.test.mjs`). `page.js` is the DOM and timer glue. Both are inlined into one
+//!   `<script type="module">`, poll.mjs first, so the page needs no second request.
+//! - `i18n/{en,ko}.json` are the texts, one flat map per language with the same keys. The page's
+//!   script gets the whole map (for the texts it writes later); the markup gets each text through a
+//!   `{{t:key}}` placeholder, so the page reads right before any script has run.
+//!
+//! The language is chosen here, on the server, from `Accept-Language`, which is why the proxy
+//! answers with `Vary: Accept-Language`.
 
 use crate::config::Config;
+use serde_json::{Map, Value};
+use std::sync::OnceLock;
 
 const TEMPLATE: &str = include_str!("../assets/waiting.html");
+const POLL_JS: &str = include_str!("../assets/poll.mjs");
+const PAGE_JS: &str = include_str!("../assets/page.js");
+const EN_JSON: &str = include_str!("../assets/i18n/en.json");
+const KO_JSON: &str = include_str!("../assets/i18n/ko.json");
 
-/// Renders the page for this configuration.
-pub fn render(config: &Config, _accept_language: Option<&[u8]>) -> Vec<u8> {
+/// A language the page has texts for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lang {
+    En,
+    Ko,
+}
+
+impl Lang {
+    /// In order of preference when the visitor states none, or accepts any (`*`).
+    pub const ALL: [Lang; 2] = [Lang::En, Lang::Ko];
+
+    /// The value of `<html lang>`.
+    pub fn code(self) -> &'static str {
+        match self {
+            Lang::En => "en",
+            Lang::Ko => "ko",
+        }
+    }
+
+    /// The supported language a language tag (`ko`, `ko-KR`, `en-GB`, any case) asks for.
+    fn from_tag(tag: &str) -> Option<Lang> {
+        let primary = tag.split('-').next().unwrap_or("");
+        Lang::ALL
+            .into_iter()
+            .find(|l| l.code().eq_ignore_ascii_case(primary))
+    }
+
+    fn texts(self) -> &'static Map<String, Value> {
+        static TEXTS: OnceLock<[Map<String, Value>; 2]> = OnceLock::new();
+        let all = TEXTS.get_or_init(|| [parse_texts(EN_JSON), parse_texts(KO_JSON)]);
+        &all[self as usize]
+    }
+}
+
+fn parse_texts(json: &str) -> Map<String, Value> {
+    // Compiled in and checked by the unit tests below: a broken file cannot reach a release.
+    serde_json::from_str(json).expect("assets/i18n/*.json is a JSON object of strings")
+}
+
+/// The best supported language for an `Accept-Language` header (RFC 9110 section 12.5.4): the
+/// highest q-value wins, the earlier entry on a tie; `q=0` excludes; `*` stands for the preferred
+/// language not named elsewhere in the header. English when nothing supported is acceptable or
+/// the header is missing or unreadable.
+pub fn choose_language(accept_language: Option<&[u8]>) -> Lang {
+    let Some(header) = accept_language.and_then(|h| std::str::from_utf8(h).ok()) else {
+        return Lang::En;
+    };
+    let ranges: Vec<(&str, u16)> = header.split(',').filter_map(language_range).collect();
+    let named = |lang: Lang| {
+        ranges
+            .iter()
+            .any(|(tag, _)| Lang::from_tag(tag) == Some(lang))
+    };
+    let mut best: Option<(Lang, u16)> = None;
+    for &(tag, q) in &ranges {
+        let lang = if tag == "*" {
+            Lang::ALL.into_iter().find(|&l| !named(l))
+        } else {
+            Lang::from_tag(tag)
+        };
+        if let Some(lang) = lang {
+            if q > 0 && best.is_none_or(|(_, best_q)| q > best_q) {
+                best = Some((lang, q));
+            }
+        }
+    }
+    best.map_or(Lang::En, |(lang, _)| lang)
+}
+
+/// One `tag;q=0.8` entry as (tag, q in thousandths); None for an empty or malformed entry.
+fn language_range(item: &str) -> Option<(&str, u16)> {
+    let mut parts = item.split(';');
+    let tag = parts.next()?.trim();
+    let well_formed = tag == "*"
+        || (!tag.is_empty() && tag.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'));
+    if !well_formed {
+        return None;
+    }
+    let mut q = 1000;
+    for param in parts {
+        let (name, value) = param.split_once('=')?;
+        if name.trim().eq_ignore_ascii_case("q") {
+            q = parse_qvalue(value.trim())?;
+        }
+    }
+    Some((tag, q))
+}
+
+/// `0`, `0.5`, `1.000`, ...: at most three decimals, at most 1 (RFC 9110 section 12.4.2).
+fn parse_qvalue(text: &str) -> Option<u16> {
+    let (int, frac) = text.split_once('.').unwrap_or((text, ""));
+    if frac.len() > 3 || !frac.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let thousandths = match int {
+        "0" => format!("{frac:0<3}").parse().ok()?,
+        "1" if frac.bytes().all(|b| b == b'0') => 1000,
+        _ => return None,
+    };
+    Some(thousandths)
+}
+
+/// Renders the page for this configuration, in the language `Accept-Language` asks for.
+pub fn render(config: &Config, accept_language: Option<&[u8]>) -> Vec<u8> {
+    render_lang(config, choose_language(accept_language)).into_bytes()
+}
+
+/// Fills the template's placeholders in one pass (text put in is never scanned again):
+/// `{{lang}}`, `{{t:key}}` (a text, HTML-escaped), `{{settings}}` (JSON for the script) and
+/// `{{script}}` (poll.mjs then page.js).
+fn render_lang(config: &Config, lang: Lang) -> String {
+    let texts = lang.texts();
+    let mut out = String::with_capacity(TEMPLATE.len() + POLL_JS.len() + PAGE_JS.len() + 4096);
+    let mut rest = TEMPLATE;
+    while let Some(start) = rest.find("{{") {
+        out.push_str(&rest[..start]);
+        let after = &rest[start + 2..];
+        let Some(end) = after.find("}}") else {
+            rest = &rest[start..];
+            break;
+        };
+        match &after[..end] {
+            "lang" => out.push_str(lang.code()),
+            "settings" => out.push_str(&settings_json(config, lang)),
+            "script" => {
+                out.push_str(POLL_JS);
+                out.push('\n');
+                out.push_str(PAGE_JS);
+            }
+            key => match key.strip_prefix("t:").and_then(|k| texts.get(k)) {
+                Some(Value::String(text)) => push_html_escaped(&mut out, text),
+                // The tests render every language and check that nothing is left unresolved.
+                _ => debug_assert!(false, "waiting.html: unknown placeholder {{{{{key}}}}}"),
+            },
+        }
+        rest = &after[end + 2..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// What the page's script needs, as JSON that is safe inside `<script type="application/json">`:
+/// every `<` is escaped, so no text can close the element.
+fn settings_json(config: &Config, lang: Lang) -> String {
     let settings = serde_json::json!({
         "prefix": config.endpoints.prefix,
         "readyUrl": config.page.ready_url,
+        "lang": lang.code(),
+        "texts": lang.texts(),
     });
-    TEMPLATE.replace("__WAITROOM_SETTINGS__", &settings.to_string()).into_bytes()
+    script_safe_json(&settings)
+}
+
+/// JSON text with every `<` written as `\u003c`: the same value for `JSON.parse`, but no `</script>`
+/// or `<!--` can appear in it.
+fn script_safe_json(value: &Value) -> String {
+    value.to_string().replace('<', "\\u003c")
+}
+
+fn push_html_escaped(out: &mut String, text: &str) {
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn choose(header: &str) -> Lang {
+        choose_language(Some(header.as_bytes()))
+    }
+
+    #[test]
+    fn english_without_a_usable_header() {
+        assert_eq!(choose_language(None), Lang::En);
+        assert_eq!(choose(""), Lang::En);
+        assert_eq!(choose("fr-FR, de;q=0.9"), Lang::En);
+        assert_eq!(choose_language(Some(b"ko\xff")), Lang::En, "not UTF-8");
+        assert_eq!(choose(";;,,"), Lang::En);
+    }
+
+    #[test]
+    fn korean_by_tag_in_any_case_and_region() {
+        assert_eq!(choose("ko"), Lang::Ko);
+        assert_eq!(choose("ko-KR"), Lang::Ko);
+        assert_eq!(choose("KO-kr"), Lang::Ko);
+        assert_eq!(choose("ko-KR,ko;q=0.9,en-US;q=0.8,en;q=0.7"), Lang::Ko);
+        assert_eq!(choose("fr, ko;q=0.5"), Lang::Ko, "the first supported one");
+        assert_eq!(choose("kok"), Lang::En, "Konkani is not Korean");
+    }
+
+    #[test]
+    fn q_values_decide_not_order() {
+        assert_eq!(choose("en;q=0.5, ko;q=0.8"), Lang::Ko);
+        assert_eq!(choose("ko;q=0.5, en"), Lang::En);
+        assert_eq!(choose("ko; Q=0.9 , en ;q=0.8"), Lang::Ko, "spaces and case");
+        assert_eq!(
+            choose("en;q=0.7, ko;q=0.700"),
+            Lang::En,
+            "a tie goes to the earlier entry"
+        );
+        assert_eq!(choose("ko;q=1.000, en;q=0.999"), Lang::Ko);
+    }
+
+    #[test]
+    fn q_zero_excludes() {
+        assert_eq!(choose("ko;q=0"), Lang::En);
+        assert_eq!(choose("en;q=0, ko;q=0.1"), Lang::Ko);
+        assert_eq!(choose("en;q=0.0, ko;q=0.001"), Lang::Ko);
+    }
+
+    #[test]
+    fn malformed_entries_are_skipped() {
+        assert_eq!(choose("ko;q=2, en;q=0.1"), Lang::En, "q above 1");
+        assert_eq!(choose("ko;q=0.5555, en;q=0.1"), Lang::En, "four decimals");
+        assert_eq!(choose("ko;q=abc"), Lang::En);
+        assert_eq!(choose("ko;q"), Lang::En);
+        assert_eq!(choose("k o, ko-KR;q=0.4"), Lang::Ko);
+        assert_eq!(
+            choose("ko;level=1"),
+            Lang::Ko,
+            "other parameters are ignored"
+        );
+    }
+
+    #[test]
+    fn wildcard_is_the_preferred_language_not_named() {
+        assert_eq!(choose("*"), Lang::En);
+        assert_eq!(choose("fr, *;q=0.5"), Lang::En);
+        assert_eq!(choose("en;q=0, *"), Lang::Ko);
+        assert_eq!(
+            choose("en;q=0.1, *;q=0.5"),
+            Lang::Ko,
+            "* is not en when en is named"
+        );
+        assert_eq!(choose("ko;q=0, *"), Lang::En);
+        assert_eq!(
+            choose("en;q=0, ko;q=0, *"),
+            Lang::En,
+            "nothing acceptable: the default"
+        );
+    }
+
+    #[test]
+    fn every_language_has_the_same_texts() {
+        let keys = |l: Lang| l.texts().keys().cloned().collect::<Vec<_>>();
+        for lang in Lang::ALL {
+            assert_eq!(
+                keys(lang),
+                keys(Lang::En),
+                "{lang:?} has other keys than en"
+            );
+            for (key, value) in lang.texts() {
+                let text = value
+                    .as_str()
+                    .unwrap_or_else(|| panic!("{lang:?}.{key} is not a string"));
+                assert!(!text.trim().is_empty(), "{lang:?}.{key} is empty");
+            }
+        }
+    }
+
+    fn config() -> Config {
+        let yaml = "upstream: \"127.0.0.1:8081\"\nendpoints: {prefix: /line}\npage: {ready_url: /shop/checkout}\n";
+        Config::parse(yaml).expect("test config is valid")
+    }
+
+    #[test]
+    fn renders_every_placeholder_in_every_language() {
+        for lang in Lang::ALL {
+            let page = render_lang(&config(), lang);
+            assert!(!page.contains("{{"), "{lang:?}: placeholder left:\n{page}");
+            assert!(page.contains(&format!("<html lang=\"{}\">", lang.code())));
+            let title = lang.texts()["title"].as_str().unwrap();
+            assert!(
+                page.contains(&format!("<title>{title}</title>")),
+                "{lang:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn settings_reach_the_script_and_cannot_close_it() {
+        let page = render_lang(&config(), Lang::Ko);
+        let start = page
+            .find("<script type=\"application/json\" id=\"waitroom-settings\">")
+            .unwrap();
+        let json_start = page[start..].find('>').unwrap() + start + 1;
+        let json_end = page[json_start..].find("</script>").unwrap() + json_start;
+        let settings: Value = serde_json::from_str(&page[json_start..json_end]).unwrap();
+        assert_eq!(settings["prefix"], "/line");
+        assert_eq!(settings["readyUrl"], "/shop/checkout");
+        assert_eq!(settings["lang"], "ko");
+        assert_eq!(settings["texts"]["continue"], Lang::Ko.texts()["continue"]);
+
+        let hostile = Value::from("</script><!-- <script>alert(1)</script>");
+        let json = script_safe_json(&hostile);
+        assert!(!json.contains('<'), "{json}");
+        assert_eq!(serde_json::from_str::<Value>(&json).unwrap(), hostile);
+    }
+
+    #[test]
+    fn the_scripts_cannot_end_their_element_early() {
+        for js in [POLL_JS, PAGE_JS] {
+            assert!(!js.to_ascii_lowercase().contains("</script"));
+            assert!(!js.contains("<!--"));
+        }
+    }
+
+    #[test]
+    fn html_escaping() {
+        let mut out = String::new();
+        push_html_escaped(&mut out, r#"<a href="x">Tom & 'Jerry'</a>"#);
+        assert_eq!(
+            out,
+            "&lt;a href=&quot;x&quot;&gt;Tom &amp; &#39;Jerry&#39;&lt;/a&gt;"
+        );
+    }
 }

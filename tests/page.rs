@@ -1,0 +1,295 @@
+//! The waiting page (contract section 10), from outside: as served by a running proxy, its polling
+//! logic under `node --test`, and a shopper's whole wait in headless Chromium.
+//!
+//! Needs `node` (20 or newer) and, for the browser run, `npm` and Debian's `chromium` package (or
+//! `WAITROOM_CHROMIUM` naming a Chromium binary). `npm ci` runs in `tests/page` when its
+//! `node_modules` is missing. Screenshots land in `target/page-artifacts/`; with
+//! `WAITROOM_UPDATE_SCREENSHOTS=1` they are also copied to `docs/img/` for the README.
+
+mod common;
+
+use common::*;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const HOOKS: [&str; 5] = ["state", "position", "eta", "progress", "continue"];
+
+fn manifest_dir() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn page_tests_dir() -> PathBuf {
+    manifest_dir().join("tests/page")
+}
+
+/// Panics with what to install when `program` cannot be run.
+fn require(program: &str, install: &str) {
+    let found = Command::new(program)
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(
+        found,
+        "`{program}` is needed for the waiting page's tests: {install}"
+    );
+}
+
+/// Runs `cmd`, killing it after `timeout`; panics with its output unless it exits with 0.
+/// Output goes to files, not pipes, so a chatty child can never block on a full pipe.
+async fn run_to_success(what: &str, cmd: &mut Command, timeout: Duration) -> String {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out_path = dir.path().join("stdout");
+    let err_path = dir.path().join("stderr");
+    let mut child = cmd
+        .stdout(std::fs::File::create(&out_path).expect("stdout file"))
+        .stderr(std::fs::File::create(&err_path).expect("stderr file"))
+        .spawn()
+        .unwrap_or_else(|e| panic!("{what}: cannot start: {e}"));
+    let deadline = Instant::now() + timeout;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            break Some(status);
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let stdout = std::fs::read_to_string(&out_path).unwrap_or_default();
+    let stderr = std::fs::read_to_string(&err_path).unwrap_or_default();
+    match status {
+        Some(s) if s.success() => stdout,
+        Some(s) => panic!("{what} failed ({s}):\n--- stdout\n{stdout}\n--- stderr\n{stderr}"),
+        None => panic!(
+            "{what} did not finish within {timeout:?}:\n--- stdout\n{stdout}\n--- stderr\n{stderr}"
+        ),
+    }
+}
+
+fn artifact_dir() -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| manifest_dir().join("target"));
+    target.join("page-artifacts")
+}
+
+fn chromium_path() -> PathBuf {
+    std::env::var_os("WAITROOM_CHROMIUM")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| "/usr/bin/chromium".into())
+}
+
+async fn start_room(yaml: &str) -> (RedisServer, DemoApi, Proxy) {
+    let redis = RedisServer::start();
+    let api = DemoApi::start(&[]);
+    let proxy = Proxy::builder(&redis.url(), api.addr())
+        .yaml(yaml)
+        .start()
+        .await;
+    (redis, api, proxy)
+}
+
+#[tokio::test]
+async fn poll_logic_passes_its_node_unit_tests() {
+    require(
+        "node",
+        "install Node.js 20 or newer (Debian: apt-get install nodejs)",
+    );
+    let out = run_to_success(
+        "node --test tests/page/poll.test.mjs",
+        Command::new("node")
+            .args(["--test", "tests/page/poll.test.mjs"])
+            .current_dir(manifest_dir()),
+        Duration::from_secs(60),
+    )
+    .await;
+    assert!(
+        out.contains("# fail 0"),
+        "unexpected node --test report:\n{out}"
+    );
+}
+
+#[tokio::test]
+async fn page_is_self_contained_html_with_the_contract_hooks() {
+    let (_redis, _api, proxy) = start_room("{}").await;
+    let res = proxy.get("/queue/").await;
+    assert_eq!(res.status, 200, "{}", res.body);
+    assert!(res
+        .header("content-type")
+        .unwrap_or("")
+        .starts_with("text/html"));
+    assert_eq!(res.header("vary"), Some("Accept-Language"));
+    let html = &res.body;
+    for hook in HOOKS {
+        assert!(
+            html.contains(&format!("data-waitroom=\"{hook}\"")),
+            "hook {hook} missing"
+        );
+    }
+    assert!(html.contains(r#"<progress id="waitroom-progress" data-waitroom="progress""#));
+    assert!(
+        html.contains(r#"<a class="button" data-waitroom="continue" hidden>"#),
+        "the continue link must be hidden (and carry no href) until READY"
+    );
+    assert!(html.contains(r#"<html lang="en">"#));
+    assert!(html.contains(r#"aria-live="polite""#));
+    // No external resources: nothing the browser would fetch besides the page's own calls.
+    let lower = html.to_ascii_lowercase();
+    for needle in [" src=", "<link", "@import", "url(", "http://", "https://"] {
+        assert!(
+            !lower.contains(needle),
+            "the page refers to something external: {needle}"
+        );
+    }
+    assert!(html.contains(r#""prefix":"/queue""#) && html.contains(r#""readyUrl":"/checkout""#));
+}
+
+#[tokio::test]
+async fn page_speaks_the_visitors_language() {
+    let (_redis, _api, proxy) = start_room("{}").await;
+    let get = |lang: &'static str| {
+        let req = proxy
+            .client()
+            .get(proxy.url("/queue/"))
+            .header("Accept-Language", lang);
+        async move { send(req).await.body }
+    };
+    for (header, lang) in [
+        ("ko-KR,ko;q=0.9,en-US;q=0.8", "ko"),
+        ("ko", "ko"),
+        ("en-US,en;q=0.9,ko;q=0.8", "en"),
+        ("en;q=0.3, ko;q=0.7", "ko"),
+        ("fr-FR, de;q=0.5", "en"),
+        ("ko;q=0, *", "en"),
+    ] {
+        let html = get(header).await;
+        assert!(
+            html.contains(&format!("<html lang=\"{lang}\">")),
+            "Accept-Language {header:?} should give {lang}"
+        );
+    }
+    let korean = get("ko-KR").await;
+    assert!(
+        korean.contains("<title>대기실</title>"),
+        "Korean texts are rendered server-side"
+    );
+    assert!(korean.contains(r#""lang":"ko""#));
+}
+
+#[tokio::test]
+async fn page_follows_prefix_and_ready_url_and_can_be_switched_off() {
+    let (_redis, _api, proxy) =
+        start_room("{endpoints: {prefix: /line}, page: {ready_url: /shop/pay}}").await;
+    let html = proxy.get("/line/").await.body;
+    assert!(html.contains(r#""prefix":"/line""#) && html.contains(r#""readyUrl":"/shop/pay""#));
+
+    let (_redis, _api, proxy) = start_room("{page: {enabled: false}}").await;
+    let res = proxy.get("/queue/").await;
+    assert_eq!(res.status, 200);
+    let echo = res.json(); // the demo API's echo: the request went through to the upstream
+    assert_eq!(echo["path"], "/queue/", "{echo}");
+}
+
+/// A shopper's whole wait, in headless Chromium: WAITING with a position, the position falling,
+/// READY with the token in the continue link and sessionStorage, and the order accepted with it.
+#[tokio::test]
+async fn shopper_waits_and_orders_in_headless_chromium() {
+    require(
+        "node",
+        "install Node.js 20 or newer (Debian: apt-get install nodejs)",
+    );
+    require("npm", "install npm (Debian: apt-get install npm)");
+    let chromium = chromium_path();
+    assert!(
+        chromium.exists(),
+        "{} not found: the browser test needs Chromium (Debian: apt-get install chromium), \
+         or WAITROOM_CHROMIUM set to a Chromium binary",
+        chromium.display()
+    );
+    let page_dir = page_tests_dir();
+    if !page_dir
+        .join("node_modules/playwright-core/package.json")
+        .exists()
+    {
+        run_to_success(
+            "npm ci in tests/page",
+            Command::new("npm")
+                .args(["ci", "--no-audit", "--no-fund"])
+                .current_dir(&page_dir),
+            Duration::from_secs(300),
+        )
+        .await;
+    }
+
+    // One admission a second, so the page sees its position fall before its turn; the script
+    // fills the line with a few others right before the page loads.
+    let (_redis, api, proxy) = start_room("admission: {interval: 1s, batch_size: 1}").await;
+    let artifacts = artifact_dir();
+    let out = run_to_success(
+        "node tests/page/e2e.mjs",
+        Command::new("node")
+            .arg(page_dir.join("e2e.mjs"))
+            .arg(proxy.url(""))
+            .arg(&artifacts)
+            .args([
+                "--prefix",
+                "/queue",
+                "--fill",
+                "5",
+                "--ready-url",
+                "/checkout",
+            ])
+            .args(["--token-header", "X-Entry-Token", "--user", "page-user"])
+            .env("WAITROOM_CHROMIUM", &chromium)
+            .current_dir(&page_dir),
+        Duration::from_secs(90),
+    )
+    .await;
+    println!("{out}");
+    let summary: serde_json::Value = out
+        .lines()
+        .last()
+        .and_then(|l| serde_json::from_str(l).ok())
+        .unwrap_or_else(|| panic!("no JSON summary from e2e.mjs:\n{out}"));
+
+    let positions: Vec<u64> = summary["positions"]
+        .as_array()
+        .expect("positions")
+        .iter()
+        .map(|p| p.as_u64().expect("position"))
+        .collect();
+    assert!(
+        positions[1] < positions[0],
+        "the position fell: {positions:?}"
+    );
+    assert_eq!(
+        summary["orderStatus"],
+        201,
+        "the order with the page's token was accepted: {summary}\n{}",
+        api.logs()
+    );
+    // The token the page handed over was page-user's own and was used up by that order.
+    let token = summary["token"].as_str().expect("token");
+    let again = proxy.order("page-user", Some(token)).await;
+    assert_eq!(again.status, 403, "a used token is refused: {}", again.body);
+
+    for shot in ["waiting.png", "ready.png"] {
+        let path = artifacts.join(shot);
+        let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+        assert!(
+            size > 1000,
+            "screenshot {} missing or empty",
+            path.display()
+        );
+        if std::env::var_os("WAITROOM_UPDATE_SCREENSHOTS").is_some() {
+            let docs = manifest_dir().join("docs/img");
+            std::fs::create_dir_all(&docs).expect("docs/img");
+            std::fs::copy(&path, docs.join(shot)).expect("copy screenshot");
+        }
+    }
+}
