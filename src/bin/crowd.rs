@@ -39,6 +39,10 @@ const ERROR_PAUSE: Duration = Duration::from_secs(1);
 /// Up to this fraction is added to every wait the proxy asks for.
 const JITTER: f64 = 0.10;
 
+/// How long a queue-length estimate from the answers stays on screen without fresh answers: the
+/// contract's longest default `pollAfter`.
+const ESTIMATE_KEPT: Duration = Duration::from_secs(10);
+
 #[derive(Parser, Debug)]
 #[command(
     name = "crowd",
@@ -344,9 +348,8 @@ impl Api {
     }
 
     async fn order(&self, user: &str, token: &str) -> Result<Reply, String> {
-        let body = Bytes::from(format!(
-            r#"{{"item":"demo-ticket","quantity":1,"user":"{user}"}}"#
-        ));
+        let body = serde_json::json!({"item": "demo-ticket", "quantity": 1, "user": user});
+        let body = Bytes::from(body.to_string());
         let req = self
             .request(Method::POST, &self.order, user)
             .header(&self.token_header, token)
@@ -548,7 +551,8 @@ struct Progress {
     to_stderr: bool,
     last_ordered: u64,
     last_at: Instant,
-    line_estimate: u64,
+    /// The last estimate of the line's length, and when it was made.
+    line_estimate: Option<(u64, Instant)>,
 }
 
 impl Progress {
@@ -560,7 +564,16 @@ impl Progress {
         }
     }
 
-    fn header(&self) {
+    fn header(&self, from_metrics: bool) {
+        self.emit(&format!(
+            "users by what they last heard: outside (not in line yet), waiting, ready (ordering), ordered; \
+             line = {}",
+            if from_metrics {
+                "the room's queue length (waitroom_queue_length)"
+            } else {
+                "~ the back of the line, from the WAITING answers of the last second"
+            }
+        ));
         self.emit(&format!(
             "{:>7}  {:>7}  {:>7}  {:>7}  {:>7}  {:>8}  {:>8}",
             "elapsed", "outside", "waiting", "ready", "ordered", "line", "orders/s"
@@ -577,14 +590,19 @@ impl Progress {
         self.last_at = now;
 
         // The room's own gauge when we can read it; otherwise the back of the line as the
-        // answers of the last second described it (marked `~`).
+        // answers of the last second described it (marked `~`). Users far back poll only every
+        // few seconds, so a quiet second keeps the last estimate; a long silence (an outage, a
+        // crowd backing off) shows `?` rather than a number that no longer means anything.
         let seen = stats.window_max_position.swap(0, Ordering::Relaxed);
         if seen > 0 || waiting == 0 {
-            self.line_estimate = seen;
+            self.line_estimate = Some((seen, now));
         }
         let line = match api.queue_length().await {
             Some(n) => n.to_string(),
-            None => format!("~{}", self.line_estimate),
+            None => match self.line_estimate {
+                Some((n, at)) if now - at <= ESTIMATE_KEPT => format!("~{n}"),
+                _ => "?".to_string(),
+            },
         };
         self.emit(&format!(
             "{:>6.1}s  {:>7}  {:>7}  {:>7}  {:>7}  {:>8}  {:>8.0}",
@@ -748,13 +766,17 @@ async fn run(cli: Cli) -> ExitCode {
         to_stderr: cli.json,
         last_ordered: 0,
         last_at: started,
-        line_estimate: 0,
+        line_estimate: None,
     };
-    progress.header();
+    progress.header(api.metrics.is_some());
     let mut tick =
         tokio::time::interval_at(started + Duration::from_secs(1), Duration::from_secs(1));
     let mut gave_up = false;
     let mut interrupted = false;
+    // Made once, outside the loop: a Ctrl-C must not fall between two iterations' futures.
+    let give_up_at = tokio::time::sleep_until(deadline);
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::pin!(give_up_at, ctrl_c);
     loop {
         tokio::select! {
             joined = shoppers.join_next() => {
@@ -765,11 +787,11 @@ async fn run(cli: Cli) -> ExitCode {
                 }
             }
             _ = tick.tick() => progress.line(started, &stats, &api).await,
-            _ = tokio::time::sleep_until(deadline) => {
+            _ = &mut give_up_at => {
                 gave_up = true;
                 break;
             }
-            _ = tokio::signal::ctrl_c() => {
+            _ = &mut ctrl_c => {
                 gave_up = true;
                 interrupted = true;
                 break;
@@ -807,7 +829,9 @@ async fn run(cli: Cli) -> ExitCode {
         }
     } else {
         summary.print();
-        if gave_up && !interrupted {
+        if interrupted {
+            println!("  interrupted (Ctrl-C): users not done count as lost");
+        } else if gave_up {
             println!("  gave up after --timeout-s {} s", cli.timeout_s);
         }
     }

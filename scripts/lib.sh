@@ -1,0 +1,113 @@
+# shellcheck shell=bash
+# Shared helpers for scripts/demo.sh, scripts/test.sh and .ci/run. Source it; do not run it.
+#
+# Everything here is for a Debian/Ubuntu machine with Rust installed: missing system tools come
+# from apt-get, with sudo only when we are not already root.
+
+# Messages go to stderr so that a script's stdout stays what the script itself prints.
+say() { printf '==> %s\n' "$*" >&2; }
+die() { printf 'error: %s\n' "$*" >&2; exit 1; }
+
+# Runs a command as root: directly when we are root (CI, containers), else through sudo.
+as_root() {
+  if [ "$(id -u)" -eq 0 ]; then
+    "$@"
+  elif command -v sudo >/dev/null 2>&1; then
+    sudo "$@"
+  else
+    die "need root to run '$*' (install sudo, or run as root)"
+  fi
+}
+
+_apt_updated=0
+
+# apt_install PACKAGE...: installs packages, running `apt-get update` at most once per script.
+apt_install() {
+  command -v apt-get >/dev/null 2>&1 \
+    || die "apt-get not found: install $* by hand (this script knows Debian/Ubuntu only)"
+  if [ "$_apt_updated" -eq 0 ]; then
+    say "apt-get update"
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    _apt_updated=1
+  fi
+  say "apt-get install $*"
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@"
+}
+
+# ensure_tools TOOL...: installs the Debian package of every tool that is not on PATH.
+# Known tools: cc, cmake, redis-server, redis-cli, promtool, curl, node, npm, chromium.
+ensure_tools() {
+  local tool pkg missing=()
+  for tool in "$@"; do
+    command -v "$tool" >/dev/null 2>&1 && continue
+    case "$tool" in
+      cc) pkg=build-essential ;;          # the linker Rust needs, and the C compiler zlib-ng needs
+      cmake) pkg=cmake ;;                 # pingora builds zlib-ng with cmake
+      redis-server) pkg=redis-server ;;
+      redis-cli) pkg=redis-tools ;;
+      promtool) pkg=prometheus ;;         # promtool ships in Debian's prometheus package
+      curl) pkg=curl ;;
+      node) pkg=nodejs ;;                 # Debian 12 ships 18; the page tests want 20+ (see README)
+      npm) pkg=npm ;;
+      chromium) pkg=chromium ;;           # Debian's name; on Ubuntu set WAITROOM_CHROMIUM instead
+      *) die "ensure_tools: do not know how to install '$tool'" ;;
+    esac
+    missing+=("$pkg")
+  done
+  if [ "${#missing[@]}" -gt 0 ]; then
+    # ca-certificates keeps cargo able to fetch crates on a minimal image.
+    apt_install "${missing[@]}" ca-certificates
+  fi
+  for tool in "$@"; do
+    command -v "$tool" >/dev/null 2>&1 || die "'$tool' is still missing after apt-get install"
+  done
+}
+
+# port_in_use PORT: true when something accepts connections on 127.0.0.1:PORT.
+port_in_use() {
+  (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
+}
+
+# free_port [PREFERRED]: prints PREFERRED when nothing listens there, else a free port picked at
+# random from 20000-59999 (below Linux's default ephemeral range, so outgoing connections do not
+# grab it in between).
+free_port() {
+  local port
+  if [ -n "${1:-}" ] && ! port_in_use "$1"; then
+    echo "$1"
+    return
+  fi
+  for _ in $(seq 1 100); do
+    port=$((20000 + (RANDOM * 32768 + RANDOM) % 40000))
+    if ! port_in_use "$port"; then
+      echo "$port"
+      return
+    fi
+  done
+  die "no free port found"
+}
+
+# wait_until SECONDS DESCRIPTION COMMAND...: retries COMMAND every 0.1 s until it succeeds.
+# A COMMAND that answers 99 means "this will never succeed" (the process died): stop at once.
+wait_until() {
+  local seconds=$1 what=$2 i rc
+  shift 2
+  for ((i = 0; i < seconds * 10; i++)); do
+    rc=0
+    "$@" >/dev/null 2>&1 || rc=$?
+    [ "$rc" -eq 0 ] && return 0
+    [ "$rc" -eq 99 ] && break
+    sleep 0.1
+  done
+  say "gave up waiting for $what"
+  return 1
+}
+
+# ensure_cargo: finds cargo, also in a fresh shell where rustup's PATH line was not read yet.
+ensure_cargo() {
+  if ! command -v cargo >/dev/null 2>&1 && [ -f "$HOME/.cargo/env" ]; then
+    # shellcheck source=/dev/null
+    . "$HOME/.cargo/env"
+  fi
+  command -v cargo >/dev/null 2>&1 || die "cargo not found: install Rust first (https://rustup.rs)"
+}

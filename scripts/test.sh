@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The whole test suite, exactly as CI runs it (.ci/run calls this after printing versions):
+#
+#   1. installs what the tests need when it is missing (apt-get; sudo only when not root):
+#      cmake (pingora builds zlib-ng with it), redis-server and redis-cli (every integration test
+#      starts its own redis-server on a free port), promtool (checks the /metrics exposition and
+#      the alert rules), node, npm and chromium (the waiting page's tests);
+#   2. builds the binaries and runs `waitroom --check` on every configuration shipped in the
+#      repository (proxy.yaml, examples/**/*.yaml), so an example can never drift from the code;
+#   3. runs `cargo test`: unit tests, the integration tests under tests/ and doctests.
+#
+# Arguments go to `cargo test`, e.g. `scripts/test.sh --test endpoints` runs one test file.
+#
+# Why plain `cargo test`: test binaries run one after another and the tests inside one binary run
+# in parallel, one thread per core. Every test starts its own redis-server, proxy and demo order
+# API on free ports, so tests never share state; on a 2-core CI machine that keeps at most two
+# timing-sensitive tests (admission rates, drains) competing for the CPU at once.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# shellcheck source=scripts/lib.sh
+. "$ROOT/scripts/lib.sh"
+
+ensure_cargo
+tools=(cc cmake redis-server redis-cli promtool node npm)
+# The browser test uses /usr/bin/chromium unless WAITROOM_CHROMIUM names another binary.
+[ -z "${WAITROOM_CHROMIUM:-}" ] && tools+=(chromium)
+ensure_tools "${tools[@]}"
+node_major=$(node --version | sed 's/^v\([0-9]*\).*/\1/')
+if [ "${node_major:-0}" -lt 20 ]; then
+  say "warning: node $(node --version) is older than the 20 the page tests need (https://nodejs.org)"
+fi
+
+cd "$ROOT"
+say "cargo build --bins"
+cargo build --bins
+BIN=${CARGO_TARGET_DIR:-$ROOT/target}/debug
+
+say "checking every shipped configuration with waitroom --check"
+configs=(proxy.yaml)
+if [ -d examples ]; then
+  while IFS= read -r -d '' f; do configs+=("$f"); done \
+    < <(find examples -type f \( -name '*.yaml' -o -name '*.yml' \) -print0 | sort -z)
+fi
+for config in "${configs[@]}"; do
+  "$BIN/waitroom" --config "$config" --check
+done
+
+say "cargo test $*"
+cargo test "$@"
