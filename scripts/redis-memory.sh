@@ -1,19 +1,21 @@
 #!/usr/bin/env bash
-# What a waiting user costs in Redis. Fills a room in a private redis-server with N waiting users
-# through the proxy's own enter script (lua/enter.lua with lua/poll_clock.lua in front, as
-# src/store/mod.rs builds it; EVALSHA pipelined through `redis-cli --pipe`), then reports
-# `MEMORY USAGE` of the line and the growth of `INFO memory` used_memory, per user.
+# What a waiting user costs in Redis. Fills a room in a private redis-server with N waiting users,
+# writing what lua/enter.lua writes for a new place (`INCR {room}:seq`, `ZADD {room}:queue NX seq
+# user`), pipelined through `redis-cli --pipe`, then reports `MEMORY USAGE` of the line and the
+# growth of `INFO memory` used_memory, per user.
 #
 #   scripts/redis-memory.sh                      # 100k and 1M users, 36-character ids (a UUID)
 #   SIZES="100000" ID_LEN=8 scripts/redis-memory.sh
-#   ENFORCE=1 SIZES=100000 scripts/redis-memory.sh   # polling.enforce on: a poll clock per user
+#   ENFORCE=1 scripts/redis-memory.sh            # polling.enforce on: a poll clock key per user
+#                                                # (lua/poll_clock.lua, start_poll_clock)
+#   ABANDON=1 scripts/redis-memory.sh            # queue.abandon_after on: a heard-from entry per
+#                                                # user (the {room}:heard sorted set)
 #   AOF=1 scripts/redis-memory.sh                # also: AOF everysec, SIGKILL after each fill, and
 #                                                # how long the restart takes to load the room
 #
-# The call mirrors `Room::enter` (keys and arguments); if the script's interface changes, the
-# check of the first reply below fails loudly instead of measuring something else.
-# With ENFORCE=1 keep the sizes small: poll clocks expire after 2 x pollAfter + 1 s, so a fill
-# slower than ~20 s measures fewer of them.
+# The writes mirror the scripts rather than calling them, so the figures do not depend on the
+# scripts' argument lists (which grow with features); keep them in step with the key layout in
+# src/store/mod.rs (`Keys`) if it changes.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -23,6 +25,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 SIZES=${SIZES:-"100000 1000000"}
 ID_LEN=${ID_LEN:-36}
 ENFORCE=${ENFORCE:-0}
+ABANDON=${ABANDON:-0}
 AOF=${AOF:-0}
 PREFIX=mem
 
@@ -44,57 +47,36 @@ cli() { redis-cli -p "$port" "$@"; }
 loaded() { [ "$(cli ping 2>/dev/null)" = PONG ]; }
 wait_until 10 "redis-server on $port" loaded || die "redis-server did not start"
 
-# The enter script as the proxy sends it.
-script="$dir/enter.lua"
-if [ -f "$ROOT/lua/poll_clock.lua" ]; then
-  { cat "$ROOT/lua/poll_clock.lua"; echo; cat "$ROOT/lua/enter.lua"; } >"$script"
-else
-  cat "$ROOT/lua/enter.lua" >"$script"
-fi
-sha=$(cli -x SCRIPT LOAD <"$script")
-# The poll clock arguments: 0 = not enforced; else 1 - grace (20 %) and the default tiers as
-# (first position, pollAfter ms) at the default rate of 100 users/s.
-if [ "$ENFORCE" = 1 ]; then clock="0.8 6001 10000 1001 5000 1 2000"; else clock="0"; fi
-
-# One EVALSHA per user in the Redis protocol: KEYS line, seq, token, poll clock, abuse counter;
-# ARGV user, capacity, identities per address (0 = off), the poll clock.
+# Per user, in the Redis protocol: the place in line, and the extra keys the options keep.
 commands() {
-  awk -v n="$1" -v first="$2" -v sha="$sha" -v p="{$PREFIX}" -v idlen="$ID_LEN" -v clock="$clock" '
+  awk -v n="$1" -v p="{$PREFIX}" -v idlen="$ID_LEN" -v enforce="$ENFORCE" -v abandon="$ABANDON" '
     function bulk(s) { return "$" length(s) "\r\n" s "\r\n" }
     BEGIN {
-      nclock = split(clock, c, " ")
       fmt = "u%0" (idlen - 1) "d"
-      head = bulk("EVALSHA") bulk(sha) bulk("5") bulk(p ":queue") bulk(p ":seq")
-      tail = bulk("1000000000") bulk("0")
-      for (i = 1; i <= nclock; i++) tail = tail bulk(c[i])
-      argc = 3 + 5 + 3 + nclock
-      for (i = first; i < first + n; i++) {
+      now = "1790000000000"
+      for (i = 1; i <= n; i++) {
         u = sprintf(fmt, i)
-        printf "*%d\r\n%s%s%s%s%s%s", argc, head, bulk(p ":token:" u), bulk(p ":poll:" u),
-          bulk(p ":abuse:-"), bulk(u), tail
+        printf "*5\r\n%s%s%s%s%s", bulk("ZADD"), bulk(p ":queue"), bulk("NX"), bulk(i), bulk(u)
+        # The poll clock: when the next status is on time; it expires by itself (1 h here, so
+        # none expires while measuring).
+        if (enforce == 1)
+          printf "*5\r\n%s%s%s%s%s", bulk("SET"), bulk(p ":poll:" u), bulk(now), bulk("PX"), bulk("3600000")
+        if (abandon == 1)
+          printf "*4\r\n%s%s%s%s", bulk("ZADD"), bulk(p ":heard"), bulk(now), bulk(u)
       }
+      printf "*3\r\n%s%s%s", bulk("SET"), bulk(p ":seq"), bulk(n)
     }'
 }
 
 field() { cli INFO memory | tr -d '\r' | awk -F: -v f="$1" '$1 == f { print $2 }'; }
 
-# One call first: it must answer WAITING at place 1, or the interface changed.
-# shellcheck disable=SC2086 # $clock is a list of arguments
-reply=$(cli EVALSHA "$sha" 5 "{$PREFIX}:queue" "{$PREFIX}:seq" "{$PREFIX}:token:probe" \
-  "{$PREFIX}:poll:probe" "{$PREFIX}:abuse:-" probe 1000000000 0 $clock | tr '\n' ' ')
-case "$reply" in
-  "WAITING 1 0 "*) ;;
-  *) die "the enter script answered '$reply'; update this script to Room::enter's call" ;;
-esac
-
 printf '%-9s %-7s %-13s %-13s %-10s %-18s %-10s %s\n' users id_len zset_bytes zset/user keys used_memory_delta delta/user fill_s
 for n in $SIZES; do
   cli FLUSHALL >/dev/null
   cli MEMORY PURGE >/dev/null 2>&1 || true
-  cli -x SCRIPT LOAD <"$script" >/dev/null # a restarted server has forgotten it
   before=$(field used_memory)
   start=$(date +%s.%N)
-  out=$(commands "$n" 1 | cli --pipe 2>&1)
+  out=$(commands "$n" | cli --pipe 2>&1)
   end=$(date +%s.%N)
   case "$out" in *"errors: 0,"*) ;; *) die "pipe reported errors: $out" ;; esac
   line=$(cli ZCARD "{$PREFIX}:queue")
@@ -122,4 +104,4 @@ for n in $SIZES; do
     }'
   fi
 done
-say "redis-server $(redis-server --version | awk '{print $3}'), ENFORCE=$ENFORCE; encoding $(cli OBJECT ENCODING "{$PREFIX}:queue")"
+say "redis-server $(redis-server --version | awk '{print $3}'), ENFORCE=$ENFORCE ABANDON=$ABANDON; line encoding $(cli OBJECT ENCODING "{$PREFIX}:queue")"

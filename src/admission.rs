@@ -1,19 +1,134 @@
-//! The admission ticker: a background service on every proxy that calls the room's admit script
-//! when the room's schedule (kept in Redis, timed by Redis's clock) says a batch is due.
+//! Admission: the ticker every proxy runs, the adaptive controller's reports, and what this proxy
+//! knows about the room's pace (the estimates enter and status give).
 //!
-//! Every proxy runs one; the script lets exactly one call per interval admit and tells the others
-//! how long to sleep. So the rate is the room's, whatever the number of proxies, and admission
-//! carries on as long as any proxy is alive.
+//! **The ticker.** A background service on every proxy calls the room's admit script when the
+//! room's schedule (kept in Redis, timed by Redis's clock) says a batch is due. The script lets
+//! exactly one call per interval admit and tells the others how long to sleep. So the rate is the
+//! room's, whatever the number of proxies, and admission carries on as long as any proxy is
+//! alive. The switches of contract section 11 are applied inside that one script: it sweeps the
+//! places of users who stopped polling (`queue.abandon_after`) before it pops, takes the batch in
+//! force (adaptive), at most `max_active - live tokens`, and records what the interval spent so
+//! that instant passes (given by enter, see `lua/enter.lua`) share the same batch.
+//!
+//! **Adaptive.** Every protected response's upstream latency lands in [`UPSTREAM_LATENCIES`], a
+//! fixed-bucket histogram of atomics (recording costs one relaxed add). Once a second each
+//! proxy drains it into one script call (`lua/adapt.lua`) that adds the counts to the room's
+//! pending histogram in Redis and, when the room's step is due by Redis TIME, hands that proxy
+//! every report since the previous step. The proxy computes the next batch with the pure
+//! [`rules::control_step`] and stores it (`lua/adapt_commit.lua`, refused if a later step was
+//! claimed meanwhile). So the room steps once a second however many proxies run, every proxy's
+//! latencies count, and admit reads one stored batch: all proxies admit alike. The calls align
+//! with the room's schedule, so each step sees about one second of every proxy's responses.
+//!
+//! **The room's pace.** When any switch listens, estimates use the room's measured admission
+//! rate and batch in force (contract section 11). The room watcher ([`crate::health`]) reads
+//! both with the gauges, four times a second, and publishes a [`RoomView`] here; enter and status
+//! read it through [`Pacing`] without a Redis call of their own.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
+use arc_swap::ArcSwapOption;
 use async_trait::async_trait;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 
+use crate::config::Config;
 use crate::live::LiveConfig;
 use crate::metrics;
-use crate::store::Room;
+use crate::rules::{self, Controller, Pace, Rate};
+use crate::store::{PollClock, Room, RoomRules};
+
+/// Protected upstream latencies seen by this proxy since its last report to the room.
+pub struct LatencyHistogram {
+    buckets: [AtomicU64; rules::LATENCY_BUCKETS],
+}
+
+impl LatencyHistogram {
+    pub const fn new() -> LatencyHistogram {
+        LatencyHistogram { buckets: [const { AtomicU64::new(0) }; rules::LATENCY_BUCKETS] }
+    }
+
+    pub fn record(&self, latency: Duration) {
+        self.buckets[rules::latency_bucket(latency)].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Takes every count recorded so far, as `(bucket, count)` for the non-empty buckets.
+    pub fn drain(&self) -> Vec<(usize, u64)> {
+        self.buckets
+            .iter()
+            .enumerate()
+            .filter_map(|(i, b)| match b.swap(0, Ordering::Relaxed) {
+                0 => None,
+                n => Some((i, n)),
+            })
+            .collect()
+    }
+}
+
+impl Default for LatencyHistogram {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Filled by the proxy's `upstream_response_filter` for protected requests.
+pub static UPSTREAM_LATENCIES: LatencyHistogram = LatencyHistogram::new();
+
+/// The room's pace as the watcher last read it, for rules that listen.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoomView {
+    pub pace: Pace,
+    /// `poll_after` as position thresholds at that pace, for enforced polling.
+    pub poll_thresholds: Vec<(u64, Duration)>,
+}
+
+static ROOM_VIEW: LazyLock<ArcSwapOption<RoomView>> = LazyLock::new(ArcSwapOption::empty);
+
+/// Publishes what the room watcher read.
+pub fn publish(view: RoomView) {
+    ROOM_VIEW.store(Some(Arc::new(view)));
+}
+
+/// The pace estimates are given at under `config`, and the thresholds enforced polling uses.
+pub struct Pacing {
+    view: Option<Arc<RoomView>>,
+    configured: Pace,
+}
+
+impl Pacing {
+    /// The fixed rate's pace, unless a switch listens and the watcher has read the room.
+    pub fn new(config: &Config) -> Pacing {
+        let configured = configured_pace(config);
+        let view = if config.admission.listens() { ROOM_VIEW.load_full() } else { None };
+        Pacing { view, configured }
+    }
+
+    pub fn pace(&self) -> Pace {
+        self.view.as_ref().map_or(self.configured, |v| v.pace)
+    }
+
+    /// The poll clock the scripts enforce: thresholds from the same pace the answers use.
+    pub fn poll_clock<'a>(&'a self, config: &'a Config) -> PollClock<'a> {
+        if !config.polling.enforce {
+            return PollClock::OFF;
+        }
+        let thresholds = self.view.as_ref().map_or(&config.poll_thresholds, |v| &v.poll_thresholds);
+        PollClock { on_time_factor: Some(1.0 - config.polling.grace), thresholds }
+    }
+}
+
+/// The fixed rate of section 3.
+pub fn configured_pace(config: &Config) -> Pace {
+    Pace::configured(Rate {
+        batch: config.admission.batch_size.get() as u64,
+        interval: config.admission.interval,
+    })
+}
+
+/// The longest the ticker sleeps between two looks at the room's schedule.
+const MAX_SLEEP: Duration = Duration::from_secs(1);
 
 pub struct Admitter {
     config: LiveConfig,
@@ -28,10 +143,9 @@ impl Admitter {
     /// One tick; returns how long to sleep before the next.
     async fn tick(&self) -> Duration {
         let config = self.config.load();
-        let interval = config.admission.interval;
-        let batch = config.admission.batch_size.get();
-        metrics::ADMISSION_BATCH.set(batch as i64);
-        match self.room.admit(interval, batch, config.token.ttl).await {
+        let rules = RoomRules::from_config(&config);
+        let interval = rules.interval;
+        match self.room.admit_with(&rules).await {
             Ok(outcome) => {
                 let label = match (outcome.was_due, outcome.admitted) {
                     (false, _) => "early",
@@ -40,11 +154,19 @@ impl Admitter {
                 };
                 metrics::ADMISSION_TICKS_TOTAL.with_label_values(&[label]).inc();
                 metrics::ADMITTED_TOTAL.inc_by(outcome.admitted);
-                if outcome.admitted > 0 {
-                    tracing::debug!(admitted = outcome.admitted, "admitted a batch");
+                metrics::ABANDONED_TOTAL.inc_by(outcome.abandoned);
+                if outcome.admitted > 0 || outcome.abandoned > 0 {
+                    tracing::debug!(
+                        admitted = outcome.admitted,
+                        abandoned = outcome.abandoned,
+                        batch = outcome.batch,
+                        "admission tick"
+                    );
                 }
-                // Never sleep past one interval, so a reload that shortens it applies at once.
-                outcome.next_due.clamp(Duration::from_micros(500), interval)
+                // Never sleep past one interval (a reload that shortens it applies at once), nor
+                // past a second (a schedule changed in Redis, by another proxy or by an operator,
+                // is noticed soon even with hour-long intervals).
+                outcome.next_due.clamp(Duration::from_micros(500), interval.min(MAX_SLEEP))
             }
             Err(error) => {
                 metrics::REDIS_ERRORS_TOTAL.inc();
@@ -53,20 +175,98 @@ impl Admitter {
             }
         }
     }
+
+    /// One adaptive report (and controller step, when this call claims it); returns how long to
+    /// sleep before the next.
+    async fn adapt(&self) -> Duration {
+        let config = self.config.load();
+        let report = UPSTREAM_LATENCIES.drain();
+        let Some(adaptive) = config.admission.adaptive.as_ref() else {
+            // Nothing adapts: the latencies are dropped, so switching adaptive on later does
+            // not feed the controller a backlog of old ones.
+            return crate::store::ADAPT_PERIOD;
+        };
+        let controller = Controller {
+            target_p95: adaptive.target_p95,
+            min_batch: adaptive.min_batch.get(),
+            max_batch: config.admission.batch_size.get(),
+            interval: config.admission.interval,
+        };
+        match self.room.adapt(&report).await {
+            Ok(outcome) => {
+                if let Some(step) = outcome.step {
+                    let before = step.state.unwrap_or(controller.initial());
+                    let p95 = rules::latency_quantile(&step.latencies, 0.95);
+                    let responses: u64 = step.latencies.iter().map(|(_, n)| n).sum();
+                    let after = rules::control_step(controller, before, p95, responses);
+                    tracing::debug!(
+                        responses,
+                        p95_ms = p95.map(|d| d.as_secs_f64() * 1000.0),
+                        from = before.batch,
+                        to = after.batch,
+                        "adaptive step"
+                    );
+                    if after != before || step.state.is_none() {
+                        if let Err(error) = self.room.adapt_commit(&step.id, after).await {
+                            metrics::REDIS_ERRORS_TOTAL.inc();
+                            tracing::warn!(%error, "storing the adaptive batch failed");
+                        }
+                    }
+                }
+                // Call again just after the room's next step is due: the first call then acts,
+                // with its own latest second included.
+                (outcome.next_due + Duration::from_millis(2))
+                    .clamp(Duration::from_millis(10), crate::store::ADAPT_PERIOD)
+            }
+            Err(error) => {
+                metrics::REDIS_ERRORS_TOTAL.inc();
+                tracing::warn!(%error, "adaptive report failed; retrying");
+                Duration::from_millis(250)
+            }
+        }
+    }
 }
 
 #[async_trait]
 impl BackgroundService for Admitter {
-    async fn start(&self, mut shutdown: ShutdownWatch) {
-        loop {
-            let pause = self.tick().await;
-            tokio::select! {
-                _ = tokio::time::sleep(pause) => {}
-                _ = shutdown.changed() => {
-                    tracing::info!("admission ticker stopped");
-                    return;
+    async fn start(&self, shutdown: ShutdownWatch) {
+        let ticker = async {
+            let mut shutdown = shutdown.clone();
+            loop {
+                let pause = self.tick().await;
+                tokio::select! {
+                    _ = tokio::time::sleep(pause) => {}
+                    _ = shutdown.changed() => return,
                 }
             }
-        }
+        };
+        let reporter = async {
+            let mut shutdown = shutdown.clone();
+            loop {
+                let pause = self.adapt().await;
+                tokio::select! {
+                    _ = tokio::time::sleep(pause) => {}
+                    _ = shutdown.changed() => return,
+                }
+            }
+        };
+        tokio::join!(ticker, reporter);
+        tracing::info!("admission ticker stopped");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_histogram_drains_what_it_recorded() {
+        let h = LatencyHistogram::new();
+        h.record(Duration::from_millis(200));
+        h.record(Duration::from_millis(200));
+        h.record(Duration::from_micros(10));
+        let drained = h.drain();
+        assert_eq!(drained, vec![(0, 1), (rules::latency_bucket(Duration::from_millis(200)), 2)]);
+        assert!(h.drain().is_empty(), "drained counts start again from zero");
     }
 }

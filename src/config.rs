@@ -426,20 +426,40 @@ pub struct RedisConfig {
 
 #[derive(Debug, Clone)]
 pub enum IdentityConfig {
+    /// Trusted-header mode: the layer in front names the user.
     Header(HeaderName),
-    Jwt(JwtConfig),
+    /// A verified JWT names the user; keys parsed at load (see [`crate::identity`]).
+    Jwt(std::sync::Arc<crate::identity::JwtVerifier>),
 }
 
-#[derive(Debug, Clone)]
+/// `identity.jwt`, validated, with its key material read (the HS256 secret from the environment,
+/// the public key file's bytes); [`crate::identity::JwtVerifier::new`] parses the keys.
+#[derive(Clone)]
 pub struct JwtConfig {
-    pub from: String,
-    pub algorithms: Vec<String>,
-    pub secret_env: Option<String>,
-    pub public_key_file: Option<String>,
+    pub from: crate::identity::TokenSource,
+    pub algorithms: Vec<jsonwebtoken::Algorithm>,
+    pub secret: Option<Vec<u8>>,
+    pub public_key_pem: Option<Vec<u8>>,
     pub claim: String,
     pub issuer: Option<String>,
     pub audience: Option<String>,
     pub leeway: Duration,
+}
+
+impl fmt::Debug for JwtConfig {
+    /// Never the secret.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("JwtConfig")
+            .field("from", &self.from)
+            .field("algorithms", &self.algorithms)
+            .field("secret", &self.secret.as_ref().map(|_| "[redacted]"))
+            .field("public_key_pem", &self.public_key_pem.as_ref().map(Vec::len))
+            .field("claim", &self.claim)
+            .field("issuer", &self.issuer)
+            .field("audience", &self.audience)
+            .field("leeway", &self.leeway)
+            .finish()
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -461,6 +481,14 @@ pub struct AdmissionConfig {
     pub instant: bool,
     pub max_active: u64,
     pub adaptive: Option<AdaptiveConfig>,
+}
+
+impl AdmissionConfig {
+    /// Whether any switch of contract section 11 is on: then estimates use the room's measured
+    /// rate and the batch in force instead of `batch_size / interval`.
+    pub fn listens(&self) -> bool {
+        self.instant || self.max_active > 0 || self.adaptive.is_some()
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -545,11 +573,18 @@ impl Config {
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| ConfigError::one("", format!("cannot read {}: {e}", path.display())))?;
-        Config::parse(&text)
+        // A relative `identity.jwt.public_key_file` is read from the configuration's folder.
+        Config::parse_in(&text, path.parent().unwrap_or(Path::new("")))
     }
 
-    /// Parses and validates configuration text.
+    /// Parses and validates configuration text; relative paths in it are read from the working
+    /// directory.
     pub fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::parse_in(text, Path::new(""))
+    }
+
+    /// Parses and validates configuration text whose relative paths start at `folder`.
+    pub fn parse_in(text: &str, folder: &Path) -> Result<Config, ConfigError> {
         // An empty file is a valid document with every default (and so a missing upstream).
         let raw: raw::Config = if text.trim().is_empty() {
             serde_yaml::from_str("{}")
@@ -557,11 +592,18 @@ impl Config {
             serde_yaml::from_str(text)
         }
         .map_err(|e| ConfigError { problems: vec![structural_problem(&e.to_string())] })?;
-        Config::from_raw(raw)
+        Config::from_raw_in(raw, folder)
     }
 
-    /// The one place where what operators write becomes what the code uses.
+    /// [`Config::from_raw_in`] with relative paths read from the working directory.
     pub fn from_raw(raw: raw::Config) -> Result<Config, ConfigError> {
+        Config::from_raw_in(raw, Path::new(""))
+    }
+
+    /// The one place where what operators write becomes what the code uses. Relative paths
+    /// (`identity.jwt.public_key_file`) start at `folder`; key material is read and parsed here,
+    /// once, so that no request does file I/O or key parsing.
+    pub fn from_raw_in(raw: raw::Config, folder: &Path) -> Result<Config, ConfigError> {
         let mut v = Validator::default();
 
         let listen = v.socket_addr("listen", &raw.listen);
@@ -571,7 +613,7 @@ impl Config {
             Some(u) => v.host_port("upstream", &u).map(|_| u),
         };
         let redis = v.redis(raw.redis);
-        let identity = v.identity(raw.identity);
+        let identity = v.identity(raw.identity, folder);
         let token_header = v.header_name("token.header", &raw.token.header);
         let ttl = v.positive_duration("token.ttl", &raw.token.ttl);
         let protected = v.routes(raw.protected);
@@ -737,6 +779,13 @@ impl Validator {
     }
 
     fn redis(&mut self, r: raw::Redis) -> Option<RedisConfig> {
+        /// Cluster nodes and sentinels name each other by host and port: no unix sockets.
+        fn tcp_url(v: &mut Validator, path: &str, text: &str) {
+            let Some(url) = v.redis_url(path, text) else { return };
+            if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
+                v.fail::<()>(path, format!("'{text}' must be a TCP address (redis://host:port)"));
+            }
+        }
         let timeout = self.positive_duration("redis.timeout", &r.timeout);
         let prefix_ok = !r.key_prefix.is_empty()
             && !r.key_prefix.contains(['{', '}'])
@@ -761,7 +810,7 @@ impl Validator {
                 } else {
                     let before = self.problems.len();
                     for (i, n) in nodes.iter().enumerate() {
-                        self.redis_url(&format!("redis.cluster[{i}]"), n);
+                        tcp_url(self, &format!("redis.cluster[{i}]"), n);
                     }
                     (self.problems.len() == before).then_some(RedisTarget::Cluster(nodes))
                 }
@@ -775,21 +824,13 @@ impl Validator {
                     self.fail::<()>("redis.sentinel.addrs", "needs at least one sentinel");
                 }
                 for (i, a) in s.addrs.iter().enumerate() {
-                    self.redis_url(&format!("redis.sentinel.addrs[{i}]"), a);
+                    tcp_url(self, &format!("redis.sentinel.addrs[{i}]"), a);
                 }
                 (self.problems.len() == before)
                     .then_some(RedisTarget::Sentinel { master: s.master, addrs: s.addrs })
             }
         };
         let target = target?;
-        // Cluster and Sentinel are validated in full but not yet served: refuse rather than
-        // silently talk to a default Redis.
-        if !matches!(target, RedisTarget::Url(_)) {
-            return self.fail(
-                if matches!(target, RedisTarget::Cluster(_)) { "redis.cluster" } else { "redis.sentinel" },
-                "is not supported by this build yet; use redis.url",
-            );
-        }
         prefix_ok.then_some(())?;
         Some(RedisConfig {
             target,
@@ -806,15 +847,106 @@ impl Validator {
         }
     }
 
-    fn identity(&mut self, i: raw::Identity) -> Option<IdentityConfig> {
+    fn identity(&mut self, i: raw::Identity, folder: &Path) -> Option<IdentityConfig> {
         match (i.header, i.jwt) {
             (Some(_), Some(_)) => self.fail("identity", "takes either header or jwt, not both"),
             (h, None) => {
                 let h = h.unwrap_or_else(|| "X-User-Id".to_string());
                 self.header_name("identity.header", &h).map(IdentityConfig::Header)
             }
-            (None, Some(_)) => self.fail("identity.jwt", "is not supported by this build yet; use identity.header"),
+            (None, Some(jwt)) => {
+                let config = self.jwt(jwt, folder)?;
+                match crate::identity::JwtVerifier::new(&config) {
+                    Ok(verifier) => Some(IdentityConfig::Jwt(std::sync::Arc::new(verifier))),
+                    Err(problem) => self.fail(problem.path, problem.message),
+                }
+            }
         }
+    }
+
+    /// `identity.jwt`: every setting checked, the secret and the key file read (once, here).
+    fn jwt(&mut self, j: raw::Jwt, folder: &Path) -> Option<JwtConfig> {
+        use jsonwebtoken::Algorithm;
+        let before = self.problems.len();
+        let from = crate::identity::TokenSource::parse(&j.from);
+        if from.is_none() {
+            self.fail::<()>(
+                "identity.jwt.from",
+                format!("'{}' is neither authorization nor cookie:NAME", j.from),
+            );
+        }
+        let mut algorithms = Vec::new();
+        if j.algorithms.is_empty() {
+            self.fail::<()>("identity.jwt.algorithms", "needs at least one of HS256, RS256, ES256");
+        }
+        for (i, name) in j.algorithms.iter().enumerate() {
+            match crate::identity::algorithm(name.trim()) {
+                Some(a) if !algorithms.contains(&a) => algorithms.push(a),
+                Some(_) => {}
+                None => {
+                    self.fail::<()>(
+                        &format!("identity.jwt.algorithms[{i}]"),
+                        format!("'{name}' is not one of HS256, RS256, ES256"),
+                    );
+                }
+            }
+        }
+        let mut secret = None;
+        if algorithms.contains(&Algorithm::HS256) {
+            match j.secret_env.as_deref().map(str::trim) {
+                None | Some("") => {
+                    self.fail::<()>(
+                        "identity.jwt.secret_env",
+                        "is required for HS256 (the environment variable that holds the secret)",
+                    );
+                }
+                Some(name) => match std::env::var_os(name) {
+                    Some(value) if !value.is_empty() => {
+                        secret = Some(std::os::unix::ffi::OsStringExt::into_vec(value));
+                    }
+                    Some(_) => {
+                        self.fail::<()>("identity.jwt.secret_env", format!("environment variable {name} is empty"));
+                    }
+                    None => {
+                        self.fail::<()>("identity.jwt.secret_env", format!("environment variable {name} is not set"));
+                    }
+                },
+            }
+        }
+        let mut public_key_pem = None;
+        if algorithms.iter().any(|a| *a != Algorithm::HS256) {
+            match j.public_key_file.as_deref().map(str::trim) {
+                None | Some("") => {
+                    self.fail::<()>("identity.jwt.public_key_file", "is required for RS256 and ES256 (a PEM public key)");
+                }
+                Some(file) => match crate::identity::read_key_file(&folder.join(file)) {
+                    Ok(pem) => public_key_pem = Some(pem),
+                    Err(message) => {
+                        self.fail::<()>("identity.jwt.public_key_file", message);
+                    }
+                },
+            }
+        }
+        if j.claim.trim().is_empty() {
+            self.fail::<()>("identity.jwt.claim", "must name a claim (e.g. sub)");
+        }
+        for (key, value) in [("identity.jwt.issuer", &j.issuer), ("identity.jwt.audience", &j.audience)] {
+            if value.as_deref().is_some_and(|v| v.is_empty()) {
+                self.fail::<()>(key, "must not be empty when set");
+            }
+        }
+        let leeway = self.duration("identity.jwt.leeway", &j.leeway);
+        (self.problems.len() == before).then_some(())?;
+        Some(JwtConfig {
+            from: from?,
+            algorithms,
+            secret,
+            public_key_pem,
+            claim: j.claim.trim().to_string(),
+            issuer: j.issuer,
+            audience: j.audience,
+            leeway: leeway?,
+        })
     }
 
     fn routes(&mut self, routes: Vec<raw::Route>) -> Option<Vec<Route>> {
@@ -859,12 +991,6 @@ impl Validator {
                 Some(Some(AdaptiveConfig { target_p95: target?, min_batch: min_batch? }))
             }
         };
-        if a.instant || max_active.unwrap_or(0) > 0 || matches!(adaptive, Some(Some(_))) {
-            return self.fail(
-                "admission",
-                "instant, max_active and adaptive are not supported by this build yet",
-            );
-        }
         Some(AdmissionConfig {
             interval: interval?,
             batch_size: batch_size?,
@@ -1075,6 +1201,28 @@ mod tests {
         let got = problems("upstream: a:1\nredis: {url: 'redis://a:1', cluster: ['redis://b:2']}");
         assert_eq!(got, vec!["redis: takes exactly one of url, cluster or sentinel"]);
         assert!(!problems("upstream: a:1\nredis: {url: 'http://x'}").is_empty());
+
+        let c = Config::parse("upstream: a:1\nredis: {cluster: ['redis://b:2', 'redis://c:3'], read_from_replicas: true}")
+            .unwrap();
+        assert_eq!(c.redis.target, RedisTarget::Cluster(vec!["redis://b:2".into(), "redis://c:3".into()]));
+        assert!(c.redis.read_from_replicas);
+        let c = Config::parse("upstream: a:1\nredis: {sentinel: {master: m, addrs: ['redis://s:26379']}}").unwrap();
+        assert_eq!(
+            c.redis.target,
+            RedisTarget::Sentinel { master: "m".into(), addrs: vec!["redis://s:26379".into()] }
+        );
+        assert_eq!(
+            problems("upstream: a:1\nredis: {cluster: []}"),
+            vec!["redis.cluster: needs at least one seed node"]
+        );
+        assert_eq!(
+            problems("upstream: a:1\nredis: {sentinel: {master: '', addrs: ['unix:///tmp/s', 'x']}}"),
+            vec![
+                "redis.sentinel.master: must not be empty",
+                "redis.sentinel.addrs[0]: 'unix:///tmp/s' must be a TCP address (redis://host:port)",
+                "redis.sentinel.addrs[1]: 'x' is not a Redis URL (redis://host:port)",
+            ]
+        );
     }
 
     #[test]

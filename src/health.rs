@@ -3,7 +3,13 @@
 //!
 //! Readiness and the gauges come from one probe a few times a second rather than from request
 //! traffic, so an idle proxy still notices a dead Redis within a second and every proxy of a room
-//! reports the same queue length.
+//! reports the same queue length, live tokens and batch in force.
+//!
+//! When an admission switch listens (contract section 11) the same probe also reads the batch in
+//! force and the room's admissions of the last 10 s; the watcher turns them into the pace enter
+//! and status estimate with (and its poll thresholds) and publishes it to
+//! [`crate::admission`]. So the measured rate costs no Redis call on the request path, and is
+//! at most a quarter of a second old.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -15,10 +21,11 @@ use pingora::protocols::http::ServerSession;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 
+use crate::admission::{self, RoomView};
 use crate::live::LiveConfig;
 use crate::metrics;
-use crate::rules::{self, Rate};
-use crate::store::Room;
+use crate::rules;
+use crate::store::{Room, RoomRules};
 
 /// Whether the last probe reached Redis.
 static REDIS_READY: AtomicBool = AtomicBool::new(false);
@@ -39,17 +46,40 @@ impl RoomWatcher {
     }
 
     async fn probe(&self) {
-        match self.room.stats().await {
+        let config = self.config.load();
+        let room_rules = RoomRules::from_config(&config);
+        let listens = room_rules.listens();
+        match self.room.watch(Some(&room_rules)).await {
             Ok(stats) => {
-                let config = self.config.load();
-                let rate = Rate {
-                    batch: config.admission.batch_size.get() as u64,
-                    interval: config.admission.interval,
+                let batch_size = config.admission.batch_size.get();
+                // The batch in force: the controller's, within the bounds configured now (as the
+                // admit script clamps it), or batch_size when nothing adapts.
+                let batch = match (&config.admission.adaptive, stats.stored_batch) {
+                    (Some(adaptive), Some(stored)) => stored.clamp(adaptive.min_batch.get(), batch_size),
+                    _ => batch_size,
+                };
+                let pace = if listens {
+                    let min_batch = config.admission.adaptive.as_ref().map_or(1, |a| a.min_batch.get());
+                    let pace = rules::measured_pace(
+                        batch as u64,
+                        config.admission.interval,
+                        min_batch as u64,
+                        stats.admitted_recently,
+                        stats.since_first,
+                    );
+                    admission::publish(RoomView {
+                        pace,
+                        poll_thresholds: rules::pace_thresholds(pace, &config.poll_after),
+                    });
+                    pace
+                } else {
+                    admission::configured_pace(&config)
                 };
                 metrics::QUEUE_LENGTH.set(stats.waiting as i64);
                 metrics::ACTIVE_TOKENS.set(stats.live_tokens as i64);
-                metrics::QUEUE_TAIL_WAIT.set(rules::estimated_wait_secs(stats.waiting, rate) as i64);
-                metrics::ADMISSION_BATCH.set(rate.batch as i64);
+                metrics::QUEUE_TAIL_WAIT.set(rules::wait_secs(stats.waiting, pace) as i64);
+                metrics::ADMISSION_BATCH.set(batch as i64);
+                metrics::ESTIMATE_RATE.set(pace.rate.per_second());
                 if !REDIS_READY.swap(true, Ordering::AcqRel) {
                     tracing::info!("redis answers: ready");
                 }

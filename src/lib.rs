@@ -8,6 +8,7 @@
 pub mod admission;
 pub mod config;
 pub mod health;
+pub mod identity;
 pub mod lifecycle;
 pub mod live;
 pub mod logging;

@@ -2,8 +2,12 @@
 //! served by [`crate::health`] on `metrics_listen`.
 //!
 //! Counters are per proxy (sum them across a room's proxies); gauges named `waitroom_queue_*`,
-//! `waitroom_active_tokens` and `waitroom_admission_batch` are the room's truth read from Redis
-//! about once a second, so every proxy of a room reports the same value.
+//! `waitroom_active_tokens`, `waitroom_admission_batch` and
+//! `waitroom_admission_estimate_rate_per_second` are the room's truth read from Redis about four
+//! times a second, so every proxy of a room reports the same value. Room-wide events are counted
+//! once, by the proxy whose script made them happen: an admission by the proxy whose tick (or
+//! instant pass) issued the token, an abandoned place by the proxy whose tick, status or enter
+//! removed it.
 
 use std::sync::LazyLock;
 
@@ -27,29 +31,39 @@ metric!(QUEUE_LENGTH: IntGauge =
     register_int_gauge!("waitroom_queue_length", "Users waiting in the room's line (room-wide, from Redis)"));
 metric!(QUEUE_TAIL_WAIT: IntGauge = register_int_gauge!(
     "waitroom_queue_tail_wait_seconds",
-    "Estimated wait of the last user in line at the configured rate (room-wide)"
+    "Estimated wait of the last user in line, as enter and status would estimate it (room-wide)"
 ));
 metric!(ACTIVE_TOKENS: IntGauge =
     register_int_gauge!("waitroom_active_tokens", "Entry tokens issued and not yet used or expired (room-wide)"));
-metric!(ADMISSION_BATCH: IntGauge =
-    register_int_gauge!("waitroom_admission_batch", "Users the room admits per interval (the batch in force)"));
+metric!(ADMISSION_BATCH: IntGauge = register_int_gauge!(
+    "waitroom_admission_batch",
+    "Users the room admits per interval: the batch in force (the adaptive controller's, else batch_size; room-wide)"
+));
 metric!(ADMISSION_RATE: prometheus::Gauge = prometheus::register_gauge!(
     "waitroom_admission_rate_per_second",
     "The configured admission rate: batch_size / interval"
+));
+metric!(ESTIMATE_RATE: prometheus::Gauge = prometheus::register_gauge!(
+    "waitroom_admission_estimate_rate_per_second",
+    "The admission rate estimatedWaitTime is computed with: the configured one, or with an admission switch on the room's measured rate over the last 10 s (room-wide)"
 ));
 metric!(ENTER_TOTAL: IntCounterVec =
     register_int_counter_vec!("waitroom_enter_total", "Enter calls by outcome", &["result"]));
 metric!(STATUS_TOTAL: IntCounterVec =
     register_int_counter_vec!("waitroom_status_total", "Status calls by answer", &["status"]));
-metric!(ADMITTED_TOTAL: IntCounter =
-    register_int_counter!("waitroom_admitted_total", "Users admitted (given an entry token) by this proxy's ticks"));
+metric!(ADMITTED_TOTAL: IntCounter = register_int_counter!(
+    "waitroom_admitted_total",
+    "Users admitted (given an entry token) by this proxy's ticks and instant passes"
+));
 metric!(ADMISSION_TICKS_TOTAL: IntCounterVec = register_int_counter_vec!(
     "waitroom_admission_ticks_total",
     "Admission script calls by this proxy: admitted (due, this proxy admitted), idle (due, line empty), early (another proxy had it)",
     &["result"]
 ));
-metric!(ABANDONED_TOTAL: IntCounter =
-    register_int_counter!("waitroom_abandoned_total", "Places lost by users who stopped polling"));
+metric!(ABANDONED_TOTAL: IntCounter = register_int_counter!(
+    "waitroom_abandoned_total",
+    "Places lost by users who stopped polling, counted by the proxy whose script removed them"
+));
 metric!(TOKENS_CONSUMED_TOTAL: IntCounter =
     register_int_counter!("waitroom_tokens_consumed_total", "Entry tokens spent by a successful protected request"));
 metric!(PROTECTED_TOTAL: IntCounterVec = register_int_counter_vec!(
@@ -88,6 +102,7 @@ pub fn init() {
     LazyLock::force(&ACTIVE_TOKENS);
     LazyLock::force(&ADMISSION_BATCH);
     LazyLock::force(&ADMISSION_RATE);
+    LazyLock::force(&ESTIMATE_RATE);
     LazyLock::force(&ENTER_TOTAL);
     LazyLock::force(&STATUS_TOTAL);
     LazyLock::force(&ADMITTED_TOTAL);

@@ -68,6 +68,9 @@ fn worker_threads() -> usize {
 pub fn run(config: Config, config_path: PathBuf) -> Result<(), StartError> {
     let upstream = preflight(&config)?;
     claim_sighup()?;
+    for warning in crate::identity::startup_warnings(&config) {
+        tracing::warn!("{warning}");
+    }
     metrics::init();
     metrics::ADMISSION_RATE.set(config.admission_rate());
     metrics::ADMISSION_BATCH.set(config.admission.batch_size.get() as i64);

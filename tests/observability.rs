@@ -259,7 +259,7 @@ async fn scripted_session_moves_each_counter_by_exactly_its_share() {
     let mut redis = RedisServer::start();
     let api = DemoApi::start(&["--service-time-ms", "1"]);
     let proxy = Proxy::builder(&redis.url(), api.addr())
-        .yaml("admission: {interval: 100ms, batch_size: 1}\nqueue: {capacity: 2}\nredis: {timeout: 300ms}")
+        .yaml("admission: {interval: 1h, batch_size: 2}\nqueue: {capacity: 2}\nredis: {timeout: 300ms}")
         .start()
         .await;
     let prefix = proxy.key_prefix();
@@ -267,9 +267,10 @@ async fn scripted_session_moves_each_counter_by_exactly_its_share() {
     let schedule_key = format!("{{{prefix}}}:admission:next");
     let mut conn = redis.conn().await;
 
-    // Hold admission so the line stays as scripted: the room's schedule (see lua/admit.lua) says
-    // the next batch is due in the year 2255. Wait for the ticker's first write so the SET ... GET
-    // can prove this is the key the ticker uses.
+    // Hold admission so the line stays as scripted: the interval is an hour, so after the first
+    // (idle) tick at start-up the next batch is due in an hour; the schedule key is pushed far
+    // out too (admit.lua re-anchors it to one interval). Wait for the ticker's first write so the
+    // SET ... GET can prove this is the key the ticker uses.
     let ticked = scrape_until(&proxy, Duration::from_secs(5), |s| {
         value(s, "waitroom_admission_ticks_total", &[("result", "idle")]) >= 1.0
     })
@@ -295,8 +296,8 @@ async fn scripted_session_moves_each_counter_by_exactly_its_share() {
     );
 
     let fixed = [
-        exp("waitroom_admission_rate_per_second", &[], 10.0),
-        exp("waitroom_admission_batch", &[], 1.0),
+        exp("waitroom_admission_rate_per_second", &[], 2.0 / 3600.0),
+        exp("waitroom_admission_batch", &[], 2.0),
         exp("waitroom_redis_up", &[], 1.0),
         exp("waitroom_admitted_total", &[], 0.0),
         exp("waitroom_redis_errors_total", &[], 0.0),
@@ -356,7 +357,7 @@ async fn scripted_session_moves_each_counter_by_exactly_its_share() {
     assert_eq!(zcard(&mut conn, &queue_key).await, 2, "the line in Redis");
     let text = scrape_until(&proxy, GAUGE_FRESH, |s| {
         value(s, "waitroom_queue_length", &[]) == 2.0
-            && value(s, "waitroom_queue_tail_wait_seconds", &[]) == 1.0
+            && value(s, "waitroom_queue_tail_wait_seconds", &[]) == 0.0
     })
     .await;
     let s = samples(&text);
@@ -365,10 +366,10 @@ async fn scripted_session_moves_each_counter_by_exactly_its_share() {
         2.0,
         "queue length after 2 enters:\n{text}"
     );
-    // 2 waiting at 10 users/s: ceil(2 / 10) = 1 s.
+    // 2 waiting with a batch of 2: the tail is within the first batch, so 0 s.
     assert_eq!(
         value(&s, "waitroom_queue_tail_wait_seconds", &[]),
-        1.0,
+        0.0,
         "tail wait:\n{text}"
     );
     assert_eq!(
@@ -377,7 +378,8 @@ async fn scripted_session_moves_each_counter_by_exactly_its_share() {
         "no token yet:\n{text}"
     );
 
-    // Release admission: one user per 100 ms leaves the line.
+    // Release admission: with the schedule gone the ticker (which wakes at least once a second)
+    // finds a batch due and admits both.
     let _: () = redis::cmd("DEL")
         .arg(&schedule_key)
         .query_async(&mut conn)

@@ -4,7 +4,7 @@
 use serde::Serialize;
 
 use crate::config::Config;
-use crate::rules::{self, IdentityProblem, Rate};
+use crate::rules::{self, Pace};
 
 /// A complete response the proxy sends without asking the upstream.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,16 +44,11 @@ fn json(status: u16, body: &impl Serialize) -> Answer {
     }
 }
 
-fn rate(config: &Config) -> Rate {
-    Rate {
-        batch: config.admission.batch_size.get() as u64,
-        interval: config.admission.interval,
-    }
-}
-
 impl Answer {
-    pub fn waiting(position: u64, config: &Config) -> Answer {
-        let eta = rules::estimated_wait_secs(position, rate(config));
+    /// WAITING at `position`, the estimate made at `pace` (the configured rate, or the room's
+    /// measured one when an admission switch listens: see [`crate::admission::Pacing`]).
+    pub fn waiting(position: u64, pace: Pace, config: &Config) -> Answer {
+        let eta = rules::wait_secs(position, pace);
         json(
             200,
             &QueueBody::Waiting {
@@ -110,8 +105,9 @@ impl Answer {
         Answer { allow: Some(allow), ..Answer::error(405, "method not allowed") }
     }
 
-    pub fn identity(problem: IdentityProblem) -> Answer {
-        Answer::error(problem.status(), problem.message())
+    /// A request whose user could not be established: 401 or 400 with the precise reason.
+    pub fn identity(refusal: crate::identity::Refusal) -> Answer {
+        Answer::error(refusal.status(), refusal.message())
     }
 }
 
@@ -131,7 +127,7 @@ mod tests {
     fn bodies_carry_exactly_the_contract_keys_in_order() {
         let c = config();
         assert_eq!(
-            body(&Answer::waiting(342, &c)),
+            body(&Answer::waiting(342, crate::admission::configured_pace(&c), &c)),
             r#"{"status":"WAITING","position":342,"estimatedWaitTime":4,"pollAfter":2}"#
         );
         assert_eq!(
@@ -150,5 +146,27 @@ mod tests {
         let na = Answer::method_not_allowed("POST");
         assert_eq!((na.status, na.allow), (405, Some("POST")));
         assert_eq!(Answer::unavailable(&c).retry_after, Some(30));
+    }
+
+    #[test]
+    fn waiting_answers_follow_the_pace_they_are_given() {
+        let c = config();
+        // The room's measured pace: batch in force 4, 10 users/s.
+        let pace = Pace {
+            first_batch: 4,
+            rate: rules::Rate { batch: 1, interval: std::time::Duration::from_millis(100) },
+        };
+        assert_eq!(
+            body(&Answer::waiting(60, pace, &c)),
+            r#"{"status":"WAITING","position":60,"estimatedWaitTime":6,"pollAfter":2}"#
+        );
+        assert_eq!(
+            body(&Answer::waiting(4, pace, &c)),
+            r#"{"status":"WAITING","position":4,"estimatedWaitTime":0,"pollAfter":2}"#
+        );
+        assert_eq!(
+            body(&Answer::waiting(150, pace, &c)),
+            r#"{"status":"WAITING","position":150,"estimatedWaitTime":15,"pollAfter":5}"#
+        );
     }
 }

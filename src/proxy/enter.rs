@@ -3,11 +3,12 @@
 
 use pingora::proxy::Session;
 
-use super::{identity, poll_clock, Answer, Ctx};
+use super::{identity, Answer, Ctx};
+use crate::admission::Pacing;
 use crate::config::Config;
 use crate::metrics;
 use crate::rules;
-use crate::store::{EnterOutcome, EnterRequest, Room};
+use crate::store::{EnterOutcome, EnterRequest, Room, RoomRules};
 
 pub async fn handle(config: &Config, room: &Room, session: &Session, ctx: &mut Ctx) -> Answer {
     if session.req_header().method != http::Method::POST {
@@ -18,22 +19,32 @@ pub async fn handle(config: &Config, room: &Room, session: &Session, ctx: &mut C
         Err(problem) => return Answer::identity(problem),
     };
     let address = (config.abuse.identities_per_address > 0).then(|| client_address(config, session));
+    let pacing = Pacing::new(config);
     let request = EnterRequest {
         user,
         capacity: config.queue.capacity.get(),
         per_address: address.as_deref().map(|a| (a, config.abuse.identities_per_address)),
-        poll: poll_clock(config),
+        poll: pacing.poll_clock(config),
     };
-    let (result, answer) = match room.enter(request).await {
-        Ok(EnterOutcome::Waiting { position, already }) => (
-            if already { "already_waiting" } else { "queued" },
-            Answer::waiting(position, config),
-        ),
-        Ok(EnterOutcome::Ready { token, remaining_ms }) => {
-            ("ready", Answer::ready(&token, remaining_ms))
+    let (result, answer) = match room.enter_with(request, &RoomRules::from_config(config)).await {
+        Ok(entered) => {
+            metrics::ABANDONED_TOTAL.inc_by(entered.abandoned);
+            match entered.outcome {
+                EnterOutcome::Waiting { position, already } => (
+                    if already { "already_waiting" } else { "queued" },
+                    Answer::waiting(position, pacing.pace(), config),
+                ),
+                EnterOutcome::Ready { token, remaining_ms } => {
+                    ("ready", Answer::ready(&token, remaining_ms))
+                }
+                EnterOutcome::Instant { token, remaining_ms } => {
+                    metrics::ADMITTED_TOTAL.inc();
+                    ("instant", Answer::ready(&token, remaining_ms))
+                }
+                EnterOutcome::Full => ("full", Answer::full(config)),
+                EnterOutcome::Limited { retry_secs } => ("limited", Answer::limited(retry_secs)),
+            }
         }
-        Ok(EnterOutcome::Full) => ("full", Answer::full(config)),
-        Ok(EnterOutcome::Limited { retry_secs }) => ("limited", Answer::limited(retry_secs)),
         Err(error) => {
             metrics::REDIS_ERRORS_TOTAL.inc();
             tracing::warn!(%error, "enter: redis unavailable");

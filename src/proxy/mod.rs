@@ -15,6 +15,7 @@ mod status;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -25,11 +26,12 @@ use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 
 pub use answer::Answer;
 
-use crate::config::{Config, IdentityConfig};
+use crate::config::Config;
 use crate::live::LiveConfig;
 use crate::metrics;
-use crate::rules::{self, IdentityProblem};
-use crate::store::{PollClock, Room};
+use crate::identity::Refusal;
+use crate::rules;
+use crate::store::Room;
 
 /// Requests being handled right now; graceful shutdown waits for this to reach zero.
 pub static IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
@@ -93,7 +95,7 @@ impl Drop for Ctx {
 /// The proxy service: the live configuration, this service's handle on the room, the upstream.
 pub struct Waitroom {
     config: LiveConfig,
-    room: Room,
+    room: Arc<Room>,
     upstream: Box<HttpPeer>,
 }
 
@@ -103,28 +105,62 @@ impl Waitroom {
         // A backend that does not accept within this is as good as down: answer 502 rather than
         // hold the user's connection.
         peer.options.connection_timeout = Some(Duration::from_secs(3));
-        Waitroom { config, room, upstream: Box::new(peer) }
+        Waitroom { config, room: Arc::new(room), upstream: Box::new(peer) }
     }
 }
 
-/// The user named by the request, checked by the identity rules.
-fn identity(config: &Config, session: &Session) -> Result<String, IdentityProblem> {
-    match &config.identity {
-        IdentityConfig::Header(name) => {
-            let raw = session.req_header().headers.get(name).map(|v| v.as_bytes());
-            rules::check_identity(raw).map(str::to_owned)
+/// The user named by the request (trusted header or verified JWT, see [`crate::identity`]),
+/// checked by the identity rules.
+fn identity(config: &Config, session: &Session) -> Result<String, Refusal> {
+    crate::identity::identify(&config.identity, &session.req_header().headers).inspect_err(|refusal| {
+        // The reason, never the token or the JWT itself.
+        tracing::debug!(reason = refusal.message(), status = refusal.status(), "identity refused");
+    })
+}
+
+/// Each read of a request body must bring bytes within this, or the request fails (400): a
+/// client cannot hold a connection, or an upstream request, by trickling its body.
+const BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// Each write to the client must complete within this: a client that stops reading is dropped.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+/// The proxy's own endpoints read no body; a larger one is refused (413) without reading it.
+const OWN_BODY_LIMIT: u64 = 8 * 1024;
+
+/// Timeouts for a slow client (issue 7, documented in docs/threat-model.md). pingora keeps its
+/// own for the header and idle keep-alive (60 s a read) and its 1 MiB header cap.
+fn limit_slow_clients(session: &mut Session) {
+    session.set_read_timeout(Some(BODY_READ_TIMEOUT));
+    session.set_write_timeout(Some(WRITE_TIMEOUT));
+}
+
+/// Whether a request to one of the proxy's own endpoints, with the method it serves (any other
+/// method gets its 405 first, whatever it carries), brings more body than they accept. A
+/// declared length decides without reading; a chunked body is read up to the limit.
+async fn own_body_too_large(session: &mut Session, endpoint: Endpoint) -> Result<bool> {
+    let method = &session.req_header().method;
+    let served = match endpoint {
+        Endpoint::Enter => method == http::Method::POST,
+        Endpoint::Status | Endpoint::Page => method == http::Method::GET,
+        Endpoint::Protected | Endpoint::Passthrough => false,
+    };
+    if !served {
+        return Ok(false);
+    }
+    let declared = session.req_header().headers.get(http::header::CONTENT_LENGTH);
+    if let Some(len) = declared.and_then(|v| v.to_str().ok()).and_then(|v| v.trim().parse::<u64>().ok()) {
+        if len > OWN_BODY_LIMIT {
+            return Ok(true);
         }
-        // The configuration refuses jwt until it is implemented.
-        IdentityConfig::Jwt(_) => Err(IdentityProblem::Missing),
     }
-}
-
-/// The poll clock the scripts enforce, from the configuration in force.
-fn poll_clock(config: &Config) -> PollClock<'_> {
-    if !config.polling.enforce {
-        return PollClock::OFF;
+    // Reading a small body (rather than leaving it) keeps the connection reusable.
+    let mut read = 0u64;
+    while let Some(chunk) = session.read_request_body().await? {
+        read += chunk.len() as u64;
+        if read > OWN_BODY_LIMIT {
+            return Ok(true);
+        }
     }
-    PollClock { on_time_factor: Some(1.0 - config.polling.grace), thresholds: &config.poll_thresholds }
+    Ok(false)
 }
 
 /// Writes an answer of the proxy's own: JSON, never cached.
@@ -172,8 +208,14 @@ impl ProxyHttp for Waitroom {
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> Result<bool> {
         let config = self.config.load();
+        limit_slow_clients(session);
         let header = session.req_header();
         ctx.endpoint = Endpoint::classify(&config, &header.method, header.uri.path());
+        if own_body_too_large(session, ctx.endpoint).await? {
+            write_answer(session, Answer::error(413, "request body too large")).await?;
+            return Ok(true);
+        }
+        let header = session.req_header();
         let answer = match ctx.endpoint {
             Endpoint::Passthrough => return Ok(false),
             Endpoint::Page => {
@@ -191,6 +233,14 @@ impl ProxyHttp for Waitroom {
         };
         write_answer(session, answer).await?;
         Ok(true)
+    }
+
+    /// What pingora's own error lines say about a request: pingora's summary without the query
+    /// string, so a token a client put in a URL (waitroom never does) stays out of the logs.
+    fn request_summary(&self, session: &Session, _ctx: &Ctx) -> String {
+        let header = session.req_header();
+        let host = header.headers.get(http::header::HOST).map(|h| String::from_utf8_lossy(h.as_bytes()));
+        format!("{} {}, Host: {}", header.method, header.uri.path(), host.as_deref().unwrap_or("-"))
     }
 
     async fn upstream_peer(&self, _session: &mut Session, ctx: &mut Ctx) -> Result<Box<HttpPeer>> {
@@ -211,12 +261,18 @@ impl ProxyHttp for Waitroom {
         }
         ctx.upstream_status = Some(status);
         if let Some(started) = ctx.upstream_started {
+            let latency = started.elapsed();
             metrics::UPSTREAM_DURATION
                 .with_label_values(&[ctx.endpoint.label()])
-                .observe(started.elapsed().as_secs_f64());
+                .observe(latency.as_secs_f64());
+            // What the adaptive controller listens to (see crate::admission).
+            if ctx.endpoint == Endpoint::Protected {
+                crate::admission::UPSTREAM_LATENCIES.record(latency);
+            }
         }
         if let (Some(token), Some(user)) = (ctx.spend.take(), ctx.user.as_deref()) {
-            protected::settle(&self.room, user, &token, status).await;
+            let ttl = self.config.load().token.ttl;
+            protected::settle(&self.room, user, &token, status, ttl).await;
         }
         Ok(())
     }

@@ -3,6 +3,9 @@
 //! Parse (identity, token header) -> apply (read the token from Redis) -> render (a refusal, or
 //! nothing and the request goes upstream).
 
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
 use pingora::proxy::Session;
 
 use super::{identity, Answer, Ctx};
@@ -47,7 +50,7 @@ async fn decide(
 }
 
 /// Applies the upstream's verdict to the token that was used.
-pub async fn settle(room: &Room, user: &str, token: &str, upstream_status: u16) {
+pub async fn settle(room: &Arc<Room>, user: &str, token: &str, upstream_status: u16, token_ttl: Duration) {
     if rules::token_fate(Some(upstream_status)) == TokenFate::Keep {
         return;
     }
@@ -57,9 +60,30 @@ pub async fn settle(room: &Room, user: &str, token: &str, upstream_status: u16) 
         Ok(false) => {}
         Err(error) => {
             // The order went through; refusing its response now would only hide that from the
-            // user. The token stays live until its TTL, which the log makes visible.
+            // user. While Redis is away a repeat is refused anyway (fail closed); keep trying in
+            // the background so the token is gone as soon as Redis is back.
             metrics::REDIS_ERRORS_TOTAL.inc();
-            tracing::error!(%error, user, "could not spend an entry token after a successful order");
+            tracing::error!(%error, user, "could not spend an entry token after a successful order; retrying");
+            let (room, user, token) = (room.clone(), user.to_owned(), token.to_owned());
+            tokio::spawn(async move { spend_later(&room, &user, &token, token_ttl).await });
+        }
+    }
+}
+
+/// Retries spending a token until it succeeds or the token would have expired anyway.
+async fn spend_later(room: &Room, user: &str, token: &str, token_ttl: Duration) {
+    let deadline = Instant::now() + token_ttl;
+    while Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        match room.consume(user, token).await {
+            Ok(spent) => {
+                if spent {
+                    metrics::TOKENS_CONSUMED_TOTAL.inc();
+                }
+                tracing::info!(user, "entry token spent after Redis came back");
+                return;
+            }
+            Err(_) => metrics::REDIS_ERRORS_TOTAL.inc(),
         }
     }
 }

@@ -3,10 +3,11 @@
 
 use pingora::proxy::Session;
 
-use super::{identity, poll_clock, Answer, Ctx};
+use super::{identity, Answer, Ctx};
+use crate::admission::Pacing;
 use crate::config::Config;
 use crate::metrics;
-use crate::store::{Room, StatusOutcome};
+use crate::store::{Room, RoomRules, StatusOutcome};
 
 pub async fn handle(config: &Config, room: &Room, session: &Session, ctx: &mut Ctx) -> Answer {
     if session.req_header().method != http::Method::GET {
@@ -16,13 +17,22 @@ pub async fn handle(config: &Config, room: &Room, session: &Session, ctx: &mut C
         Ok(user) => ctx.user.insert(user),
         Err(problem) => return Answer::identity(problem),
     };
-    let (label, answer) = match room.status(user, poll_clock(config)).await {
-        Ok(StatusOutcome::Waiting { position }) => ("WAITING", Answer::waiting(position, config)),
-        Ok(StatusOutcome::Ready { token, remaining_ms }) => {
-            ("READY", Answer::ready(&token, remaining_ms))
+    let pacing = Pacing::new(config);
+    let rules = RoomRules::from_config(config);
+    let (label, answer) = match room.status_with(user, pacing.poll_clock(config), &rules).await {
+        Ok(status) => {
+            metrics::ABANDONED_TOTAL.inc_by(status.abandoned);
+            match status.outcome {
+                StatusOutcome::Waiting { position } => {
+                    ("WAITING", Answer::waiting(position, pacing.pace(), config))
+                }
+                StatusOutcome::Ready { token, remaining_ms } => {
+                    ("READY", Answer::ready(&token, remaining_ms))
+                }
+                StatusOutcome::NotInQueue => ("NOT_IN_QUEUE", Answer::not_in_queue()),
+                StatusOutcome::TooEarly { retry_secs } => ("TOO_EARLY", Answer::too_early(retry_secs)),
+            }
         }
-        Ok(StatusOutcome::NotInQueue) => ("NOT_IN_QUEUE", Answer::not_in_queue()),
-        Ok(StatusOutcome::TooEarly { retry_secs }) => ("TOO_EARLY", Answer::too_early(retry_secs)),
         Err(error) => {
             metrics::REDIS_ERRORS_TOTAL.inc();
             tracing::warn!(%error, "status: redis unavailable");

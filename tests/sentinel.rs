@@ -1,0 +1,331 @@
+//! waitroom behind Redis Sentinel (contract section 7): one primary, one replica, three sentinels
+//! (quorum 2) on free ports. Two proxies find the primary through the sentinels and, after a
+//! failover, the new one by themselves, without a restart:
+//!
+//! 1. the primary is SIGKILLed: the sentinels promote the replica; measured from the kill and from
+//!    the promotion to the first 200 from each proxy (the contract allows 10 s from promotion);
+//! 2. a graceful `SENTINEL FAILOVER` while the old primary stays up (it is demoted to a replica, so
+//!    a client that reconnected to the same address would now write to a replica).
+//!
+//! Users enqueued before each failover (and replicated, `WAIT 1`) keep their exact places.
+
+mod common;
+mod topology;
+
+use common::*;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+use topology::{cli, wait_in_sync, SentinelSet, Tally};
+
+/// A client that gives up on a request after 2 s, so a probe never hangs on a dead proxy path.
+fn probe_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(2))
+        .build()
+        .expect("client")
+}
+
+/// Every 50 ms, on every proxy, a status of `known` and an enter of a fresh user, until both
+/// answer 200 on every proxy. Returns when each proxy recovered and the failures seen.
+async fn probe_until_recovered(
+    proxies: &[&Proxy],
+    known: &str,
+    tag: &str,
+) -> (Vec<Instant>, Tally) {
+    let client = probe_client();
+    let mut recovered: Vec<Option<Instant>> = vec![None; proxies.len()];
+    let mut failures = Tally::default();
+    let deadline = Instant::now() + Duration::from_secs(40);
+    let mut n = 0;
+    while recovered.iter().any(Option::is_none) {
+        assert!(
+            Instant::now() < deadline,
+            "proxies did not recover within 40 s: {:?}",
+            failures.0
+        );
+        for (i, proxy) in proxies.iter().enumerate() {
+            if recovered[i].is_some() {
+                continue;
+            }
+            n += 1;
+            let sent = Instant::now();
+            let status = client
+                .get(proxy.url("/queue/status"))
+                .header("X-User-Id", known)
+                .send()
+                .await
+                .map(|r| r.status().as_u16());
+            let enter = client
+                .post(proxy.url("/queue/enter"))
+                .header("X-User-Id", format!("{tag}-probe-{n}"))
+                .send()
+                .await
+                .map(|r| r.status().as_u16());
+            match (&status, &enter) {
+                (Ok(200), Ok(200)) => recovered[i] = Some(sent),
+                _ => {
+                    for r in [status, enter] {
+                        match r {
+                            Ok(200) => {}
+                            Ok(code) => failures.add(code.to_string()),
+                            Err(_) => failures.add("transport error"),
+                        }
+                    }
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    (
+        recovered.into_iter().map(Option::unwrap).collect(),
+        failures,
+    )
+}
+
+/// Enters fresh users on every proxy, every 20 ms, until 3 s after `promoted` is set (30 s at
+/// most); the acknowledged ones, with the proxy and when they were sent.
+async fn write_until(
+    proxies: &[&Proxy],
+    tag: &str,
+    promoted: &OnceLock<Instant>,
+) -> Vec<(usize, String, Instant)> {
+    let client = probe_client();
+    let mut acked = Vec::new();
+    let mut n = 0;
+    let cap = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < cap
+        && promoted
+            .get()
+            .is_none_or(|p| p.elapsed() < Duration::from_secs(3))
+    {
+        for (i, proxy) in proxies.iter().enumerate() {
+            n += 1;
+            let user = format!("{tag}-{n}");
+            let sent = Instant::now();
+            let r = client
+                .post(proxy.url("/queue/enter"))
+                .header("X-User-Id", &user)
+                .send()
+                .await;
+            if r.is_ok_and(|r| r.status() == 200) {
+                acked.push((i, user, sent));
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    acked
+}
+
+/// Polls the sentinels (blocking redis-cli, on a blocking thread) until they name `not` no more.
+async fn wait_promotion(set: &SentinelSet, not: u16) -> (Instant, u16) {
+    let ports: Vec<u16> = set.sentinels.iter().map(|s| s.port).collect();
+    tokio::task::spawn_blocking(move || {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let named = ports.iter().find_map(|p| {
+                cli(
+                    *p,
+                    &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", topology::MASTER],
+                )
+                .lines()
+                .nth(1)
+                .and_then(|l| l.trim().parse::<u16>().ok())
+            });
+            if let Some(port) = named.filter(|p| *p != not) {
+                return (Instant::now(), port);
+            }
+            assert!(Instant::now() < deadline, "no promotion within 30 s");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    })
+    .await
+    .expect("promotion watcher")
+}
+
+async fn replicate(primary: &RedisServer) {
+    let acked: i64 = redis::cmd("WAIT")
+        .arg(1)
+        .arg(2000)
+        .query_async(&mut primary.conn().await)
+        .await
+        .expect("WAIT");
+    assert_eq!(acked, 1, "the replica acknowledged the writes");
+}
+
+async fn assert_places(proxies: &[&Proxy], places: &[(String, u64)]) {
+    for (i, (user, place)) in places.iter().enumerate() {
+        let r = proxies[i % proxies.len()].status(user).await;
+        assert_eq!(r.status, 200, "{user}: {}", r.body);
+        assert_eq!(
+            r.json()["position"].as_u64(),
+            Some(*place),
+            "{user} kept the place: {}",
+            r.body
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxies_follow_the_sentinels_through_failovers() {
+    let t0 = Instant::now();
+    let mut set = SentinelSet::start();
+    let api = DemoApi::start(&[]);
+    let builder = Proxy::builder(&set.servers[0].url(), api.addr())
+        .yaml(&set.yaml())
+        .yaml("admission: {interval: 1h, batch_size: 1}");
+    let a = builder.start().await;
+    // The first tick admits from the empty line at start; with the schedule set nobody is
+    // admitted again during the test, so places stay exactly as entered.
+    let schedule = format!("{{{}}}:admission:next", a.key_prefix());
+    let first = set.servers[0].port();
+    let ticked = wait_until(Duration::from_secs(10), Duration::from_millis(20), || {
+        let schedule = schedule.clone();
+        async move { cli(first, &["EXISTS", &schedule]).trim() == "1" }
+    })
+    .await;
+    assert!(ticked, "no first admission tick:\n{}", a.logs());
+    let b = builder.start().await;
+    let proxies = [&a, &b];
+    // A spare behind the replica (chained): once the replica is promoted, the spare is its
+    // replica, which the graceful failover of phase 2 needs. The sentinels do not see it before.
+    let replica = RedisServer::start_with(&[
+        "--replicaof",
+        "127.0.0.1",
+        &set.servers[1].port().to_string(),
+    ]);
+    wait_in_sync(replica.port(), Duration::from_secs(10));
+
+    let mut places: Vec<(String, u64)> = Vec::new();
+    for i in 0..100 {
+        let user = format!("s-{i:03}");
+        let r = proxies[i % 2].enter(&user).await;
+        assert_eq!(
+            r.json()["position"].as_u64(),
+            Some(i as u64 + 1),
+            "{user}: {}",
+            r.body
+        );
+        places.push((user, i as u64 + 1));
+    }
+    replicate(&set.servers[0]).await;
+
+    // 1. SIGKILL the primary.
+    let old = set.named_primary().expect("a primary");
+    assert_eq!(old, first);
+    let killed = Instant::now();
+    set.server(old).crash();
+    let promotion = wait_promotion(&set, old);
+    let probing = probe_until_recovered(&proxies, &places[0].0, "kill");
+    let ((promoted, new_port), (recovered, failures)) = tokio::join!(promotion, probing);
+    let last = *recovered.iter().max().unwrap();
+    println!(
+        "sentinel, primary SIGKILLed: promoted after {:?}; proxies answer 200 again after {:?} from the kill, \
+         {:?} from the promotion; failed probe requests {} {:?}",
+        promoted - killed,
+        recovered.iter().map(|r| *r - killed).collect::<Vec<_>>(),
+        recovered.iter().map(|r| r.saturating_duration_since(promoted)).collect::<Vec<_>>(),
+        failures.total(),
+        failures.0
+    );
+    assert!(
+        last - killed < Duration::from_secs(30),
+        "recovered {:?} after the kill",
+        last - killed
+    );
+    assert!(
+        last.saturating_duration_since(promoted) < Duration::from_secs(10),
+        "the contract: the new primary is found within 10 s of its promotion"
+    );
+    assert_places(&proxies, &places).await;
+    assert!(
+        wait_until(
+            Duration::from_secs(3),
+            Duration::from_millis(50),
+            || async { a.readyz().await == 200 && b.readyz().await == 200 }
+        )
+        .await
+    );
+
+    // 2. A graceful failover: the current primary stays up and becomes a replica.
+    // Phase 1's probes entered behind the first 100, so these places are whatever enter says.
+    for i in 100..120 {
+        let user = format!("s-{i:03}");
+        let r = proxies[i % 2].enter(&user).await;
+        assert_eq!(r.status, 200, "{user}: {}", r.body);
+        places.push((user, r.json()["position"].as_u64().expect("position")));
+    }
+    replicate(set.server(new_port)).await;
+    // NOGOODSLAVE until the sentinel has found the spare in the new primary's INFO and heard
+    // from it.
+    let leader = set.sentinels[0].port;
+    let mut reply = String::new();
+    topology::wait_blocking(
+        "SENTINEL FAILOVER accepted",
+        Duration::from_secs(15),
+        || {
+            reply = cli(leader, &["SENTINEL", "FAILOVER", topology::MASTER]);
+            reply.trim() == "OK" || !reply.contains("NOGOODSLAVE")
+        },
+    );
+    assert_eq!(reply.trim(), "OK", "SENTINEL FAILOVER: {reply}");
+    let asked = Instant::now();
+    let promoted_at = OnceLock::new();
+    let promotion = async {
+        let promotion = wait_promotion(&set, new_port).await;
+        promoted_at.set(promotion.0).expect("set once");
+        promotion
+    };
+    let writing = write_until(&proxies, "graceful", &promoted_at);
+    let ((promoted, third), acked) = tokio::join!(promotion, writing);
+    assert_eq!(third, replica.port());
+    // Which acknowledged enters reached the new primary? The demoted one keeps taking writes
+    // until the sentinels reconfigure it (seconds later); what it took then is lost.
+    let queue = format!("{{{}}}:queue", a.key_prefix());
+    let mut on_new = replica.conn().await;
+    let mut last_lost = vec![None; proxies.len()];
+    let mut lost = 0;
+    for (proxy, user, sent) in &acked {
+        let score: Option<u64> = redis::cmd("ZSCORE")
+            .arg(&queue)
+            .arg(user)
+            .query_async(&mut on_new)
+            .await
+            .expect("ZSCORE");
+        if score.is_none() {
+            lost += 1;
+            last_lost[*proxy] = Some(*sent);
+        }
+    }
+    let moved: Vec<Duration> = last_lost
+        .iter()
+        .map(|l| {
+            l.map(|t: Instant| t.saturating_duration_since(promoted))
+                .unwrap_or_default()
+        })
+        .collect();
+    println!(
+        "sentinel, graceful failover (old primary demoted, still up): promoted {:?} after SENTINEL FAILOVER; \
+         each proxy's writes reach the new primary from {moved:?} after the promotion on; \
+         {} enters acknowledged while failing over, {lost} of them by the demoted primary (lost)",
+        promoted - asked,
+        acked.len()
+    );
+    assert!(
+        moved.iter().all(|m| *m < Duration::from_secs(10)),
+        "the contract: within 10 s of the promotion"
+    );
+    assert!(
+        acked
+            .iter()
+            .any(|(_, _, sent)| *sent > promoted + moved.iter().max().copied().unwrap_or_default()),
+        "writes went on after the move"
+    );
+    assert_places(&proxies, &places).await;
+    assert!(a.is_running() && b.is_running(), "no restart");
+    set.servers.push(replica);
+    println!(
+        "proxies_follow_the_sentinels_through_failovers: {:?}",
+        t0.elapsed()
+    );
+}
