@@ -47,4 +47,9 @@ for config in "${configs[@]}"; do
 done
 
 say "cargo test $*"
-cargo test "$@"
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+# Keep cargo's own exit status (pipefail) and add up every binary's result line at the end, so the
+# run closes on the suite's total rather than on the last (possibly empty) test binary.
+cargo test "$@" 2>&1 | tee "$log"
+awk '/^test result:/ { p += $4; f += $6 } END { printf "tests: %d passed, %d failed\n", p, f }' "$log"
