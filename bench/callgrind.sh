@@ -1,0 +1,190 @@
+#!/usr/bin/env bash
+# Instructions per request on the hot paths, with valgrind's callgrind: repeatable on a busy
+# machine, where wall-clock numbers are not (and `perf` records nothing in these VMs).
+#
+#   bench/callgrind.sh [--waitroom-bin PATH] [--n 2000] [--paths status,pass,enter,protected]
+#                      [--out DIR (default bench/out/callgrind)] [--redis]
+#
+# --redis runs redis-server under callgrind too, and counts its instructions per waitroom
+# request (Redis shares the proxy's cores: its work is part of a request's cost).
+#
+# Runs waitroom (WAITROOM_THREADS=1, access log off) and nginx (one worker) under callgrind, sends
+# a fixed number of requests per path on one keep-alive connection (`wrbench fire`), after a
+# warm-up, between `callgrind_control --zero` and `--dump`, so each dump holds exactly N requests
+# (plus the room watcher's once-a-second Redis call: a few hundred instructions per request at
+# most). Writes bench/out/callgrind/: one dump and one listing per path and process (`wrbench
+# callgrind`: instructions, mallocs and socket calls per request, cost by area, top self costs),
+# and summary.jsonl. Open a dump with `wrbench callgrind --file F --requests N --callers-of NAME`
+# to see who calls NAME (e.g. memcpy).
+set -euo pipefail
+
+BENCH=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+ROOT=$(cd "$BENCH/.." && pwd)
+# shellcheck source=../scripts/lib.sh
+. "$ROOT/scripts/lib.sh"
+
+N=2000 WARM=300 PATHS=status,pass,enter,protected OUT="" REDIS_CG=0
+WR_BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release/waitroom
+TOP=20
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --waitroom-bin) WR_BIN=$2; shift ;;
+    --n) N=$2; shift ;;
+    --paths) PATHS=$2; shift ;;
+    --top) TOP=$2; shift ;;
+    --out) OUT=$2; shift ;;
+    --redis) REDIS_CG=1 ;;
+    -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) die "unknown option $1" ;;
+  esac
+  shift
+done
+API_BIN=$(dirname "$WR_BIN")/demo-order-api
+[ -x "$API_BIN" ] || API_BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release/demo-order-api
+[ -x "$WR_BIN" ] || die "no waitroom binary at $WR_BIN (cargo build --release --bins)"
+
+missing=()
+command -v valgrind >/dev/null || missing+=(valgrind)
+command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || missing+=(nginx)
+command -v redis-server >/dev/null || missing+=(redis-server)
+command -v redis-cli >/dev/null || missing+=(redis-tools)
+command -v curl >/dev/null || missing+=(curl)
+[ "${#missing[@]}" -eq 0 ] || apt_install "${missing[@]}"
+NGINX=$(command -v nginx || echo /usr/sbin/nginx)
+WRBENCH=$BENCH/target/release/wrbench
+[ -x "$WRBENCH" ] || cargo build --release --quiet --manifest-path "$BENCH/Cargo.toml"
+
+OUT=${OUT:-$BENCH/out/callgrind}
+rm -rf "$OUT"
+mkdir -p "$OUT"
+PIDS=()
+cleanup() {
+  local pid
+  for pid in "${PIDS[@]}"; do kill -INT "$pid" 2>/dev/null || true; done
+  sleep 0.5
+  for pid in "${PIDS[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+}
+trap cleanup EXIT
+
+port() { local p; for _ in $(seq 1 100); do p=$((20000 + RANDOM % 12000)); port_in_use "$p" || { echo "$p"; return; }; done; die "no port"; }
+P_REDIS=$(port) P_API=$(port) P_WR=$(port) P_WM=$(port) P_NG=$(port)
+rcli() { redis-cli -h 127.0.0.1 -p "$P_REDIS" "$@"; }
+
+REDIS_PID=""
+if [ "$REDIS_CG" -eq 1 ]; then
+  (cd "$OUT" && exec valgrind --tool=callgrind --callgrind-out-file="$OUT/redis.start.out" redis-server --port "$P_REDIS" \
+    --bind 127.0.0.1 --save '' --appendonly no --logfile "$OUT/redis.log") 2>"$OUT/redis.valgrind.log" &
+  REDIS_PID=$!
+else
+  redis-server --port "$P_REDIS" --bind 127.0.0.1 --save '' --appendonly no --logfile "$OUT/redis.log" &
+fi
+PIDS+=($!)
+wait_until 60 redis rcli ping
+"$API_BIN" --listen "127.0.0.1:$P_API" >/dev/null 2>"$OUT/demo-order-api.log" &
+PIDS+=($!)
+wait_until 10 demo-order-api curl -fsS -o /dev/null "http://127.0.0.1:$P_API/admin/stats"
+"$WRBENCH" seed-queue --prefix bench --count 100000 | rcli --pipe >/dev/null
+
+cat >"$OUT/waitroom.yaml" <<EOF
+listen: "127.0.0.1:$P_WR"
+metrics_listen: "127.0.0.1:$P_WM"
+upstream: "127.0.0.1:$P_API"
+redis: { url: "redis://127.0.0.1:$P_REDIS", key_prefix: bench }
+protected:
+  - { method: GET, path: /echo/protected }
+admission: { interval: 1h, batch_size: 1 }
+queue: { capacity: 2000000 }
+shutdown: { grace: 1s }
+EOF
+cat >"$OUT/nginx.conf" <<EOF
+$([ "$(id -u)" -eq 0 ] && echo "user root;")
+worker_processes 1;
+master_process off;
+daemon off;
+pid $OUT/nginx.pid;
+error_log $OUT/nginx-error.log warn;
+events { worker_connections 1024; }
+http {
+  access_log off;
+  keepalive_requests 1000000;
+  upstream backend { server 127.0.0.1:$P_API; keepalive 64; keepalive_requests 1000000; }
+  server {
+    listen 127.0.0.1:$P_NG;
+    location / { proxy_pass http://backend; proxy_http_version 1.1; proxy_set_header Connection ""; }
+  }
+}
+EOF
+
+# Under callgrind both programs run some 50x slower: give them time.
+say "waitroom under callgrind (threads=1)"
+(cd "$OUT" && exec env RUST_LOG="warn" WAITROOM_THREADS=1 valgrind --tool=callgrind \
+  --callgrind-out-file="$OUT/waitroom.start.out" "$WR_BIN" --config "$OUT/waitroom.yaml") 2>"$OUT/waitroom.valgrind.log" &
+WR_PID=$!
+PIDS+=("$WR_PID")
+wait_until 120 "waitroom under valgrind" curl -fsS -o /dev/null "http://127.0.0.1:$P_WM/readyz"
+say "nginx under callgrind (one worker, no master)"
+(cd "$OUT" && exec valgrind --tool=callgrind --callgrind-out-file="$OUT/nginx.start.out" \
+  "$NGINX" -c "$OUT/nginx.conf" -p "$OUT/") 2>"$OUT/nginx.valgrind.log" &
+NG_PID=$!
+PIDS+=("$NG_PID")
+wait_until 120 "nginx under valgrind" curl -fsS -o /dev/null "http://127.0.0.1:$P_NG/echo/ready"
+
+SUMMARY=$OUT/summary.jsonl # one JSON line per (process, path)
+: >"$SUMMARY"
+
+# measure NAME PROC PID PORT FIRE-ARGS...: warm up, zero, N requests, dump, annotate.
+measure() {
+  local name=$1 proc=$2 pid=$3 port=$4
+  shift 4
+  "$WRBENCH" fire --addr "127.0.0.1:$port" --n "$WARM" "$@" >/dev/null
+  callgrind_control --zero "$pid" >/dev/null
+  [ -n "$REDIS_PID" ] && [ "$proc" = waitroom ] && callgrind_control --zero "$REDIS_PID" >/dev/null
+  local fired
+  fired=$("$WRBENCH" fire --addr "127.0.0.1:$port" --n "$N" --skip "$WARM" "$@")
+  callgrind_control --dump="$name" "$pid" >/dev/null
+  if [ -n "$REDIS_PID" ] && [ "$proc" = waitroom ]; then
+    callgrind_control --dump="$name" "$REDIS_PID" >/dev/null
+    sleep 1
+    local rdump
+    rdump=$(ls -t "$OUT"/redis.start.out.* | head -n 1)
+    mv "$rdump" "$OUT/redis-$name.out"
+    "$WRBENCH" callgrind --file "$OUT/redis-$name.out" --requests "$N" --top "$TOP" \
+      --extra "{\"path\":\"$name\",\"process\":\"redis (for waitroom)\"}" >>"$SUMMARY" 2>"$OUT/redis-$name.txt"
+  fi
+  sleep 1
+  local dump
+  dump=$(ls -t "$OUT"/"$proc".start.out.* 2>/dev/null | head -n 1)
+  [ -n "$dump" ] || dump=$(ls -t "$OUT"/"$proc".start.out* | head -n 1)
+  mv "$dump" "$OUT/$proc-$name.out"
+  "$WRBENCH" callgrind --file "$OUT/$proc-$name.out" --requests "$N" --top "$TOP" \
+    --extra "{\"path\":\"$name\",\"process\":\"$proc\",\"fire\":$fired}" \
+    >>"$SUMMARY" 2>"$OUT/$proc-$name.txt"
+  say "$proc $name ($fired)"
+  cat "$OUT/$proc-$name.txt" >&2
+}
+
+pairs=$OUT/pairs.txt
+"$WRBENCH" mint-tokens --prefix bench --count $((N + WARM)) --tag cg --pairs "$pairs" | rcli --pipe >/dev/null
+IFS=, read -r -a paths <<<"$PATHS"
+for p in "${paths[@]}"; do
+  case "$p" in
+    status)
+      measure status waitroom "$WR_PID" "$P_WR" --path /queue/status --header "X-User-Id: u50000"
+      measure status nginx "$NG_PID" "$P_NG" --path /queue/status --header "X-User-Id: u50000" ;;
+    pass)
+      measure pass waitroom "$WR_PID" "$P_WR" --path /echo/pass
+      measure pass nginx "$NG_PID" "$P_NG" --path /echo/pass ;;
+    enter)
+      measure enter waitroom "$WR_PID" "$P_WR" --method POST --path /queue/enter --header "X-User-Id: u{n}" --users 100000
+      measure enter nginx "$NG_PID" "$P_NG" --method POST --path /queue/enter --header "X-User-Id: u{n}" --users 100000 ;;
+    protected)
+      measure protected waitroom "$WR_PID" "$P_WR" --path /echo/protected --pairs "$pairs" \
+        --header "X-User-Id: {user}" --header "X-Entry-Token: {token}"
+      measure protected nginx "$NG_PID" "$P_NG" --path /echo/protected --pairs "$pairs" \
+        --header "X-User-Id: {user}" --header "X-Entry-Token: {token}" ;;
+    *) die "unknown path $p" ;;
+  esac
+done
+say "summary: $SUMMARY (dumps and listings in $OUT)"
+"$WRBENCH" callgrind-table "$SUMMARY"

@@ -1,0 +1,668 @@
+#!/usr/bin/env bash
+# waitroom's benchmark suite (issue 8), in one command:
+#
+#   bench/run.sh            full mode: 3 interleaved rounds of 10 s per path, a crowd of 20,000
+#                           (about 15 minutes of measuring, plus the release build)
+#   bench/run.sh --quick    smoke mode: 1 round of 2 s, a crowd of 500 (well under a minute once
+#                           built; reuses existing binaries; no thresholds)
+#
+# It installs what is missing (nginx, wrk, redis-server, redis-tools; apt-get), builds waitroom in
+# release (`cargo build --release --bins`) and the bench tools (bench/, its own Cargo package),
+# then starts on free loopback ports: the demo order API, nginx as the baseline reverse proxy
+# (proxy_pass, upstream keepalive), a fresh Redis without persistence, and waitroom (its own
+# generated configuration); and measures:
+#
+#   paths    status / enter / pass-through / protected forward, nginx and waitroom interleaved
+#            (nginx, waitroom, nginx, waitroom, ...) with wrk -t2 -c64; medians and ratios; the
+#            access log's cost (a second waitroom with RUST_LOG=info) and any --variant
+#   redis    the Redis ceiling for the same commands (redis-benchmark -P1 / -P16)
+#   growth   status / enter latency with 1k, 100k and 1M users waiting; Redis memory per user
+#   memory   proxy RSS with 10,000 idle keep-alive connections (nginx alongside)
+#   crowd    N users arriving within a second: no room, 100 admitted per second, 10 per 100 ms
+#
+# Everything lands in bench/out/ (gitignored): raw.jsonl, results.json, table.md, charts/*.svg,
+# logs/. `--publish` copies the charts to bench/charts/ for BENCHMARKS.md.
+#
+# Options:
+#   --quick                 the smoke mode above
+#   --rounds N              rounds per path (default 3; quick 1)
+#   --duration S            seconds per wrk run (default 10; quick 2)
+#   --crowd-users N         users in the crowd (default 20000; quick 500)
+#   --phases LIST           comma-separated subset of: paths,redis,growth,memory,crowd
+#   --variant NAME=BIN[,VAR=VALUE...][,paths=BENCH+BENCH...]
+#                           also measure another waitroom binary (or the same one with other
+#                           environment, e.g. WAITROOM_THREADS=1), interleaved, on every path or
+#                           on the listed ones (status_one, status_many, enter_requeue,
+#                           enter_new, pass, protected)
+#   --waitroom-bin PATH     the waitroom binary to measure (default: target/release/waitroom)
+#   --no-build              build nothing; use the binaries that are there
+#   --wait-calm             before measuring, wait (polling every 2 min, at most 40 min) until the
+#                           1-minute load average is below 1.5
+#   --publish               copy the charts to bench/charts/
+#   --append                keep bench/out/'s earlier measurements and add this run's (e.g. to
+#                           run the phases of one full run in two goes); the report covers both
+set -euo pipefail
+
+BENCH=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+ROOT=$(cd "$BENCH/.." && pwd)
+# shellcheck source=../scripts/lib.sh
+. "$ROOT/scripts/lib.sh"
+
+QUICK=0 WAIT_CALM=0 BUILD=1 PUBLISH=0 APPEND=0
+ROUNDS="" DURATION="" CROWD_USERS="" PHASES="paths,redis,growth,memory,crowd" WR_BIN=""
+VARIANTS=()
+COMMAND="bench/run.sh $*"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --quick) QUICK=1 ;;
+    --rounds) ROUNDS=$2; shift ;;
+    --duration) DURATION=$2; shift ;;
+    --crowd-users) CROWD_USERS=$2; shift ;;
+    --phases) PHASES=$2; shift ;;
+    --variant) VARIANTS+=("$2"); shift ;;
+    --waitroom-bin) WR_BIN=$2; shift ;;
+    --no-build) BUILD=0 ;;
+    --wait-calm) WAIT_CALM=1 ;;
+    --publish) PUBLISH=1 ;;
+    --append) APPEND=1 ;;
+    -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) die "unknown option $1 (see --help)" ;;
+  esac
+  shift
+done
+
+if [ "$QUICK" -eq 1 ]; then
+  : "${ROUNDS:=1}" "${DURATION:=2}" "${CROWD_USERS:=500}"
+  WARMUP=0 GROWTH_DURATION=1 IDLE_CONNS=1000 RB_N=50000 TOKENS_PER_S=25000
+else
+  : "${ROUNDS:=3}" "${DURATION:=10}" "${CROWD_USERS:=20000}"
+  WARMUP=1 GROWTH_DURATION=5 IDLE_CONNS=10000 RB_N=1000000 TOKENS_PER_S=25000
+fi
+GROWTH_SIZES=(1000 100000 1000000)
+[ "$QUICK" -eq 1 ] && GROWTH_SIZES=(1000 100000)
+WRK_THREADS=2 WRK_CONNS=64
+QUEUE_SIZE=100000          # the line the status / enter paths are measured against
+STATUS_USER=u50000         # a user in the middle of it
+
+has_phase() { [[ ",$PHASES," == *",$1,"* ]]; }
+load1() { cut -d' ' -f1 /proc/loadavg; }
+now_s() { date +%s.%N; }
+
+# ------------------------------------------------------------------------------------------------
+# Tools and builds
+# ------------------------------------------------------------------------------------------------
+ensure_cargo
+missing=()
+command -v cc >/dev/null || missing+=(build-essential)
+command -v cmake >/dev/null || missing+=(cmake)
+command -v curl >/dev/null || missing+=(curl)
+command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || missing+=(nginx)
+command -v wrk >/dev/null || missing+=(wrk)
+command -v redis-server >/dev/null || missing+=(redis-server)
+command -v redis-cli >/dev/null && command -v redis-benchmark >/dev/null || missing+=(redis-tools)
+[ "${#missing[@]}" -eq 0 ] || apt_install "${missing[@]}" ca-certificates
+NGINX=$(command -v nginx || echo /usr/sbin/nginx)
+
+TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
+PROFILE=release
+if [ -z "$WR_BIN" ]; then
+  WR_BIN=$TARGET_DIR/release/waitroom API_BIN=$TARGET_DIR/release/demo-order-api
+  if [ "$QUICK" -eq 0 ]; then
+    if [ "$BUILD" -eq 1 ]; then
+      say "cargo build --release --bins (fat LTO: a few minutes)"
+      (cd "$ROOT" && cargo build --release --bins)
+    fi
+  elif [ ! -x "$WR_BIN" ] || [ ! -x "$API_BIN" ]; then
+    # The smoke mode never waits for a fat-LTO release build: it takes the release binaries when
+    # they are there, else the debug ones (building them if need be: `cargo test` in CI reuses
+    # them). Numbers from a debug build mean nothing; the smoke mode only proves the suite runs.
+    WR_BIN=$TARGET_DIR/debug/waitroom API_BIN=$TARGET_DIR/debug/demo-order-api PROFILE=debug
+    if [ "$BUILD" -eq 1 ] && { [ ! -x "$WR_BIN" ] || [ ! -x "$API_BIN" ]; }; then
+      say "cargo build --bins (debug: the smoke mode does not wait for a release build)"
+      (cd "$ROOT" && cargo build --bins)
+    fi
+  fi
+else
+  API_BIN=$(dirname "$WR_BIN")/demo-order-api
+  [ -x "$API_BIN" ] || API_BIN=$TARGET_DIR/release/demo-order-api
+fi
+[ -x "$WR_BIN" ] || die "no waitroom binary at $WR_BIN (build it, or drop --no-build)"
+[ -x "$API_BIN" ] || die "no demo-order-api binary at $API_BIN"
+say "measuring $WR_BIN ($PROFILE, built $(date -r "$WR_BIN" '+%F %T'))"
+
+WRBENCH=$BENCH/target/release/wrbench
+if [ "$BUILD" -eq 1 ] || [ ! -x "$WRBENCH" ]; then
+  say "building the bench tools (bench/)"
+  cargo build --release --quiet --manifest-path "$BENCH/Cargo.toml"
+fi
+
+# ------------------------------------------------------------------------------------------------
+# Output, processes, cleanup
+# ------------------------------------------------------------------------------------------------
+OUT=$BENCH/out
+# This run's files only: bench/callgrind.sh keeps its own folders in out/ too.
+PREVIOUS_COMMAND=""
+if [ "$APPEND" -eq 1 ] && [ -f "$OUT/meta.json" ]; then
+  PREVIOUS_COMMAND=$(sed -n 's/^  "command": "\(.*\)",$/\1/p' "$OUT/meta.json")
+  PREVIOUS_LOAD=$(sed -n 's/^  "load_start": \(.*\),$/\1/p' "$OUT/meta.json")
+  [ -n "$PREVIOUS_COMMAND" ] && COMMAND="$PREVIOUS_COMMAND; then $COMMAND"
+  rm -rf "$OUT"/{results.json,table.md,logs,nginx,wrk,charts,tmp}
+else
+  rm -rf "$OUT"/{raw.jsonl,meta.json,results.json,table.md,crowd-*.json,logs,nginx,wrk,charts,tmp}
+fi
+mkdir -p "$OUT/logs" "$OUT/nginx" "$OUT/wrk" "$OUT/charts" "$OUT/tmp"
+RAW=$OUT/raw.jsonl
+[ "$APPEND" -eq 1 ] || : >"$RAW"
+
+PIDS=()
+cleanup() {
+  local pid
+  for pid in "${PIDS[@]}"; do kill -INT "$pid" 2>/dev/null || true; done
+  sleep 0.3
+  for pid in "${PIDS[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+}
+trap cleanup EXIT
+stop_pid() {
+  kill -INT "$1" 2>/dev/null || true
+  for _ in $(seq 1 50); do kill -0 "$1" 2>/dev/null || return 0; sleep 0.1; done
+  kill -KILL "$1" 2>/dev/null || true
+}
+
+# 10,000 idle connections need descriptors in the load generator and in the proxies.
+ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
+NOFILE=$(ulimit -n)
+if [ "$NOFILE" != unlimited ] && [ "$NOFILE" -lt $((IDLE_CONNS + 1000)) ]; then
+  IDLE_CONNS=$((NOFILE - 1000))
+  say "ulimit -n is $NOFILE: holding $IDLE_CONNS idle connections instead"
+fi
+
+if [ "$WAIT_CALM" -eq 1 ]; then
+  for i in $(seq 0 20); do
+    l=$(load1)
+    if awk -v l="$l" 'BEGIN { exit !(l < 1.5) }'; then break; fi
+    [ "$i" -eq 20 ] && { say "load is still $l after 40 minutes: measuring on a loaded machine"; break; }
+    say "load average $l >= 1.5: waiting 2 minutes ($((i + 1))/20)"
+    sleep 120
+  done
+fi
+LOAD_START=$(load1)
+
+# A free port below the kernel's ephemeral range (so no outgoing connection holds it, and none
+# will grab it later: the 10,000 idle connections use a lot of them), unused in any TCP state.
+EPHEMERAL_LOW=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
+TAKEN_PORTS=" "
+pick_port() { # sets PORT
+  local port
+  for _ in $(seq 1 200); do
+    port=$((20000 + RANDOM % (EPHEMERAL_LOW - 20000)))
+    [[ "$TAKEN_PORTS" == *" $port "* ]] && continue
+    if [ -z "$(ss -Htan "( sport = :$port )" 2>/dev/null)" ] && ! port_in_use "$port"; then
+      TAKEN_PORTS+="$port "
+      PORT=$port
+      return
+    fi
+  done
+  die "no free port found"
+}
+pick_port; P_REDIS=$PORT
+pick_port; P_API=$PORT
+pick_port; P_NGINX=$PORT
+
+rcli() { redis-cli -h 127.0.0.1 -p "$P_REDIS" "$@"; }
+
+say "redis-server on $P_REDIS (no persistence)"
+redis-server --port "$P_REDIS" --bind 127.0.0.1 --save '' --appendonly no --protected-mode no \
+  --maxclients 20000 --logfile "$OUT/logs/redis.log" &
+PIDS+=($!)
+wait_until 10 "redis" rcli ping
+
+# start_api PORT NAME: a demo order API (20 slots x 200 ms, its defaults).
+start_api() {
+  "$API_BIN" --listen "127.0.0.1:$1" >"$OUT/logs/$2.out" 2>"$OUT/logs/$2.log" &
+  PIDS+=($!)
+  wait_until 10 "$2" curl -fsS -o /dev/null "http://127.0.0.1:$1/admin/stats"
+  say "$2 on $1 (20 slots x 200 ms)"
+}
+start_api "$P_API" demo-order-api
+
+# nginx, the baseline: a plain reverse proxy with an upstream keepalive pool. keepalive_requests
+# is raised on both sides so that nginx is not reconnecting every 1000 requests (pingora does not):
+# the strongest fair baseline.
+start_nginx() {
+  local user_line=""
+  [ "$(id -u)" -eq 0 ] && user_line="user root;"
+  cat >"$OUT/nginx/nginx.conf" <<EOF
+$user_line
+worker_processes auto;
+worker_rlimit_nofile 20000;
+daemon off;
+pid $OUT/nginx/nginx.pid;
+error_log $OUT/logs/nginx-error.log warn;
+events { worker_connections 16384; }
+http {
+  access_log off;
+  client_body_temp_path $OUT/nginx/body;
+  proxy_temp_path $OUT/nginx/proxy;
+  keepalive_requests 1000000;
+  keepalive_timeout 75s;
+  upstream backend {
+    server 127.0.0.1:$P_API;
+    keepalive 64;
+    keepalive_requests 1000000;
+  }
+  server {
+    listen 127.0.0.1:$P_NGINX backlog=4096;
+    location / {
+      proxy_pass http://backend;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_read_timeout 300s;
+    }
+  }
+}
+EOF
+  say "nginx on $P_NGINX (proxy_pass, upstream keepalive 64, $(nproc) workers)"
+  "$NGINX" -c "$OUT/nginx/nginx.conf" -p "$OUT/nginx/" 2>>"$OUT/logs/nginx-error.log" &
+  NGINX_PID=$!
+  PIDS+=("$NGINX_PID")
+  wait_until 10 "nginx" curl -fsS -o /dev/null "http://127.0.0.1:$P_NGINX/echo/ready"
+}
+
+# start_waitroom NAME PREFIX BIN RUST_LOG BATCH INTERVAL [VAR=VALUE...]: one waitroom with its own
+# configuration; WR_URL[NAME], WR_METRICS[NAME], WR_PID[NAME] tell where it is.
+declare -A WR_URL WR_METRICS WR_PID
+start_waitroom() {
+  local name=$1 prefix=$2 bin=$3 log=$4 batch=$5 interval=$6
+  shift 6
+  local port metrics
+  pick_port; port=$PORT
+  pick_port; metrics=$PORT
+  cat >"$OUT/$name.yaml" <<EOF
+# generated by bench/run.sh
+listen: "127.0.0.1:$port"
+metrics_listen: "127.0.0.1:$metrics"
+upstream: "127.0.0.1:${WR_UPSTREAM:-$P_API}"
+redis:
+  url: "redis://127.0.0.1:$P_REDIS"
+  key_prefix: "$prefix"
+protected:
+  - { method: POST, path: /api/orders }
+  - { method: GET, path: /echo/protected }
+admission:
+  interval: $interval
+  batch_size: $batch
+queue:
+  capacity: 2000000
+shutdown:
+  grace: 1s
+EOF
+  env RUST_LOG="$log" "$@" "$bin" --config "$OUT/$name.yaml" >"$OUT/logs/$name.out" 2>"$OUT/logs/$name.log" &
+  local pid=$!
+  PIDS+=("$pid")
+  WR_URL[$name]="http://127.0.0.1:$port" WR_METRICS[$name]="http://127.0.0.1:$metrics" WR_PID[$name]=$pid
+  ready() { kill -0 "$pid" 2>/dev/null || return 99; curl -fsS -o /dev/null "http://127.0.0.1:$metrics/readyz"; }
+  wait_until 30 "waitroom $name" ready || { tail -n 20 "$OUT/logs/$name.log" >&2; die "waitroom $name did not start"; }
+  say "waitroom '$name' on $port (prefix $prefix, batch $batch / $interval, RUST_LOG=$log${*:+, $*})"
+}
+
+# seed PREFIX COUNT: puts users u1..uCOUNT in the room's line (redis-cli --pipe).
+seed() {
+  local t0
+  t0=$(now_s)
+  "$WRBENCH" seed-queue --prefix "$1" --count "$2" | rcli --pipe >"$OUT/logs/seed-$1.log"
+  say "seeded {$1}:queue with $2 users in $(awk -v a="$t0" -v b="$(now_s)" 'BEGIN { printf "%.1f", b - a }') s"
+}
+
+# mint PREFIX COUNT TAG [dry]: fresh tokens in Redis (dry: only the pairs file, for nginx, which
+# checks nothing); prints the pairs file.
+mint() {
+  local pairs=$OUT/tmp/pairs-$3.txt
+  if [ "${4:-}" = dry ]; then
+    "$WRBENCH" mint-tokens --prefix "$1" --count "$2" --tag "$3" --pairs "$pairs" >/dev/null
+  else
+    "$WRBENCH" mint-tokens --prefix "$1" --count "$2" --tag "$3" --pairs "$pairs" | rcli --pipe >/dev/null
+  fi
+  echo "$pairs"
+}
+
+# ------------------------------------------------------------------------------------------------
+# wrk
+# ------------------------------------------------------------------------------------------------
+for s in status_one users enter_new pass protected; do
+  cat "$BENCH/wrk/$s.lua" "$BENCH/wrk/report.lua" >"$OUT/wrk/$s.lua"
+done
+
+# wrk_run KIND BENCH TARGET ROUND URL SCRIPT DURATION EXTRA_JSON [VAR=VALUE...]
+wrk_run() {
+  local kind=$1 bench=$2 target=$3 round=$4 url=$5 script=$6 dur=$7 extra=$8
+  shift 8
+  local out json l
+  l=$(load1)
+  out=$(env WR_THREADS=$WRK_THREADS "$@" wrk -t"$WRK_THREADS" -c"$WRK_CONNS" -d"${dur}s" --timeout 5s \
+    -s "$OUT/wrk/$script.lua" "$url" 2>&1) || true
+  json=$(grep '^WRKJSON ' <<<"$out" | sed 's/^WRKJSON //' || true)
+  if [ -z "$json" ]; then
+    printf '%s\n' "$out" >&2
+    die "wrk gave no result for $bench on $target"
+  fi
+  printf '{"kind":"%s","bench":"%s","target":"%s","round":%d,"load":%s%s,"wrk":%s}\n' \
+    "$kind" "$bench" "$target" "$round" "$l" "$extra" "$json" >>"$RAW"
+  awk -v j="$json" -v b="$bench" -v t="$target" -v r="$round" -v l="$l" 'BEGIN {
+    match(j, /"rps":[0-9.]+/); rps = substr(j, RSTART + 6, RLENGTH - 6)
+    match(j, /"p99_us":[0-9]+/); p99 = substr(j, RSTART + 9, RLENGTH - 9)
+    match(j, /"non2xx":[0-9]+/); bad = substr(j, RSTART + 9, RLENGTH - 9)
+    printf "    %-14s %-16s round %s  %9.0f req/s  p99 %7.2f ms  non-2xx %s  (load %s)\n", b, t, r, rps, p99 / 1000, bad, l
+  }' >&2
+}
+
+# ------------------------------------------------------------------------------------------------
+# Phase: paths against nginx
+# ------------------------------------------------------------------------------------------------
+TOKEN_TAG=0
+# target_run BENCH TARGET ROUND: one wrk run of BENCH on TARGET, with the setup it needs.
+target_run() {
+  local bench=$1 target=$2 round=$3 url env=()
+  case "$target" in
+    nginx) url="http://127.0.0.1:$P_NGINX" ;;
+    *) url=${WR_URL[$target]} ;;
+  esac
+  local dur=$DURATION kind=wrk
+  [ "$round" -eq 0 ] && dur=2
+  case "$bench" in
+    status_one) env=(WR_USER=$STATUS_USER); script=status_one ;;
+    status_many) env=(WR_QUEUE=$QUEUE_SIZE WR_METHOD=GET WR_PATH=/queue/status); script=users ;;
+    enter_requeue) env=(WR_QUEUE=$QUEUE_SIZE WR_METHOD=POST WR_PATH=/queue/enter); script=users ;;
+    enter_new) TOKEN_TAG=$((TOKEN_TAG + 1)); env=(WR_TAG="$TOKEN_TAG$target"); script=enter_new ;;
+    pass) script=pass ;;
+    protected)
+      TOKEN_TAG=$((TOKEN_TAG + 1))
+      local pairs
+      pairs=$(mint bench $((TOKENS_PER_S * dur)) "$TOKEN_TAG" "$([ "$target" = nginx ] && echo dry)")
+      env=(WR_PAIRS="$pairs"); script=protected ;;
+  esac
+  wrk_run "$kind" "$bench" "$target" "$round" "$url" "$script" "$dur" "" "${env[@]}"
+  case "$bench" in
+    # Back to a line of exactly QUEUE_SIZE: the new users queued behind the seeded ones.
+    enter_new) rcli ZREMRANGEBYSCORE "{bench}:queue" "($QUEUE_SIZE" +inf >/dev/null ;;
+    protected) rm -f "$OUT/tmp/pairs-$TOKEN_TAG.txt" ;;
+  esac
+}
+
+VARIANT_NAMES=()
+declare -A VARIANT_PATHS
+phase_paths() {
+  say "== paths: nginx vs waitroom, $ROUNDS round(s) of ${DURATION}s, wrk -t$WRK_THREADS -c$WRK_CONNS"
+  local bench round t
+  for bench in status_one status_many enter_requeue enter_new pass protected; do
+    local targets=(nginx waitroom)
+    # The access log's cost: the same binary with RUST_LOG=info (full mode only).
+    if [ "$QUICK" -eq 0 ]; then
+      case "$bench" in status_one | status_many | pass) targets+=(waitroom-log) ;; esac
+    fi
+    for t in "${VARIANT_NAMES[@]}"; do
+      if [[ -z "${VARIANT_PATHS[$t]:-}" || "+${VARIANT_PATHS[$t]}+" == *"+$bench+"* ]]; then targets+=("$t"); fi
+    done
+    for round in $(seq $((1 - WARMUP)) "$ROUNDS"); do
+      for t in "${targets[@]}"; do target_run "$bench" "$t" "$round"; done
+    done
+  done
+}
+
+# ------------------------------------------------------------------------------------------------
+# Phase: the Redis ceiling
+# ------------------------------------------------------------------------------------------------
+# rb NAME PATH PIPELINE ARGS...: redis-benchmark of one command.
+rb() {
+  local name=$1 path=$2 p=$3 n=$RB_N out rps
+  shift 3
+  [ "$p" -eq 1 ] && n=$((RB_N / 4))
+  out=$(redis-benchmark -h 127.0.0.1 -p "$P_REDIS" -c "$WRK_CONNS" -n "$n" -P "$p" -q "$@" 2>&1 | tr '\r' '\n' || true)
+  rps=$(grep -o '[0-9.]* requests per second' <<<"$out" | tail -n 1 | cut -d' ' -f1 || true)
+  if [ -z "$rps" ]; then
+    printf '%s\n' "$out" | tail -n 3 >&2
+    say "redis-benchmark gave no result for $name: skipped"
+    return 0
+  fi
+  printf '{"kind":"redis","cmd":"%s","path":"%s","pipeline":%d,"rps":%s}\n' "$name" "$path" "$p" "$rps" >>"$RAW"
+  printf '    %-26s -P%-3s %10.0f req/s\n' "$name" "$p" "$rps" >&2
+}
+
+# capture NAME METHOD PATH [CURL ARGS...]: the Redis commands waitroom sends for one request, as
+# `redis-cli MONITOR` shows them (one command a line, arguments separated by tabs), so that the
+# ceiling replays exactly what the binary runs, whatever its scripts' signatures are today.
+capture() {
+  local name=$1 method=$2 path=$3 mon=$OUT/tmp/monitor-$1.txt
+  shift 3
+  curl -s -o /dev/null -X "$method" "$@" "${WR_URL[waitroom]}$path" # loads the scripts if needed
+  # redis-cli itself in the background (not the rcli function's subshell), so that kill ends it.
+  redis-cli -h 127.0.0.1 -p "$P_REDIS" MONITOR >"$mon" &
+  local mpid=$!
+  sleep 0.3
+  curl -s -o /dev/null -X "$method" "$@" "${WR_URL[waitroom]}$path"
+  sleep 0.3
+  kill "$mpid" 2>/dev/null || true
+  wait "$mpid" 2>/dev/null || true
+  # Only what the proxy sends for this user: not the commands its scripts run inside Redis
+  # (MONITOR shows them as from "lua"), nor the room watcher's and admitter's calls (no user).
+  grep -F "$STATUS_USER" "$mon" | grep -vF ' lua]' | sed 's/^[^"]*//' >"$OUT/tmp/monitor-$name.lines" || true
+  while IFS= read -r line; do
+    grep -o '"[^"]*"' <<<"$line" | tr -d '"' | paste -sd '\t' -
+  done <"$OUT/tmp/monitor-$name.lines" >"$OUT/tmp/commands-$name.txt"
+  # The first command's arguments, one a line: empty arguments (there are some) survive.
+  head -n 1 "$OUT/tmp/monitor-$name.lines" | grep -o '"[^"]*"' | tr -d '"' >"$OUT/tmp/args-$name.txt" || true
+  printf '{"kind":"commands","path":"%s","commands":%d,"names":"%s"}\n' "$name" \
+    "$(wc -l <"$OUT/tmp/commands-$name.txt")" "$(cut -f1 "$OUT/tmp/commands-$name.txt" | paste -sd ' ' -)" >>"$RAW"
+  say "$name: waitroom sends $(wc -l <"$OUT/tmp/commands-$name.txt") Redis command(s) per request: $(cut -f1 "$OUT/tmp/commands-$name.txt" | paste -sd ' ' -)"
+}
+
+phase_redis() {
+  say "== the Redis ceiling (redis-benchmark -c$WRK_CONNS)"
+  local u=$STATUS_USER status enter
+  capture status_one GET /queue/status -H "X-User-Id: $u"
+  capture enter_requeue POST /queue/enter -H "X-User-Id: $u"
+  mapfile -t status <"$OUT/tmp/args-status_one.txt"
+  mapfile -t enter <"$OUT/tmp/args-enter_requeue.txt"
+  for p in 1 16; do
+    rb "ZRANK" status_one "$p" ZRANK "{bench}:queue" "$u"
+    [ "${#status[@]}" -gt 0 ] && rb "${status[0]} status" status_one "$p" "${status[@]}"
+    [ "${#enter[@]}" -gt 0 ] && rb "${enter[0]} enter (waiting)" enter_requeue "$p" "${enter[@]}"
+    rb "GET token" protected "$p" GET "{bench}:token:t0-0"
+  done
+}
+
+# ------------------------------------------------------------------------------------------------
+# Phase: growth (1k / 100k / 1M waiting) and Redis memory per waiting user
+# ------------------------------------------------------------------------------------------------
+phase_growth() {
+  say "== growth: status and enter with 1k, 100k and 1M waiting"
+  local before after size round name
+  declare -A room=([100000]=waitroom)
+  start_waitroom g1k g1k "$WR_BIN" "info,waitroom::access=off" 1 1h
+  start_waitroom g1m g1m "$WR_BIN" "info,waitroom::access=off" 1 1h
+  room[1000]=g1k room[1000000]=g1m
+  seed g1k 1000
+  before=$(rcli INFO memory | tr -d '\r' | awk -F: '$1 == "used_memory" { print $2 }')
+  seed g1m 1000000
+  after=$(rcli INFO memory | tr -d '\r' | awk -F: '$1 == "used_memory" { print $2 }')
+  printf '{"kind":"memory","users":1000000,"before":%s,"after":%s}\n' "$before" "$after" >>"$RAW"
+  say "Redis: $(((after - before) / 1000000)) bytes per waiting user"
+  for round in $(seq 1 "$ROUNDS"); do
+    for size in "${GROWTH_SIZES[@]}"; do
+      name=${room[$size]}
+      wrk_run growth status "$name" "$round" "${WR_URL[$name]}" users "$GROWTH_DURATION" ",\"size\":$size" \
+        WR_QUEUE="$size" WR_METHOD=GET WR_PATH=/queue/status
+      wrk_run growth enter "$name" "$round" "${WR_URL[$name]}" users "$GROWTH_DURATION" ",\"size\":$size" \
+        WR_QUEUE="$size" WR_METHOD=POST WR_PATH=/queue/enter
+    done
+  done
+  stop_pid "${WR_PID[g1k]}"
+  stop_pid "${WR_PID[g1m]}"
+  rcli UNLINK "{g1m}:queue" "{g1k}:queue" >/dev/null
+}
+
+# ------------------------------------------------------------------------------------------------
+# Phase: RSS with idle keep-alive connections
+# ------------------------------------------------------------------------------------------------
+rss_kb() { # PID...: the summed VmRSS
+  local pid sum=0 kb
+  for pid in "$@"; do
+    kb=$(awk '/^VmRSS:/ { print $2 }' "/proc/$pid/status" 2>/dev/null || echo 0)
+    sum=$((sum + ${kb:-0}))
+  done
+  echo "$sum"
+}
+
+# idle_rss TARGET URL PID...: RSS before and while IDLE_CONNS served connections sit idle.
+idle_rss() {
+  local target=$1 addr=${2#http://} pids
+  shift 2
+  pids=("$@")
+  local before after idle_pid result=$OUT/tmp/idle-$target.json
+  before=$(rss_kb "${pids[@]}")
+  "$WRBENCH" idle --addr "$addr" --conns "$IDLE_CONNS" --path /queue/status --header "X-User-Id: u{n}" \
+    --users "$QUEUE_SIZE" --hold-s 55 >"$result" 2>"$OUT/logs/idle-$target.log" &
+  idle_pid=$!
+  PIDS+=("$idle_pid")
+  wait_until 50 "$IDLE_CONNS idle connections to $target" test -s "$result" || true
+  sleep 1
+  after=$(rss_kb "${pids[@]}")
+  stop_pid "$idle_pid"
+  local idle
+  idle=$(head -n 1 "$result")
+  [ -n "$idle" ] || idle='{"opened":0}'
+  printf '{"kind":"rss","target":"%s","conns":%d,"before_kb":%d,"after_kb":%d,"idle":%s}\n' \
+    "$target" "$IDLE_CONNS" "$before" "$after" "$idle" >>"$RAW"
+  say "$target RSS: $before kB idle, $after kB with $IDLE_CONNS idle connections ($idle)"
+}
+
+phase_memory() {
+  say "== memory: RSS with $IDLE_CONNS idle keep-alive connections"
+  local v
+  for v in waitroom "${VARIANT_NAMES[@]}"; do idle_rss "$v" "${WR_URL[$v]}" "${WR_PID[$v]}"; done
+  # nginx: the master and its workers.
+  local workers
+  mapfile -t workers < <(pgrep -P "$NGINX_PID")
+  idle_rss nginx "http://127.0.0.1:$P_NGINX" "$NGINX_PID" "${workers[@]}"
+}
+
+# ------------------------------------------------------------------------------------------------
+# Phase: the crowd
+# ------------------------------------------------------------------------------------------------
+CROWD_ORDER=()
+phase_crowd() {
+  say "== the crowd: $CROWD_USERS users arriving within a second"
+  # The microbenchmark rooms and nginx are done: give the crowd the machine.
+  local name
+  for name in "${!WR_PID[@]}"; do stop_pid "${WR_PID[$name]}"; done
+  [ -n "${NGINX_PID:-}" ] && stop_pid "$NGINX_PID"
+  rcli FLUSHALL >/dev/null
+  # Full mode runs the scenarios one after another on one backend (reset in between); the smoke
+  # mode runs them side by side, a backend each, to stay within seconds.
+  local apis=("$P_API" "$P_API" "$P_API") i
+  if [ "$QUICK" -eq 1 ]; then
+    for i in 1 2; do
+      pick_port; apis[i]=$PORT
+      start_api "${apis[i]}" "demo-order-api-$i"
+    done
+  fi
+  WR_UPSTREAM=${apis[1]} start_waitroom c100 c100 "$WR_BIN" "info,waitroom::access=off" 100 1s
+  WR_UPSTREAM=${apis[2]} start_waitroom c10 c10 "$WR_BIN" "info,waitroom::access=off" 10 100ms
+  local common=(--users "$CROWD_USERS" --ideal-rate 100)
+  local runs=(
+    "no-room|--mode direct --target http://127.0.0.1:${apis[0]} --backend http://127.0.0.1:${apis[0]}"
+    "room-100-per-1s|--mode room --target ${WR_URL[c100]} --backend http://127.0.0.1:${apis[1]} --redis 127.0.0.1:$P_REDIS --prefix c100"
+    "room-10-per-100ms|--mode room --target ${WR_URL[c10]} --backend http://127.0.0.1:${apis[2]} --redis 127.0.0.1:$P_REDIS --prefix c10"
+  )
+  local pids=() n=0 run label args
+  for run in "${runs[@]}"; do
+    n=$((n + 1))
+    label=${run%%|*}
+    read -r -a args <<<"${run#*|}"
+    CROWD_ORDER+=("$label")
+    say "scenario $label"
+    if [ "$QUICK" -eq 1 ]; then
+      "$WRBENCH" crowd --label "$label" "${args[@]}" "${common[@]}" --out "$OUT/crowd-$n-$label.json" &
+      pids+=($!)
+    else
+      "$WRBENCH" crowd --label "$label" "${args[@]}" "${common[@]}" --out "$OUT/crowd-$n-$label.json"
+    fi
+  done
+  for i in "${pids[@]}"; do wait "$i"; done
+  stop_pid "${WR_PID[c100]}"
+  stop_pid "${WR_PID[c10]}"
+}
+
+# ------------------------------------------------------------------------------------------------
+# Run
+# ------------------------------------------------------------------------------------------------
+STARTED=$(date -u '+%Y-%m-%dT%H:%M:%SZ')
+if has_phase paths || has_phase redis || has_phase growth || has_phase memory; then
+  start_nginx
+  start_waitroom waitroom bench "$WR_BIN" "info,waitroom::access=off" 1 1h
+  seed bench "$QUEUE_SIZE"
+  if has_phase paths; then
+    if [ "$QUICK" -eq 0 ]; then start_waitroom waitroom-log bench "$WR_BIN" info 1 1h; fi
+  fi
+  if has_phase paths || has_phase memory; then
+    for v in "${VARIANTS[@]}"; do
+      vname=${v%%=*} spec=${v#*=}
+      IFS=, read -r -a parts <<<"$spec"
+      envs=()
+      for part in "${parts[@]:1}"; do
+        case "$part" in
+          paths=*) VARIANT_PATHS[$vname]=${part#paths=} ;;
+          *) envs+=("$part") ;;
+        esac
+      done
+      start_waitroom "$vname" bench "${parts[0]}" "info,waitroom::access=off" 1 1h "${envs[@]}"
+      VARIANT_NAMES+=("$vname")
+    done
+  fi
+fi
+has_phase paths && phase_paths
+has_phase redis && phase_redis
+has_phase growth && phase_growth
+has_phase memory && phase_memory
+has_phase crowd && phase_crowd
+LOAD_END=$(load1)
+
+json_list() { local out="" x; for x in "$@"; do out+="${out:+,}\"$x\""; done; printf '[%s]' "$out"; }
+cat >"$OUT/meta.json" <<EOF
+{
+  "started": "$STARTED",
+  "finished": "$(date -u '+%Y-%m-%dT%H:%M:%SZ')",
+  "command": "$COMMAND",
+  "mode": "$([ "$QUICK" -eq 1 ] && echo quick || echo full)",
+  "rounds": $ROUNDS,
+  "duration_s": $DURATION,
+  "wrk": "-t$WRK_THREADS -c$WRK_CONNS",
+  "crowd_users": $CROWD_USERS,
+  "crowd_order": $(json_list "${CROWD_ORDER[@]}"),
+  "idle_conns": $IDLE_CONNS,
+  "waitroom_bin": "$WR_BIN",
+  "waitroom_profile": "$PROFILE",
+  "variants": $(json_list "${VARIANTS[@]}"),
+  "load_start": $LOAD_START,
+  "load_end": $LOAD_END,
+  "machine": {
+    "nproc": $(nproc),
+    "cpu": "$(awk -F': ' '/^model name/ { print $2; exit }' /proc/cpuinfo)",
+    "mem_total_kb": $(awk '/^MemTotal:/ { print $2 }' /proc/meminfo),
+    "kernel": "$(uname -sr)"
+  },
+  "versions": {
+    "nginx": "$("$NGINX" -v 2>&1 | sed 's/.*nginx\///')",
+    "wrk": "$(wrk -v 2>&1 | head -n 1 | awk '{ print $2 }')",
+    "redis": "$(redis-server --version | sed 's/.* v=\([^ ]*\).*/\1/')"
+  }
+}
+EOF
+
+say "report (bench/out/results.json, bench/out/table.md, bench/out/charts/)"
+"$WRBENCH" report --dir "$OUT"
+say "load average: $LOAD_START at the start, $LOAD_END at the end"
+if [ "$PUBLISH" -eq 1 ]; then
+  cp "$OUT"/charts/*.svg "$BENCH/charts/"
+  say "charts copied to bench/charts/"
+fi
