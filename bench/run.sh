@@ -2,7 +2,7 @@
 # waitroom's benchmark suite (issue 8), in one command:
 #
 #   bench/run.sh            full mode: 3 interleaved rounds of 10 s per path, a crowd of 20,000
-#                           (about 15 minutes of measuring, plus the release build)
+#                           (about 25 minutes of measuring, plus the release build)
 #   bench/run.sh --quick    smoke mode: 1 round of 2 s, a crowd of 500 (well under a minute once
 #                           built; reuses existing binaries; no thresholds)
 #
@@ -29,6 +29,8 @@
 #   --duration S            seconds per wrk run (default 10; quick 2)
 #   --crowd-users N         users in the crowd (default 20000; quick 500)
 #   --phases LIST           comma-separated subset of: paths,redis,growth,memory,crowd
+#   --paths LIST            the paths phase's benches, comma-separated subset of: status_one,
+#                           status_many,enter_requeue,enter_new,pass,protected
 #   --variant NAME=BIN[,VAR=VALUE...][,paths=BENCH+BENCH...]
 #                           also measure another waitroom binary (or the same one with other
 #                           environment, e.g. WAITROOM_THREADS=1), interleaved, on every path or
@@ -50,6 +52,7 @@ ROOT=$(cd "$BENCH/.." && pwd)
 
 QUICK=0 WAIT_CALM=0 BUILD=1 PUBLISH=0 APPEND=0
 ROUNDS="" DURATION="" CROWD_USERS="" PHASES="paths,redis,growth,memory,crowd" WR_BIN=""
+BENCHES="status_one,status_many,enter_requeue,enter_new,pass,protected"
 VARIANTS=()
 COMMAND="bench/run.sh $*"
 while [ $# -gt 0 ]; do
@@ -59,6 +62,7 @@ while [ $# -gt 0 ]; do
     --duration) DURATION=$2; shift ;;
     --crowd-users) CROWD_USERS=$2; shift ;;
     --phases) PHASES=$2; shift ;;
+    --paths) BENCHES=$2; shift ;;
     --variant) VARIANTS+=("$2"); shift ;;
     --waitroom-bin) WR_BIN=$2; shift ;;
     --no-build) BUILD=0 ;;
@@ -394,7 +398,9 @@ declare -A VARIANT_PATHS
 phase_paths() {
   say "== paths: nginx vs waitroom, $ROUNDS round(s) of ${DURATION}s, wrk -t$WRK_THREADS -c$WRK_CONNS"
   local bench round t
-  for bench in status_one status_many enter_requeue enter_new pass protected; do
+  local benches
+  IFS=, read -r -a benches <<<"$BENCHES"
+  for bench in "${benches[@]}"; do
     local targets=(nginx waitroom)
     # The access log's cost: the same binary with RUST_LOG=info (full mode only).
     if [ "$QUICK" -eq 0 ]; then

@@ -185,14 +185,15 @@ impl RedisPool {
             *slot = Redis::connect(&self.addr).await.ok();
         }
         let conn = slot.as_mut()?;
-        let mut run = async {
+        let result = async {
             conn.cmd(&[b"MULTI"]).await?;
             for c in cmds {
                 conn.cmd(c).await?;
             }
             conn.cmd(&[b"EXEC"]).await
-        };
-        match (&mut run).await {
+        }
+        .await;
+        match result {
             Ok(RedisReply::Array(items)) => Some(items),
             Ok(_) => None,
             Err(_) => {
