@@ -5,6 +5,26 @@ use clap::Parser;
 
 use waitroom::config::Config;
 
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// `mi_option_arena_eager_commit` in mimalloc.h (v3, the version libmimalloc-sys builds); the
+/// sys crate has the setter but not this constant.
+const MI_OPTION_ARENA_EAGER_COMMIT: libmimalloc_sys::mi_option_t = 4;
+
+/// mimalloc commits its arenas eagerly on Linux by default; with 10,000 idle keep-alive
+/// connections that measured 889 MB resident against 298 MB without (glibc: 320 MB). Set before
+/// anything sizable is allocated: the option is read when an arena is reserved.
+fn lazy_arenas() {
+    // An operator's own MIMALLOC_ARENA_EAGER_COMMIT wins.
+    if std::env::var_os("MIMALLOC_ARENA_EAGER_COMMIT").is_some() {
+        return;
+    }
+    // SAFETY: called once, first thing in main, before any other thread exists
+    // (mi_option_set is not thread safe).
+    unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_ARENA_EAGER_COMMIT, 0) };
+}
+
 /// A waiting room in front of an order API: a fair, capped line in Redis.
 #[derive(Parser)]
 #[command(name = "waitroom", version)]
@@ -18,6 +38,7 @@ struct Cli {
 }
 
 fn main() -> ExitCode {
+    lazy_arenas();
     let cli = Cli::parse();
     waitroom::logging::init();
     let config = match Config::load(&cli.config) {
