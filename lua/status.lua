@@ -1,5 +1,6 @@
 -- Where a user stands: waiting (and where), admitted (and the token), or neither.
--- A script rather than a pipeline so that an admission can never fall between the two reads.
+-- A script because it may write (abandonment, the poll clock); without either the proxy sends
+-- the same reads as one MULTI/EXEC instead (src/store/mod.rs, read_status).
 -- lua/poll_clock.lua is prepended.
 --
 -- KEYS[1] the line, KEYS[2] this user's token, KEYS[3] this user's poll clock,

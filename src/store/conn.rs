@@ -66,6 +66,12 @@ impl RedisConn {
         self.read_only = true;
         self
     }
+
+    /// True when read-only calls may go to a replica: a cluster with `read_from_replicas`. Only
+    /// single commands and scripts are routed there; pipelines always go to the primary.
+    pub fn reads_from_replicas(&self) -> bool {
+        matches!(self.inner, Inner::Cluster { read_from_replicas: true, .. })
+    }
 }
 
 #[derive(Clone)]
