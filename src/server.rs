@@ -14,6 +14,7 @@ use crate::admission::Admitter;
 use crate::config::Config;
 use crate::health::{OpsEndpoints, RoomWatcher};
 use crate::lifecycle::{Drain, Reloader, StopSignals};
+use crate::line::{LineWatcher, LocalLine};
 use crate::live;
 use crate::metrics;
 use crate::proxy::Waitroom;
@@ -90,10 +91,11 @@ pub fn run(config: Config, config_path: PathBuf) -> Result<(), StartError> {
     let metrics_listen = config.metrics_listen.to_string();
     let redis = config.redis.clone();
     let live = live::new(config);
+    let line = LocalLine::new();
 
     let mut proxy = pingora::proxy::http_proxy_service_with_name(
         &server.configuration,
-        Waitroom::new(live.clone(), Room::new(&redis)?, upstream),
+        Waitroom::new(live.clone(), Room::new(&redis)?, line.clone(), upstream),
         "waitroom",
     );
     proxy.add_tcp(&listen);
@@ -106,6 +108,8 @@ pub fn run(config: Config, config_path: PathBuf) -> Result<(), StartError> {
     admitter.threads = Some(1);
     let mut watcher = background_service("room watcher", RoomWatcher::new(live.clone(), Room::new(&redis)?));
     watcher.threads = Some(1);
+    let mut line_watcher = background_service("line watcher", LineWatcher::new(Room::new(&redis)?, line));
+    line_watcher.threads = Some(1);
     let mut reloader = background_service("reloader", Reloader::new(live.clone(), config_path));
     reloader.threads = Some(1);
     let mut drain = background_service("drain", Drain::new(live));
@@ -115,6 +119,7 @@ pub fn run(config: Config, config_path: PathBuf) -> Result<(), StartError> {
     server.add_service(ops);
     server.add_service(admitter);
     server.add_service(watcher);
+    server.add_service(line_watcher);
     server.add_service(reloader);
     server.add_service(drain);
 

@@ -27,6 +27,7 @@ use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 pub use answer::Answer;
 
 use crate::config::Config;
+use crate::line::LocalLine;
 use crate::live::LiveConfig;
 use crate::metrics;
 use crate::identity::Refusal;
@@ -96,16 +97,17 @@ impl Drop for Ctx {
 pub struct Waitroom {
     config: LiveConfig,
     room: Arc<Room>,
+    line: Arc<LocalLine>,
     upstream: Box<HttpPeer>,
 }
 
 impl Waitroom {
-    pub fn new(config: LiveConfig, room: Room, upstream: SocketAddr) -> Waitroom {
+    pub fn new(config: LiveConfig, room: Room, line: Arc<LocalLine>, upstream: SocketAddr) -> Waitroom {
         let mut peer = HttpPeer::new(upstream, false, String::new());
         // A backend that does not accept within this is as good as down: answer 502 rather than
         // hold the user's connection.
         peer.options.connection_timeout = Some(Duration::from_secs(3));
-        Waitroom { config, room: Arc::new(room), upstream: Box::new(peer) }
+        Waitroom { config, room: Arc::new(room), line, upstream: Box::new(peer) }
     }
 }
 
@@ -225,7 +227,7 @@ impl ProxyHttp for Waitroom {
                 return Ok(true);
             }
             Endpoint::Enter => enter::handle(&config, &self.room, session, ctx).await,
-            Endpoint::Status => status::handle(&config, &self.room, session, ctx).await,
+            Endpoint::Status => status::handle(&config, &self.room, &self.line, session, ctx).await,
             Endpoint::Protected => match protected::check(&config, &self.room, session, ctx).await {
                 None => return Ok(false),
                 Some(refusal) => refusal,

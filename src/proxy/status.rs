@@ -1,15 +1,22 @@
 //! `GET {prefix}/status`: where a user stands, and when to ask again.
-//! Parse (method, identity) -> apply (one script in Redis) -> render (the answer).
+//! Parse (method, identity) -> apply (this proxy's view of the line, else Redis) -> render.
 
 use pingora::proxy::Session;
 
 use super::{identity, Answer, Ctx};
 use crate::admission::Pacing;
 use crate::config::Config;
+use crate::line::{self, LocalLine};
 use crate::metrics;
 use crate::store::{Room, RoomRules, StatusOutcome};
 
-pub async fn handle(config: &Config, room: &Room, session: &Session, ctx: &mut Ctx) -> Answer {
+pub async fn handle(
+    config: &Config,
+    room: &Room,
+    local: &LocalLine,
+    session: &Session,
+    ctx: &mut Ctx,
+) -> Answer {
     if session.req_header().method != http::Method::GET {
         return Answer::method_not_allowed("GET");
     }
@@ -18,10 +25,20 @@ pub async fn handle(config: &Config, room: &Room, session: &Session, ctx: &mut C
         Err(problem) => return Answer::identity(problem),
     };
     let pacing = Pacing::new(config);
+    let local_answers = line::answers_locally(config);
+    if local_answers {
+        if let Some(position) = local.position(user) {
+            metrics::STATUS_TOTAL.with_label_values(&["WAITING"]).inc();
+            return Answer::waiting(position, pacing.pace(), config);
+        }
+    }
     let rules = RoomRules::from_config(config);
     let (label, answer) = match room.status_with(user, pacing.poll_clock(config), &rules).await {
         Ok(status) => {
             metrics::ABANDONED_TOTAL.inc_by(status.abandoned);
+            if let (true, Some((number, epoch))) = (local_answers, &status.arrival) {
+                local.learn(user, *number, epoch);
+            }
             match status.outcome {
                 StatusOutcome::Waiting { position } => {
                     ("WAITING", Answer::waiting(position, pacing.pace(), config))

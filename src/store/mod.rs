@@ -100,6 +100,8 @@ pub struct Keys {
     pub admissions: String,
     /// When each waiting user was last heard from (abandonment).
     pub heard: String,
+    /// A random value that changes when the room is reset (see `crate::line`).
+    pub epoch: String,
 }
 
 impl Keys {
@@ -118,6 +120,7 @@ impl Keys {
             latencies: format!("{tag}:admission:latencies"),
             admissions: format!("{tag}:admission:log"),
             heard: format!("{tag}:heard"),
+            epoch: format!("{tag}:epoch"),
         }
     }
 
@@ -157,6 +160,21 @@ pub struct Entered {
 pub struct Status {
     pub outcome: StatusOutcome,
     pub abandoned: u64,
+    /// A waiting user's arrival number and the room's epoch, when the answer read them (for
+    /// `crate::line`).
+    pub arrival: Option<(u64, String)>,
+}
+
+/// One consistent reading of the line, for `crate::line`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LineReading {
+    /// The arrival counter: the last number handed out.
+    pub last: u64,
+    /// Users waiting.
+    pub len: u64,
+    /// The first waiting user's number.
+    pub first: Option<u64>,
+    pub epoch: Option<String>,
 }
 
 /// The admission rules the scripts apply (contract sections 3 and 11), as data. Zero / `false` /
@@ -508,7 +526,52 @@ impl Room {
                 "TOO_EARLY" => StatusOutcome::TooEarly { retry_secs: int(&reply, 1)?.max(1) as u64 },
                 other => return Err(StoreError::Reply(format!("status answered {other}"))),
             };
-            Ok(Status { outcome, abandoned })
+            Ok(Status { outcome, abandoned, arrival: None })
+        })
+        .await
+    }
+
+    /// The line's counter, length, first number and epoch, in one MULTI/EXEC.
+    pub async fn read_line(&self) -> Result<LineReading, StoreError> {
+        self.bounded(async {
+            let mut conn = self.conn().await?;
+            type Reply = (Option<u64>, u64, Vec<(String, f64)>, Option<String>);
+            let (last, len, first, epoch): Reply = redis::pipe()
+                .atomic()
+                .cmd("GET")
+                .arg(&self.keys.seq)
+                .cmd("ZCARD")
+                .arg(&self.keys.queue)
+                .cmd("ZRANGE")
+                .arg(&self.keys.queue)
+                .arg(0)
+                .arg(0)
+                .arg("WITHSCORES")
+                .cmd("GET")
+                .arg(&self.keys.epoch)
+                .query_async(&mut conn)
+                .await?;
+            Ok(LineReading {
+                last: last.unwrap_or(0),
+                len,
+                first: first.first().map(|(_, score)| *score as u64),
+                epoch,
+            })
+        })
+        .await
+    }
+
+    /// Gives the room an epoch if it has none (a new room, or one reset since).
+    pub async fn start_epoch(&self) -> Result<(), StoreError> {
+        self.bounded(async {
+            let mut conn = self.conn().await?;
+            let _: Option<String> = redis::cmd("SET")
+                .arg(&self.keys.epoch)
+                .arg(uuid::Uuid::new_v4().simple().to_string())
+                .arg("NX")
+                .query_async(&mut conn)
+                .await?;
+            Ok(())
         })
         .await
     }
@@ -684,15 +747,21 @@ impl Room {
 /// (22k against 43k instructions per status, BENCHMARKS.md). The most frequent request of a rush.
 async fn read_status(conn: &mut RedisConn, keys: &Keys, user: &str) -> Result<Status, StoreError> {
     let token_key = keys.token(user);
-    let (rank, token, pttl): (Option<i64>, Option<String>, i64) = redis::pipe()
+    type Reply = (Option<i64>, Option<f64>, Option<String>, i64, Option<String>);
+    let (rank, score, token, pttl, epoch): Reply = redis::pipe()
         .atomic()
         .cmd("ZRANK")
+        .arg(&keys.queue)
+        .arg(user)
+        .cmd("ZSCORE")
         .arg(&keys.queue)
         .arg(user)
         .cmd("GET")
         .arg(&token_key)
         .cmd("PTTL")
         .arg(&token_key)
+        .cmd("GET")
+        .arg(&keys.epoch)
         .query_async(conn)
         .await?;
     let outcome = match (rank, token) {
@@ -700,7 +769,11 @@ async fn read_status(conn: &mut RedisConn, keys: &Keys, user: &str) -> Result<St
         (None, Some(token)) => StatusOutcome::Ready { token, remaining_ms: pttl.max(0) as u64 },
         (None, None) => StatusOutcome::NotInQueue,
     };
-    Ok(Status { outcome, abandoned: 0 })
+    let arrival = match (score, epoch) {
+        (Some(score), Some(epoch)) if score >= 1.0 => Some((score as u64, epoch)),
+        _ => None,
+    };
+    Ok(Status { outcome, abandoned: 0, arrival })
 }
 
 fn tag(reply: &[Value]) -> Result<&str, StoreError> {

@@ -1,0 +1,285 @@
+//! Positions answered without a Redis round trip: the cheapest answer to the rush's most frequent
+//! request, a waiting user's poll.
+//!
+//! Arrival numbers come from one counter and are handed out only to users who are inserted
+//! (`lua/enter.lua`), and admission pops only from the front. So while nothing removes a place
+//! from the middle, the line holds exactly the numbers `left + 1 ..= last`, where `last` is the
+//! counter and `left` the number of users who ever left from the front, and a waiting user's
+//! position is their number minus `left`. A [`LineWatcher`] reads `last`, the line's length and
+//! its first score every [`REFRESH_EVERY`]; a user's number is learned from their first status
+//! answered by Redis. Every other poll of a waiting user is answered here.
+//!
+//! The guards, each falling back to the exact answer from Redis:
+//! - a reading older than [`FRESH_FOR`] (Redis slow, frozen or gone: the poll then meets Redis's
+//!   own answer, or its 503, within `redis.timeout`), or no successful reading yet;
+//! - a line that is not contiguous (first score + length - 1 is not the counter: a place was
+//!   removed from the middle, by abandonment or by hand), until admission has passed the gap;
+//! - a room that was reset (Redis restarted empty, or flushed): the room's epoch, a random value
+//!   the watcher stores when it is missing, changes, and every learned number is forgotten;
+//! - a user whose number is at or below `left` (admitted, or gone): READY or NOT_IN_QUEUE
+//!   always comes from Redis;
+//! - polls that Redis must see (enforced polling, abandonment): never answered here.
+//!
+//! What a local answer can get wrong is bounded by the reading's age: a user admitted by
+//! another proxy's tick in the last [`FRESH_FOR`] may be told WAITING at position 1..batch once
+//! more, and learns READY at the next poll.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use pingora::server::ShutdownWatch;
+use pingora::services::background::BackgroundService;
+
+use crate::config::Config;
+use crate::store::{LineReading, Room};
+
+/// How often each proxy reads the line's mark: one MULTI of four reads, 100 a second.
+pub const REFRESH_EVERY: Duration = Duration::from_millis(10);
+/// A mark older than this is not used.
+pub const FRESH_FOR: Duration = Duration::from_millis(50);
+/// At most this many learned numbers are kept (about 70 bytes each); past it, new users are
+/// answered by Redis until admission frees room.
+const MAX_USERS: usize = 1_000_000;
+
+/// Whether polls under `config` may be answered here: not when each poll must reach Redis.
+pub fn answers_locally(config: &Config) -> bool {
+    !config.polling.enforce && config.queue.abandon_after.is_zero()
+}
+
+/// The line as a contiguous range of arrival numbers, from one consistent reading; `None` when
+/// places are missing from the middle (or the reading makes no sense).
+pub fn mark_of(reading: &LineReading) -> Option<(u64, u64)> {
+    let last = reading.last;
+    match reading.first {
+        None if reading.len == 0 => Some((last, last)),
+        None => None,
+        Some(first) => {
+            let contiguous = first >= 1 && reading.len >= 1 && first + reading.len - 1 == last;
+            contiguous.then_some((first - 1, last))
+        }
+    }
+}
+
+#[derive(Default)]
+struct State {
+    /// The epoch the numbers below were learned in.
+    epoch: Option<String>,
+    users: HashMap<String, u64>,
+    /// `(left, last)` and when it was read; `None` when the last reading failed or showed a gap.
+    mark: Option<(u64, u64, Instant)>,
+    pruned_at: Option<Instant>,
+}
+
+/// This proxy's view of the line: the mark and the arrival numbers it has learned.
+#[derive(Default)]
+pub struct LocalLine {
+    state: Mutex<State>,
+}
+
+impl LocalLine {
+    pub fn new() -> Arc<LocalLine> {
+        Arc::new(LocalLine::default())
+    }
+
+    /// The user's position, when it can be told without Redis.
+    pub fn position(&self, user: &str) -> Option<u64> {
+        let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let (left, last, read_at) = state.mark?;
+        if read_at.elapsed() > FRESH_FOR {
+            return None;
+        }
+        let number = *state.users.get(user)?;
+        (number > left && number <= last).then(|| number - left)
+    }
+
+    /// Remembers a waiting user's arrival number, read from Redis in `epoch`.
+    pub fn learn(&self, user: &str, number: u64, epoch: &str) {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        // Learned in another epoch than the numbers held (a reset the watcher has not read yet,
+        // or has read since): not comparable with them.
+        if state.epoch.as_deref() != Some(epoch) {
+            return;
+        }
+        if state.users.len() >= MAX_USERS && !state.users.contains_key(user) {
+            return;
+        }
+        state.users.insert(user.to_owned(), number);
+    }
+
+    /// Takes a reading of the line (see [`Room::read_line`]).
+    pub fn refresh(&self, reading: &LineReading) {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if state.epoch != reading.epoch {
+            state.users.clear();
+            state.epoch = reading.epoch.clone();
+        }
+        let now = Instant::now();
+        state.mark = match (&reading.epoch, mark_of(reading)) {
+            (Some(_), Some((left, last))) => Some((left, last, now)),
+            _ => None,
+        };
+        // Users admitted since are answered by Redis from now on: drop them now and then.
+        if let Some((left, _, _)) = state.mark {
+            if state
+                .pruned_at
+                .is_none_or(|at| now.duration_since(at) >= Duration::from_secs(1))
+            {
+                state.users.retain(|_, number| *number > left);
+                state.pruned_at = Some(now);
+            }
+        }
+    }
+
+    /// A reading failed: answer nothing locally until the next one succeeds.
+    pub fn invalidate(&self) {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).mark = None;
+    }
+}
+
+/// Reads the line's mark every [`REFRESH_EVERY`] for this proxy's [`LocalLine`].
+pub struct LineWatcher {
+    room: Room,
+    line: Arc<LocalLine>,
+}
+
+impl LineWatcher {
+    pub fn new(room: Room, line: Arc<LocalLine>) -> LineWatcher {
+        // A reading that takes much longer than its freshness is useless anyway.
+        let timeout = room.timeout().min(FRESH_FOR * 4);
+        LineWatcher {
+            room: room.with_timeout(timeout),
+            line,
+        }
+    }
+
+    async fn read(&self) {
+        match self.room.read_line().await {
+            Ok(reading) => {
+                self.line.refresh(&reading);
+                if reading.epoch.is_none() {
+                    // A new room, or one reset: give it an epoch (the next reading takes it).
+                    if let Err(error) = self.room.start_epoch().await {
+                        tracing::debug!(%error, "could not store the room's epoch");
+                    }
+                }
+            }
+            Err(error) => {
+                self.line.invalidate();
+                tracing::debug!(%error, "reading the line's mark failed");
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl BackgroundService for LineWatcher {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        let mut tick = tokio::time::interval(REFRESH_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => self.read().await,
+                _ = shutdown.changed() => return,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reading(last: u64, len: u64, first: Option<u64>, epoch: &str) -> LineReading {
+        LineReading {
+            last,
+            len,
+            first,
+            epoch: Some(epoch.to_owned()),
+        }
+    }
+
+    #[test]
+    fn a_contiguous_line_is_its_range_of_numbers() {
+        assert_eq!(mark_of(&reading(10, 4, Some(7), "e")), Some((6, 10)));
+        assert_eq!(mark_of(&reading(10, 0, None, "e")), Some((10, 10)));
+        assert_eq!(mark_of(&reading(0, 0, None, "e")), Some((0, 0)));
+    }
+
+    #[test]
+    fn a_gap_or_a_nonsense_reading_gives_no_mark() {
+        // 7, 8, 10 (9 removed from the middle) reads like 7, 8, 9 (the last place removed):
+        // both are refused.
+        assert_eq!(mark_of(&reading(10, 3, Some(7), "e")), None);
+        assert_eq!(mark_of(&reading(10, 2, None, "e")), None);
+        assert_eq!(mark_of(&reading(10, 0, Some(3), "e")), None);
+    }
+
+    #[test]
+    fn positions_follow_the_mark() {
+        let line = LocalLine::default();
+        line.refresh(&reading(10, 10, Some(1), "e"));
+        line.learn("u7", 7, "e");
+        assert_eq!(line.position("u7"), Some(7));
+        assert_eq!(line.position("unknown"), None);
+        line.refresh(&reading(12, 7, Some(6), "e"));
+        assert_eq!(line.position("u7"), Some(2));
+        // Admitted: Redis tells READY.
+        line.refresh(&reading(12, 5, Some(8), "e"));
+        assert_eq!(line.position("u7"), None);
+    }
+
+    #[test]
+    fn numbers_from_another_epoch_are_never_used() {
+        let line = LocalLine::default();
+        line.refresh(&reading(10, 10, Some(1), "old"));
+        line.learn("u5", 5, "old");
+        line.learn("u6", 6, "new");
+        assert_eq!(
+            line.position("u6"),
+            None,
+            "learned in an epoch the line is not in"
+        );
+        // Reset and refilled past the user's old number: still not answered.
+        line.refresh(&reading(20, 20, Some(1), "new"));
+        assert_eq!(line.position("u5"), None);
+        line.refresh(&LineReading {
+            last: 20,
+            len: 20,
+            first: Some(1),
+            epoch: None,
+        });
+        assert_eq!(line.position("u5"), None);
+    }
+
+    #[test]
+    fn a_failed_or_gapped_reading_stops_local_answers() {
+        let line = LocalLine::default();
+        line.refresh(&reading(10, 10, Some(1), "e"));
+        line.learn("u3", 3, "e");
+        line.invalidate();
+        assert_eq!(line.position("u3"), None);
+        line.refresh(&reading(10, 9, Some(1), "e"));
+        assert_eq!(
+            line.position("u3"),
+            None,
+            "a place is missing: positions could be off"
+        );
+        line.refresh(&reading(10, 10, Some(1), "e"));
+        assert_eq!(
+            line.position("u3"),
+            Some(3),
+            "learned numbers survive a gap"
+        );
+    }
+
+    #[test]
+    fn an_old_reading_is_not_used() {
+        let line = LocalLine::default();
+        line.refresh(&reading(10, 10, Some(1), "e"));
+        line.learn("u3", 3, "e");
+        line.state.lock().unwrap().mark.as_mut().unwrap().2 -= FRESH_FOR + Duration::from_millis(1);
+        assert_eq!(line.position("u3"), None);
+    }
+}

@@ -1,0 +1,192 @@
+//! Positions told without a Redis round trip (`src/line.rs`), checked from the outside: once a
+//! waiting user's first status has been answered by Redis, later polls cost Redis no ZRANK, and
+//! every answer still equals Redis's own rank after anything that moves the line: admissions
+//! by another proxy (here, by hand), a place removed from the middle, a room reset, a Redis that
+//! stopped. And when each poll must reach Redis (abandonment), every poll does.
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+use std::time::Duration;
+
+/// Nobody is admitted by the proxy itself while a test runs: the test moves the line.
+const NO_ADMISSION: &str = "admission: {interval: 1h, batch_size: 1}";
+/// Longer than the freshness of the proxy's line reading (50 ms), with room for a busy machine.
+const SETTLE: Duration = Duration::from_millis(300);
+
+async fn command_calls(conn: &mut redis::aio::MultiplexedConnection, command: &str) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .unwrap();
+    let prefix = format!("cmdstat_{command}:calls=");
+    info.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().unwrap())
+}
+
+/// Redis's own answer: 1-based rank, or None.
+async fn rank(
+    conn: &mut redis::aio::MultiplexedConnection,
+    queue: &str,
+    user: &str,
+) -> Option<u64> {
+    let r: Option<u64> = redis::cmd("ZRANK")
+        .arg(queue)
+        .arg(user)
+        .query_async(conn)
+        .await
+        .unwrap();
+    r.map(|r| r + 1)
+}
+
+/// Every user's status agrees with Redis: WAITING at its rank, or NOT_IN_QUEUE.
+async fn assert_all_exact(
+    proxy: &Proxy,
+    conn: &mut redis::aio::MultiplexedConnection,
+    queue: &str,
+    users: &[String],
+    ctx: &str,
+) {
+    for user in users {
+        let want = rank(conn, queue, user).await;
+        let body: Value = proxy.status(user).await.json();
+        match want {
+            Some(p) => {
+                assert_eq!(body["status"], "WAITING", "{ctx}: {user}: {body}");
+                assert_eq!(body["position"], p, "{ctx}: {user}: {body}");
+            }
+            None => assert_eq!(body["status"], "NOT_IN_QUEUE", "{ctx}: {user}: {body}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_users_are_answered_locally_and_exactly() {
+    let redis = RedisServer::start();
+    let api = DemoApi::start(&[]);
+    let proxy = Proxy::builder(&redis.url(), api.addr())
+        .yaml(NO_ADMISSION)
+        .start()
+        .await;
+    let mut conn = redis.conn().await;
+    let queue = format!("{{{}}}:queue", proxy.key_prefix());
+    let users: Vec<String> = (1..=30).map(|i| format!("u{i}")).collect();
+    for user in &users {
+        assert_eq!(proxy.enter(user).await.status, 200);
+    }
+    tokio::time::sleep(SETTLE).await;
+    // First polls: Redis answers, and the proxy learns each user's arrival number.
+    assert_all_exact(&proxy, &mut conn, &queue, &users, "first polls").await;
+
+    // Second polls: exact, and not one ZRANK (the checks' own ZRANKs are counted out).
+    let before = command_calls(&mut conn, "zrank").await;
+    for (i, user) in users.iter().enumerate() {
+        let body: Value = proxy.status(user).await.json();
+        assert_eq!(body["status"], "WAITING", "{user}: {body}");
+        assert_eq!(body["position"], i as u64 + 1, "{user}: {body}");
+    }
+    let after = command_calls(&mut conn, "zrank").await;
+    assert_eq!(after - before, 0, "second polls reached Redis");
+
+    // Another proxy admits five: ZPOPMIN, as the admit script does.
+    let _: Vec<(String, f64)> = redis::cmd("ZPOPMIN")
+        .arg(&queue)
+        .arg(5)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    tokio::time::sleep(SETTLE).await;
+    assert_all_exact(&proxy, &mut conn, &queue, &users, "after five admitted").await;
+
+    // A place removed from the middle (by hand; abandonment does this too): a gap the
+    // arrival numbers cannot see, so positions come from Redis until admission passes it.
+    let _: i64 = redis::cmd("ZREM")
+        .arg(&queue)
+        .arg("u15")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    tokio::time::sleep(SETTLE).await;
+    assert_all_exact(
+        &proxy,
+        &mut conn,
+        &queue,
+        &users,
+        "after a place left the middle",
+    )
+    .await;
+    let _: Vec<(String, f64)> = redis::cmd("ZPOPMIN")
+        .arg(&queue)
+        .arg(10)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    tokio::time::sleep(SETTLE).await;
+    assert_all_exact(&proxy, &mut conn, &queue, &users, "gap admitted").await;
+    let before = command_calls(&mut conn, "zrank").await;
+    let body: Value = proxy.status("u30").await.json();
+    assert_eq!(body["position"], 14, "{body}");
+    assert_eq!(
+        command_calls(&mut conn, "zrank").await - before,
+        0,
+        "local again once the gap is gone"
+    );
+
+    // The room reset (Redis flushed), then refilled past the old numbers by other users: the
+    // old users are not in line, whatever their old numbers say.
+    let _: () = redis::cmd("FLUSHALL").query_async(&mut conn).await.unwrap();
+    for i in 1..=40 {
+        assert_eq!(proxy.enter(&format!("new{i}")).await.status, 200);
+    }
+    tokio::time::sleep(SETTLE).await;
+    assert_all_exact(&proxy, &mut conn, &queue, &users, "after a reset").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_redis_ends_local_answers_at_once() {
+    let mut redis = RedisServer::start();
+    let api = DemoApi::start(&[]);
+    let proxy = Proxy::builder(&redis.url(), api.addr())
+        .yaml(NO_ADMISSION)
+        .yaml("redis: {timeout: 300ms}")
+        .start()
+        .await;
+    assert_eq!(proxy.enter("u1").await.status, 200);
+    tokio::time::sleep(SETTLE).await;
+    assert_eq!(proxy.status("u1").await.json()["position"], 1);
+    assert_eq!(proxy.status("u1").await.json()["position"], 1);
+    redis.stop();
+    // The reading every 10 ms fails at once against a stopped server; 100 ms is plenty.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let r = proxy.status("u1").await;
+    assert_eq!(r.status, 503, "{}", r.body);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_abandonment_every_poll_reaches_redis() {
+    let redis = RedisServer::start();
+    let api = DemoApi::start(&[]);
+    let proxy = Proxy::builder(&redis.url(), api.addr())
+        .yaml(NO_ADMISSION)
+        .yaml("queue: {abandon_after: 60s}")
+        .start()
+        .await;
+    let mut conn = redis.conn().await;
+    for i in 1..=5 {
+        assert_eq!(proxy.enter(&format!("u{i}")).await.status, 200);
+    }
+    tokio::time::sleep(SETTLE).await;
+    for i in 1..=5 {
+        assert_eq!(proxy.status(&format!("u{i}")).await.json()["position"], i);
+    }
+    let before = command_calls(&mut conn, "zrank").await;
+    for i in 1..=5 {
+        assert_eq!(proxy.status(&format!("u{i}")).await.json()["position"], i);
+    }
+    // Each poll counts as heard from: it must run the status script.
+    assert_eq!(command_calls(&mut conn, "zrank").await - before, 5);
+}
