@@ -10,6 +10,7 @@
 -- KEYS[6] live tokens, KEYS[7] the admission schedule, KEYS[8] the interval's spent budget,
 -- KEYS[9] the adaptive state, KEYS[10] the admissions log, KEYS[11] heard-from times
 --         (all as in admit.lua)
+-- KEYS[12] the room's epoch (see src/line.rs)
 -- ARGV[1] user, ARGV[2] capacity, ARGV[3] identities per address per minute (0 = no limit),
 -- ARGV[4] abandon_after (ms, 0 = off),
 -- ARGV[5] instant: the token to issue if this user may pass at once, '' when instant is off,
@@ -18,7 +19,7 @@
 -- ARGV[12..] the poll clock
 --
 -- Returns {"READY", token, pttl_ms, 1 = an instant pass given now / 0, abandoned}
---       | {"WAITING", position, 0 = new / 1 = already waiting, abandoned}
+--       | {"WAITING", position, 0 = new / 1 = already waiting, abandoned, arrival number, epoch}
 --       | {"FULL", abandoned} | {"LIMITED", seconds until the address's window ends, abandoned}
 -- where abandoned (0 or 1) says this call found the user's place lost and removed it.
 
@@ -47,7 +48,7 @@ if rank and abandon > 0 then
 end
 if rank then
   start_poll_clock(KEYS[4], rank + 1, CLOCK)
-  return {'WAITING', rank + 1, 1, 0}
+  return {'WAITING', rank + 1, 1, 0, tonumber(redis.call('ZSCORE', KEYS[1], user)), redis.call('GET', KEYS[12])}
 end
 
 -- Hoarding places with many identities from one address: only new places are limited.
@@ -112,4 +113,4 @@ end
 -- The newest number is the largest, so the new place is the last one.
 local position = redis.call('ZCARD', KEYS[1])
 start_poll_clock(KEYS[4], position, CLOCK)
-return {'WAITING', position, 0, abandoned}
+return {'WAITING', position, 0, abandoned, seq, redis.call('GET', KEYS[12])}

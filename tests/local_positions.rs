@@ -147,6 +147,38 @@ async fn waiting_users_are_answered_locally_and_exactly() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enter_teaches_the_number_and_entering_again_is_answered_locally() {
+    let redis = RedisServer::start();
+    let api = DemoApi::start(&[]);
+    let proxy = Proxy::builder(&redis.url(), api.addr()).yaml(NO_ADMISSION).start().await;
+    let mut conn = redis.conn().await;
+    let queue = format!("{{{}}}:queue", proxy.key_prefix());
+    // The room gets its epoch from the line watcher before the first enter.
+    tokio::time::sleep(SETTLE).await;
+    let users: Vec<String> = (1..=10).map(|i| format!("u{i}")).collect();
+    for user in &users {
+        assert_eq!(proxy.enter(user).await.status, 200);
+    }
+    tokio::time::sleep(SETTLE).await;
+    let (zrank, evalsha) = (command_calls(&mut conn, "zrank").await, command_calls(&mut conn, "evalsha").await);
+    for (i, user) in users.iter().enumerate() {
+        for answer in [proxy.enter(user).await, proxy.status(user).await] {
+            let body: Value = answer.json();
+            assert_eq!(body["status"], "WAITING", "{user}: {body}");
+            assert_eq!(body["position"], i as u64 + 1, "{user}: {body}");
+        }
+    }
+    assert_eq!(command_calls(&mut conn, "zrank").await, zrank, "ZRANK calls");
+    assert_eq!(command_calls(&mut conn, "evalsha").await, evalsha, "script calls");
+    // Admitted meanwhile (by hand): entering again is Redis's answer, never a stale place.
+    let _: Vec<(String, f64)> = redis::cmd("ZPOPMIN").arg(&queue).arg(3).query_async(&mut conn).await.unwrap();
+    tokio::time::sleep(SETTLE).await;
+    let again: Value = proxy.enter("u1").await.json();
+    assert_eq!(again["position"], 8, "u1 re-queued at the back: {again}");
+    assert_eq!(proxy.enter("u4").await.json()["position"], 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_redis_ends_local_answers_at_once() {
     let mut redis = RedisServer::start();
     let api = DemoApi::start(&[]);

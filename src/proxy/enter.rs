@@ -1,16 +1,24 @@
 //! `POST {prefix}/enter`: join the line, or learn where you already stand.
-//! Parse (method, identity) -> apply (one script in Redis) -> render (the answer).
+//! Parse (method, identity) -> apply (this proxy's view of the line for a user it knows is
+//! waiting, else one script in Redis) -> render (the answer).
 
 use pingora::proxy::Session;
 
 use super::{identity, Answer, Ctx};
 use crate::admission::Pacing;
 use crate::config::Config;
+use crate::line::{self, LocalLine};
 use crate::metrics;
 use crate::rules;
 use crate::store::{EnterOutcome, EnterRequest, Room, RoomRules};
 
-pub async fn handle(config: &Config, room: &Room, session: &Session, ctx: &mut Ctx) -> Answer {
+pub async fn handle(
+    config: &Config,
+    room: &Room,
+    local: &LocalLine,
+    session: &Session,
+    ctx: &mut Ctx,
+) -> Answer {
     if session.req_header().method != http::Method::POST {
         return Answer::method_not_allowed("POST");
     }
@@ -20,6 +28,15 @@ pub async fn handle(config: &Config, room: &Room, session: &Session, ctx: &mut C
     };
     let address = (config.abuse.identities_per_address > 0).then(|| client_address(config, session));
     let pacing = Pacing::new(config);
+    // Entering again while waiting changes nothing (same place, no new number, no limit spent)
+    // unless Redis must hear of it: then it is the status answer.
+    let local_answers = line::answers_locally(config);
+    if local_answers {
+        if let Some(position) = local.position(user) {
+            metrics::ENTER_TOTAL.with_label_values(&["already_waiting"]).inc();
+            return Answer::waiting(position, pacing.pace(), config);
+        }
+    }
     let request = EnterRequest {
         user,
         capacity: config.queue.capacity.get(),
@@ -29,6 +46,9 @@ pub async fn handle(config: &Config, room: &Room, session: &Session, ctx: &mut C
     let (result, answer) = match room.enter_with(request, &RoomRules::from_config(config)).await {
         Ok(entered) => {
             metrics::ABANDONED_TOTAL.inc_by(entered.abandoned);
+            if let (true, Some((number, epoch))) = (local_answers, &entered.arrival) {
+                local.learn(user, *number, epoch);
+            }
             match entered.outcome {
                 EnterOutcome::Waiting { position, already } => (
                     if already { "already_waiting" } else { "queued" },

@@ -226,7 +226,7 @@ impl ProxyHttp for Waitroom {
                 write_page(session, page).await?;
                 return Ok(true);
             }
-            Endpoint::Enter => enter::handle(&config, &self.room, session, ctx).await,
+            Endpoint::Enter => enter::handle(&config, &self.room, &self.line, session, ctx).await,
             Endpoint::Status => status::handle(&config, &self.room, &self.line, session, ctx).await,
             Endpoint::Protected => match protected::check(&config, &self.room, session, ctx).await {
                 None => return Ok(false),

@@ -153,6 +153,8 @@ pub enum EnterOutcome {
 pub struct Entered {
     pub outcome: EnterOutcome,
     pub abandoned: u64,
+    /// A waiting user's arrival number and the room's epoch (for `crate::line`).
+    pub arrival: Option<(u64, String)>,
 }
 
 /// A status call's outcome, and whether it found the user's place lost and removed it.
@@ -442,6 +444,7 @@ impl Room {
                 .key(&self.keys.adaptive)
                 .key(&self.keys.admissions)
                 .key(&self.keys.heard)
+                .key(&self.keys.epoch)
                 .arg(user)
                 .arg(request.capacity)
                 .arg(limit)
@@ -477,7 +480,14 @@ impl Room {
                 "LIMITED" => (EnterOutcome::Limited { retry_secs: int(&reply, 1)?.max(1) as u64 }, 2),
                 other => return Err(StoreError::Reply(format!("enter answered {other}"))),
             };
-            Ok(Entered { outcome, abandoned: int_or(&reply, abandoned_at, 0).max(0) as u64 })
+            let arrival = match (&outcome, reply.get(5)) {
+                (EnterOutcome::Waiting { .. }, Some(Value::BulkString(epoch))) => {
+                    let number = int_or(&reply, 4, 0);
+                    (number >= 1).then(|| (number as u64, String::from_utf8_lossy(epoch).into_owned()))
+                }
+                _ => None,
+            };
+            Ok(Entered { outcome, abandoned: int_or(&reply, abandoned_at, 0).max(0) as u64, arrival })
         })
         .await
     }
