@@ -12,12 +12,19 @@
 //! the opposite order of their place in line; the place is the user's arrival number in Redis,
 //! read with ZSCORE right after the enter), users lost, polls per user, and the ETA error (the
 //! enter answer's `estimatedWaitTime` against the actual wait). A sampler records the line,
-//! admissions and the backend's load over time for the charts.
+//! admissions and the backend's load over time for the charts; in a room also the batch in force
+//! (an adaptive room moves it, contract section 11) and the order latency p95 of the last second,
+//! the figure the room's controller steers by, as the users see it.
+//!
+//! Throughput is reported as a share of the backend's capacity (`--ideal-rate`) twice: over the
+//! whole run, which the arrival second and the last users' polling tail pull down in any room, and
+//! between the 10 % and 90 % marks of the completions, which is what the backend did during the rush.
 //!
 //! The crowd holds at most `--conns` requests in flight (one connection each): a stand-in for the
 //! finite connections of the tier in front, and a limit the machine's descriptors need. A user
 //! waiting for one of them is waiting to be served: that time counts in their latency.
 
+use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -98,6 +105,15 @@ pub struct CrowdArgs {
     poll_slack_s: f64,
     #[arg(long, default_value_t = 250)]
     sample_ms: u64,
+    /// The room's `admission.batch_size` (room mode): the batch in force whenever the room holds
+    /// no adaptive batch, which is always for a fixed room and before an adaptive one's first
+    /// step. Without it such samples record no batch.
+    #[arg(long)]
+    batch_size: Option<u32>,
+    /// The room's `admission.interval` in milliseconds, recorded for the report (it turns a batch
+    /// into an admission rate, so rooms with different intervals compare).
+    #[arg(long)]
+    interval_ms: Option<u64>,
     /// Where to write the scenario's JSON.
     #[arg(long)]
     out: PathBuf,
@@ -234,11 +250,28 @@ struct Shared {
     redis: Option<RedisPool>,
     queue_key: String,
     seq_key: String,
+    adaptive_key: String,
+    batch_size: Option<u32>,
+    /// (completed at, order latency in ms) of the orders of about the last second, for the
+    /// sampler's rolling p95; it drops the older ones each sample, so this stays small.
+    recent_orders: Mutex<VecDeque<(f64, f64)>>,
 }
 
 impl Shared {
     fn now(&self) -> f64 {
         self.start.elapsed().as_secs_f64()
+    }
+
+    fn order_done(&self, rec: &Mutex<UserRec>) {
+        let now = self.now();
+        let ready = {
+            let mut r = rec.lock().unwrap();
+            r.done_at = Some(now);
+            r.ready_at
+        };
+        if let Some(ready) = ready {
+            self.recent_orders.lock().unwrap().push_back((now, (now - ready) * 1000.0));
+        }
     }
 }
 
@@ -402,7 +435,7 @@ async fn room_user(index: u32, user: String, arrive: Duration, s: Arc<Shared>, r
                 bump(&s.c.order_attempts);
                 match send(&s, order_request(&s.order, &user, Some(&token))).await {
                     Ok(r) if (200..300).contains(&r.status) => {
-                        rec.lock().unwrap().done_at = Some(s.now());
+                        s.order_done(&rec);
                         s.c.move_to(&mut phase, Phase::Ordered);
                         return;
                     }
@@ -445,7 +478,7 @@ async fn direct_user(user: String, arrive: Duration, s: Arc<Shared>, rec: Arc<Mu
         bump(&s.c.order_attempts);
         match send(&s, order_request(&s.order, &user, None)).await {
             Ok(r) if (200..300).contains(&r.status) => {
-                rec.lock().unwrap().done_at = Some(s.now());
+                s.order_done(&rec);
                 s.c.move_to(&mut phase, Phase::Ordered);
                 return;
             }
@@ -469,6 +502,10 @@ struct Sample {
     client_waiting: i64,
     backend_in_flight: i64,
     backend_waiting: i64,
+    /// The room's batch in force (room mode; none when Redis did not answer).
+    batch: Option<u32>,
+    /// p95 of the order latencies of the orders completed in the last second (none without any).
+    order_p95_ms: Option<f64>,
 }
 
 #[derive(Deserialize, Default)]
@@ -492,30 +529,54 @@ async fn backend_stats(s: &Shared) -> Option<BackendStats> {
 async fn sample(s: &Shared) -> Sample {
     let backend = backend_stats(s).await.unwrap_or_default();
     let ordered = s.c.ordered.load(Ordering::Relaxed);
-    let (queue, admitted) = match (&s.redis, s.mode) {
+    let (queue, admitted, batch) = match (&s.redis, s.mode) {
         (Some(pool), Mode::Room) => {
-            // One transaction: enters landing between two separate reads would count as admitted.
+            // One transaction: enters landing between two separate reads would count as admitted,
+            // and the batch belongs to the same moment as the line it is draining.
             let replies = pool
-                .transaction(&[&[b"ZCARD", s.queue_key.as_bytes()], &[b"GET", s.seq_key.as_bytes()]])
-                .await
-                .unwrap_or_default();
-            let len = replies.first().and_then(|r| r.as_i64()).unwrap_or(0);
-            let seq = replies.get(1).and_then(|r| r.as_i64()).unwrap_or(0);
-            (len, (seq - len).max(0))
+                .transaction(&[
+                    &[b"ZCARD", s.queue_key.as_bytes()],
+                    &[b"GET", s.seq_key.as_bytes()],
+                    &[b"HGET", s.adaptive_key.as_bytes(), b"batch"],
+                ])
+                .await;
+            let at = |i: usize| replies.as_ref().and_then(|r| r.get(i)).and_then(|r| r.as_i64());
+            let len = at(0).unwrap_or(0);
+            let seq = at(1).unwrap_or(0);
+            // A missing field is the configured batch; a failed transaction is no batch at all,
+            // lest a fixed-looking sample hide a moment the controller had moved.
+            let batch = match at(2) {
+                Some(b) => u32::try_from(b).ok(),
+                None => replies.as_ref().and(s.batch_size),
+            };
+            (len, (seq - len).max(0), batch)
         }
         _ => (
             backend.waiting as i64 + s.c.pending.load(Ordering::Relaxed).max(0),
             ordered + backend.in_flight as i64,
+            None,
         ),
     };
+    let t = s.now();
+    let order_p95_ms = {
+        let mut recent = s.recent_orders.lock().unwrap();
+        while recent.front().is_some_and(|&(done, _)| done < t - 1.0) {
+            recent.pop_front();
+        }
+        let mut last: Vec<f64> = recent.iter().map(|&(_, ms)| ms).collect();
+        last.sort_by(f64::total_cmp);
+        (!last.is_empty()).then(|| percentile(&last, 95.0))
+    };
     Sample {
-        t: s.now(),
+        t,
         queue,
         admitted,
         ordered,
         client_waiting: s.c.waiting.load(Ordering::Relaxed),
         backend_in_flight: backend.in_flight as i64,
         backend_waiting: backend.waiting as i64,
+        batch,
+        order_p95_ms,
     }
 }
 
@@ -573,6 +634,9 @@ pub async fn run(a: CrowdArgs) -> Result<()> {
         redis: a.redis.clone().map(|addr| RedisPool::new(addr, 8)),
         queue_key: format!("{{{}}}:queue", a.prefix),
         seq_key: format!("{{{}}}:seq", a.prefix),
+        adaptive_key: format!("{{{}}}:admission:adaptive", a.prefix),
+        batch_size: a.batch_size,
+        recent_orders: Mutex::new(VecDeque::new()),
     });
     s.c.outside.store(i64::from(a.users), Ordering::Relaxed);
 
@@ -654,6 +718,9 @@ pub async fn run(a: CrowdArgs) -> Result<()> {
     let eta_abs = pcts(eta_err.iter().map(|e| e.abs()).collect());
     let eta_mean_signed = if eta_err.is_empty() { 0.0 } else { eta_err.iter().sum::<f64>() / eta_err.len() as f64 };
 
+    let throughput = throughput(&done, completion_s, a.ideal_rate);
+    let batch = batch_over_time(&series);
+
     let polls = s.c.polls.load(Ordering::Relaxed);
     let summary = serde_json::json!({
         "label": a.label,
@@ -667,6 +734,12 @@ pub async fn run(a: CrowdArgs) -> Result<()> {
         "completion_vs_ideal": if ideal_s > 0.0 { completion_s / ideal_s } else { 0.0 },
         "order_latency_ms": order_latency_ms,
         "wait_s": wait_s,
+        "throughput": throughput,
+        "admission": {
+            "batch_size": a.batch_size,
+            "interval_ms": a.interval_ms,
+        },
+        "batch": batch,
         "backend": {
             "peak_in_flight": backend.peak_in_flight,
             "peak_waiting": backend.peak_waiting,
@@ -704,12 +777,67 @@ pub async fn run(a: CrowdArgs) -> Result<()> {
     let text = serde_json::to_string_pretty(&summary).map_err(ctx("json"))?;
     std::fs::write(&a.out, text).map_err(ctx("write the crowd result"))?;
     eprintln!(
-        "  [{}] {} users: {} ordered, {} lost, done in {:.1} s (ideal {:.1} s); order latency p50 {:.0} ms p99 {:.0} ms; backend peak in-flight {} waiting {}; inversions {} ({} beyond {} s); polls/user {:.1}",
+        "  [{}] {} users: {} ordered, {} lost, done in {:.1} s (ideal {:.1} s); order latency p50 {:.0} ms p95 {:.0} ms p99 {:.0} ms; throughput {:.0} % of capacity ({:.0} % from 10 to 90 % of the orders); backend peak in-flight {} waiting {}; inversions {} ({} beyond {} s); polls/user {:.1}{}",
         a.label, a.users, completed, lost, completion_s, ideal_s,
         summary["order_latency_ms"]["p50"].as_f64().unwrap_or(0.0),
+        summary["order_latency_ms"]["p95"].as_f64().unwrap_or(0.0),
         summary["order_latency_ms"]["p99"].as_f64().unwrap_or(0.0),
+        summary["throughput"]["share"].as_f64().unwrap_or(f64::NAN) * 100.0,
+        summary["throughput"]["steady_share"].as_f64().unwrap_or(f64::NAN) * 100.0,
         backend.peak_in_flight, backend.peak_waiting, inv, inv_beyond, a.poll_slack_s,
-        polls as f64 / f64::from(a.users)
+        polls as f64 / f64::from(a.users),
+        match summary["batch"]["after_10s"]["mean"].as_f64() {
+            Some(mean) => format!("; batch after 10 s: mean {mean:.1}, min {}, max {}", summary["batch"]["after_10s"]["min"], summary["batch"]["after_10s"]["max"]),
+            None => String::new(),
+        }
     );
     Ok(())
+}
+
+/// Completed orders per second as a share of `ideal_rate`: over the whole run, and between the
+/// completions at 10 % and 90 % (the rush without the arrival ramp and the stragglers' tail).
+fn throughput(done: &[&UserRec], completion_s: f64, ideal_rate: f64) -> serde_json::Value {
+    let mut at: Vec<f64> = done.iter().filter_map(|r| r.done_at).collect();
+    at.sort_by(f64::total_cmp);
+    let share = (completion_s > 0.0).then(|| at.len() as f64 / completion_s / ideal_rate);
+    let n = at.len();
+    let (lo, hi) = ((n as f64 * 0.1).floor() as usize, ((n as f64 * 0.9).ceil() as usize).saturating_sub(1));
+    let steady = (hi > lo && at[hi] > at[lo]).then(|| ((hi - lo) as f64 / (at[hi] - at[lo]), at[lo], at[hi]));
+    serde_json::json!({
+        "ideal_rate": ideal_rate,
+        "share": share,
+        "steady_share": steady.map(|(rate, _, _)| rate / ideal_rate),
+        "steady_rate": steady.map(|(rate, _, _)| rate),
+        "steady_from_s": steady.map(|(_, from, _)| from),
+        "steady_to_s": steady.map(|(_, _, to)| to),
+    })
+}
+
+/// The first seconds matter on their own (what the controller does when the rush hits), so they
+/// are kept sample by sample; the rest is summed up.
+const BATCH_SETTLING_S: f64 = 10.0;
+
+fn batch_over_time(series: &[Sample]) -> serde_json::Value {
+    let stats = |pick: &dyn Fn(&Sample) -> bool| {
+        let v: Vec<u32> = series.iter().filter(|s| pick(s)).filter_map(|s| s.batch).collect();
+        if v.is_empty() {
+            return serde_json::Value::Null;
+        }
+        serde_json::json!({
+            "min": v.iter().min(),
+            "max": v.iter().max(),
+            "mean": v.iter().map(|&b| f64::from(b)).sum::<f64>() / v.len() as f64,
+            "samples": v.len(),
+        })
+    };
+    let first: Vec<serde_json::Value> = series
+        .iter()
+        .filter(|s| s.t < BATCH_SETTLING_S)
+        .filter_map(|s| Some(serde_json::json!([s.t, s.batch?])))
+        .collect();
+    serde_json::json!({
+        "first_10s": first,
+        "after_10s": stats(&|s| s.t >= BATCH_SETTLING_S),
+        "overall": stats(&|_| true),
+    })
 }

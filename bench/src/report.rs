@@ -30,6 +30,16 @@ const BENCHES: &[(&str, &str, Option<f64>)] = &[
     ("protected", "protected forward (token check + consume)", Some(0.5)),
 ];
 
+/// Issue 9's goal for the adaptive room: order p95 within the controller's target while the
+/// backend keeps completing most of its capacity, without giving up FIFO or losing anybody.
+struct CrowdGoal {
+    label: &'static str,
+    order_p95_ms: f64,
+    steady_share: f64,
+}
+
+const ADAPTIVE_GOAL: CrowdGoal = CrowdGoal { label: "room-adaptive", order_p95_ms: 300.0, steady_share: 0.9 };
+
 fn f(v: &Value, key: &str) -> f64 {
     v.get(key).and_then(Value::as_f64).unwrap_or(f64::NAN)
 }
@@ -60,6 +70,21 @@ fn rate_over(pts: &[(f64, f64)], window: f64) -> Vec<(f64, f64)> {
         }
     }
     out
+}
+
+/// `10 (0.0 s) → 9 (2.3 s) → ...`: each value of `[[t, batch], ...]` from the sample that first
+/// showed it.
+fn batch_changes(samples: &[Value]) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut last = None;
+    for s in samples {
+        let (Some(t), Some(b)) = (s[0].as_f64(), s[1].as_u64()) else { continue };
+        if last != Some(b) {
+            out.push(format!("{b} ({t:.1} s)"));
+            last = Some(b);
+        }
+    }
+    out.join(" → ")
 }
 
 fn secs(ms: f64) -> String {
@@ -150,6 +175,7 @@ pub fn run(a: ReportArgs) -> Result<()> {
         median(&ratios)
     };
 
+    let paths_start = md.len();
     writeln!(md, "### Paths against nginx `proxy_pass` (wrk -t2 -c64, medians of {} round(s))\n", meta["rounds"].as_u64().unwrap_or(1)).ok();
     // The machine's mood: the 1-minute load average when each run started (the benchmark's own
     // processes count in it: wrk, the proxy, Redis and the API keep two cores busy).
@@ -202,6 +228,10 @@ pub fn run(a: ReportArgs) -> Result<()> {
         c_wr_p50.push(w.p50 / 1000.0);
     }
     results.insert("paths".into(), Value::Array(paths_json));
+    // A run without the paths phase (say, only the crowd) gets no empty table.
+    if chart_cats.is_empty() {
+        md.truncate(paths_start);
+    }
     if !chart_cats.is_empty() {
         charts::bars(
             &charts_dir.join("throughput.svg"),
@@ -353,12 +383,15 @@ pub fn run(a: ReportArgs) -> Result<()> {
     if !crowd.is_empty() {
         let users = crowd[0]["users"].as_u64().unwrap_or(0);
         writeln!(md, "\n### The crowd: {} users arriving within a second, demo order API with 20 slots x 200 ms (100 orders/s)\n", users).ok();
-        writeln!(md, "| scenario | ordered / lost | done in (ideal N/rate) | order latency p50 / p95 / p99 | backend peak in flight / waiting | FIFO inversions (beyond 11 s) | polls per user | ETA error mean / p95 abs |").ok();
-        writeln!(md, "|---|---:|---:|---:|---:|---:|---:|---:|").ok();
+        writeln!(md, "| scenario | ordered / lost | done in (ideal N/rate) | order latency p50 / p95 / p99 | throughput, share of capacity: whole run / 10–90 % of orders | batch in force after 10 s: mean / min / max | backend peak in flight / waiting | FIFO inversions (beyond 11 s) | polls per user | ETA error mean / p95 abs |").ok();
+        writeln!(md, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|").ok();
         let mut q_lines = Vec::new();
         let mut a_lines = Vec::new();
         let mut z_lines = Vec::new();
         let mut b_lines = Vec::new();
+        let mut batch_lines = Vec::new();
+        let mut p95_lines = Vec::new();
+        let mut traces = Vec::new();
         for v in &crowd {
             let l = &v["order_latency_ms"];
             let mode = v["mode"].as_str().unwrap_or("");
@@ -367,13 +400,26 @@ pub fn run(a: ReportArgs) -> Result<()> {
             } else {
                 "–".into()
             };
+            let share = |k: &str| {
+                let x = f(&v["throughput"], k);
+                if x.is_finite() { format!("{:.0} %", x * 100.0) } else { "–".into() }
+            };
+            // A run shorter than the settling time (the smoke mode's) has nothing after it: the
+            // whole run's figures then, marked.
+            let batch = match (&v["batch"]["after_10s"], &v["batch"]["overall"]) {
+                (b, _) if b.is_object() => format!("{:.1} / {} / {}", f(b, "mean"), b["min"], b["max"]),
+                (_, b) if b.is_object() => format!("{:.1} / {} / {} (whole run)", f(b, "mean"), b["min"], b["max"]),
+                _ => "–".into(),
+            };
             writeln!(
                 md,
-                "| {} | {} / {} | {:.1} s ({:.0} s) | {} / {} / {} | {} / {} | {} ({:.3} % of pairs) ({}) | {:.1} | {} |",
+                "| {} | {} / {} | {:.1} s ({:.0} s) | {} / {} / {} | {} / {} | {} | {} / {} | {} ({:.3} % of pairs) ({}) | {:.1} | {} |",
                 v["label"].as_str().unwrap_or("?"),
                 v["completed"], v["lost"],
                 f(v, "completion_s"), f(v, "ideal_s"),
                 secs(f(l, "p50")), secs(f(l, "p95")), secs(f(l, "p99")),
+                share("share"), share("steady_share"),
+                batch,
                 v["backend"]["peak_in_flight"], v["backend"]["peak_waiting"],
                 v["fifo"]["inversions"], f(&v["fifo"], "inversion_fraction") * 100.0, v["fifo"]["inversions_beyond_slack"],
                 f(v, "polls_per_user"),
@@ -382,6 +428,20 @@ pub fn run(a: ReportArgs) -> Result<()> {
             .ok();
             let series = v["series"].as_array().cloned().unwrap_or_default();
             let label = v["label"].as_str().unwrap_or("?").to_string();
+            if mode == "room" {
+                // As an admission rate, so that 100 per second and 10 per 100 ms sit on one scale
+                // (and next to the backend's 100 orders/s); the raw batch when the interval is
+                // unknown.
+                let per_s = v["admission"]["interval_ms"].as_f64().filter(|ms| *ms > 0.0).map_or(1.0, |ms| 1000.0 / ms);
+                let pts: Vec<(f64, f64)> = series.iter().filter(|s| s["batch"].is_number()).map(|s| (f(s, "t"), f(s, "batch") * per_s)).collect();
+                if !pts.is_empty() {
+                    batch_lines.push((label.clone(), pts));
+                }
+                p95_lines.push((label.clone(), series.iter().filter(|s| s["order_p95_ms"].is_number()).map(|s| (f(s, "t"), f(s, "order_p95_ms"))).collect::<Vec<_>>()));
+                if let Some(first) = v["batch"]["first_10s"].as_array().filter(|a| !a.is_empty()) {
+                    traces.push((label.clone(), batch_changes(first)));
+                }
+            }
             q_lines.push((label.clone(), series.iter().map(|s| (f(s, "t"), f(s, "queue"))).collect::<Vec<_>>()));
             b_lines.push((label.clone(), series.iter().map(|s| (f(s, "t"), f(s, "backend_waiting"))).collect::<Vec<_>>()));
             let pts: Vec<(f64, f64)> = series.iter().map(|s| (f(s, "t"), f(s, "admitted"))).collect();
@@ -398,6 +458,37 @@ pub fn run(a: ReportArgs) -> Result<()> {
         charts::lines(&charts_dir.join("crowd_admissions.svg"), "The crowd: admissions per second (5 s average; no room: orders let into the API)", "seconds since the first arrival", "users per second", &a_lines, false)?;
         charts::lines(&charts_dir.join("crowd_admissions_zoom.svg"), "The crowd: admissions per second, first 15 s, per sample (burstiness)", "seconds since the first arrival", "users per second", &z_lines, false)?;
         charts::lines(&charts_dir.join("crowd_backend_waiting.svg"), "The crowd: orders queued inside the order API (waiting for one of its 20 slots)", "seconds since the first arrival", "orders waiting", &b_lines, false)?;
+        if !batch_lines.is_empty() {
+            charts::lines(&charts_dir.join("crowd_batch.svg"), "The crowd: batch in force over time, as users admitted per second (batch / interval)", "seconds since the first arrival", "users per second", &batch_lines, false)?;
+        }
+        if !p95_lines.is_empty() {
+            charts::lines(&charts_dir.join("crowd_order_p95.svg"), "The crowd: order latency p95 of the orders completed in the last second (rooms)", "seconds since the first arrival", "p95 (ms)", &p95_lines, false)?;
+        }
+        if !traces.is_empty() {
+            writeln!(md, "\nBatch in force during the first 10 s (value from the time it was first sampled; samples every 250 ms):\n").ok();
+            for (label, trace) in &traces {
+                writeln!(md, "- {label}: {trace}").ok();
+            }
+        }
+        if let Some(v) = crowd.iter().find(|v| v["label"] == ADAPTIVE_GOAL.label) {
+            let g = &ADAPTIVE_GOAL;
+            let p95 = f(&v["order_latency_ms"], "p95");
+            let steady = f(&v["throughput"], "steady_share");
+            let beyond = v["fifo"]["inversions_beyond_slack"].as_u64();
+            let lost = v["lost"].as_u64();
+            let mark = |ok: bool| if ok { "✓" } else { "✗" };
+            writeln!(
+                md,
+                "\nIssue 9's goal for {}: order p95 {} (<= {:.0} ms) {}; backend at {:.0} % of capacity from 10 to 90 % of the orders (>= {:.0} %) {}, {:.0} % over the whole run; FIFO inversions beyond the slack: {} {}; users lost: {} {}.",
+                g.label,
+                secs(p95), g.order_p95_ms, mark(p95 <= g.order_p95_ms),
+                steady * 100.0, g.steady_share * 100.0, mark(steady >= g.steady_share),
+                f(&v["throughput"], "share") * 100.0,
+                v["fifo"]["inversions_beyond_slack"], mark(beyond == Some(0)),
+                v["lost"], mark(lost == Some(0)),
+            )
+            .ok();
+        }
         // Keep the big per-sample series out of the summary JSON's crowd table but in the file.
         results.insert("crowd".into(), Value::Array(crowd));
     }
