@@ -10,8 +10,9 @@
 //! answered by Redis. Every other poll of a waiting user is answered here.
 //!
 //! The guards, each falling back to the exact answer from Redis:
-//! - a reading older than [`FRESH_FOR`] (Redis slow, frozen or gone: the poll then meets Redis's
-//!   own answer, or its 503, within `redis.timeout`), or no successful reading yet;
+//! - a reading older than [`FRESH_FOR`], or one that has been waiting for Redis's answer longer
+//!   than [`SUSPECT_AFTER`] (Redis slow, frozen or gone: the poll then meets Redis's own answer,
+//!   or its 503, within `redis.timeout`), or no successful reading yet;
 //! - a line that is not contiguous (first score + length - 1 is not the counter: a place was
 //!   removed from the middle, by abandonment or by hand), until admission has passed the gap;
 //! - a room that was reset (Redis restarted empty, or flushed): the room's epoch, a random value
@@ -39,6 +40,10 @@ use crate::store::{LineReading, Room};
 pub const REFRESH_EVERY: Duration = Duration::from_millis(10);
 /// A mark older than this is not used.
 pub const FRESH_FOR: Duration = Duration::from_millis(50);
+/// A reading still unanswered after this long makes Redis suspect (a healthy one answers in well
+/// under a millisecond): local answers stop at once rather than when the mark has aged, so a
+/// frozen Redis is met by the polls themselves within about 30 ms of its last answer.
+pub const SUSPECT_AFTER: Duration = Duration::from_millis(20);
 /// At most this many learned numbers are kept (about 70 bytes each); past it, new users are
 /// answered by Redis until admission frees room.
 const MAX_USERS: usize = 1_000_000;
@@ -69,6 +74,8 @@ struct State {
     users: HashMap<String, u64>,
     /// `(left, last)` and when it was read; `None` when the last reading failed or showed a gap.
     mark: Option<(u64, u64, Instant)>,
+    /// When the reading in flight was sent.
+    reading_since: Option<Instant>,
     pruned_at: Option<Instant>,
 }
 
@@ -87,7 +94,7 @@ impl LocalLine {
     pub fn position(&self, user: &str) -> Option<u64> {
         let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let (left, last, read_at) = state.mark?;
-        if read_at.elapsed() > FRESH_FOR {
+        if read_at.elapsed() > FRESH_FOR || state.reading_since.is_some_and(|t| t.elapsed() > SUSPECT_AFTER) {
             return None;
         }
         let number = *state.users.get(user)?;
@@ -108,9 +115,15 @@ impl LocalLine {
         state.users.insert(user.to_owned(), number);
     }
 
+    /// A reading was sent to Redis.
+    pub fn reading(&self) {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).reading_since = Some(Instant::now());
+    }
+
     /// Takes a reading of the line (see [`Room::read_line`]).
     pub fn refresh(&self, reading: &LineReading) {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.reading_since = None;
         if state.epoch != reading.epoch {
             state.users.clear();
             state.epoch = reading.epoch.clone();
@@ -134,7 +147,9 @@ impl LocalLine {
 
     /// A reading failed: answer nothing locally until the next one succeeds.
     pub fn invalidate(&self) {
-        self.state.lock().unwrap_or_else(|e| e.into_inner()).mark = None;
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.reading_since = None;
+        state.mark = None;
     }
 }
 
@@ -155,6 +170,7 @@ impl LineWatcher {
     }
 
     async fn read(&self) {
+        self.line.reading();
         match self.room.read_line().await {
             Ok(reading) => {
                 self.line.refresh(&reading);
@@ -272,6 +288,19 @@ mod tests {
             Some(3),
             "learned numbers survive a gap"
         );
+    }
+
+    #[test]
+    fn a_reading_left_unanswered_stops_local_answers() {
+        let line = LocalLine::default();
+        line.refresh(&reading(10, 10, Some(1), "e"));
+        line.learn("u3", 3, "e");
+        line.reading();
+        assert_eq!(line.position("u3"), Some(3), "a reading just sent");
+        line.state.lock().unwrap().reading_since = Some(Instant::now() - SUSPECT_AFTER - Duration::from_millis(1));
+        assert_eq!(line.position("u3"), None);
+        line.refresh(&reading(10, 10, Some(1), "e"));
+        assert_eq!(line.position("u3"), Some(3));
     }
 
     #[test]

@@ -199,6 +199,30 @@ async fn a_stopped_redis_ends_local_answers_at_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_redis_ends_local_answers_within_tens_of_milliseconds() {
+    let redis = RedisServer::start();
+    let api = DemoApi::start(&[]);
+    let proxy = Proxy::builder(&redis.url(), api.addr())
+        .yaml(NO_ADMISSION)
+        .yaml("redis: {timeout: 300ms}")
+        .start()
+        .await;
+    assert_eq!(proxy.enter("u1").await.status, 200);
+    tokio::time::sleep(SETTLE).await;
+    assert_eq!(proxy.status("u1").await.json()["position"], 1);
+    redis.freeze();
+    // The reading sent at most 10 ms after the freeze is suspect 20 ms later.
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    for call in ["status", "enter"] {
+        let started = std::time::Instant::now();
+        let r = if call == "status" { proxy.status("u1").await } else { proxy.enter("u1").await };
+        assert_eq!(r.status, 503, "{call}: {}", r.body);
+        assert!(started.elapsed() < Duration::from_millis(400), "{call} took {:?}", started.elapsed());
+    }
+    redis.thaw();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_abandonment_every_poll_reaches_redis() {
     let redis = RedisServer::start();
     let api = DemoApi::start(&[]);
