@@ -31,7 +31,8 @@
 #   --crowd-users N         users in the crowd (default 20000; quick 500)
 #   --phases LIST           comma-separated subset of: paths,redis,growth,memory,crowd
 #   --crowd-scenarios LIST  the crowd's scenarios, comma-separated subset of: no-room,
-#                           room-100-per-1s,room-10-per-100ms,room-adaptive (default: all)
+#                           room-100-per-1s,room-10-per-100ms,room-adaptive,
+#                           room-10-per-100ms+front,room-adaptive+front (default: all)
 #   --paths LIST            the paths phase's benches, comma-separated subset of: status_one,
 #                           status_many,enter_requeue,enter_new,pass,protected
 #   --variant NAME=BIN[,VAR=VALUE...][,paths=BENCH+BENCH...]
@@ -81,14 +82,19 @@ while [ $# -gt 0 ]; do
 done
 
 # The crowd's scenarios: label|room (its name and key prefix; empty: no room, straight at the API)|
-# batch_size|interval|more YAML for its admission section. The adaptive room is the fixed
-# 10-per-100ms one with the controller on: batch_size becomes its ceiling, so any gap between the
-# two is what listening to the API costs or buys.
+# batch_size|interval|more YAML for its admission section|more flags for the simulated users. The
+# adaptive room is the fixed 10-per-100ms one with the controller on: batch_size becomes its
+# ceiling, so any gap between the two is what listening to the API costs or buys. The "+front"
+# rooms are a what-if beyond the contract's client: users within 250 places of the front poll every
+# 100 ms, so they learn READY within about 100 ms of their admission (what a status held open for
+# the front of the line would give) instead of up to pollAfter (2 s) later.
 CROWD_SCENARIOS_ALL=(
-  "no-room||||"
-  "room-100-per-1s|c100|100|1s|"
-  "room-10-per-100ms|c10|10|100ms|"
-  "room-adaptive|cadapt|10|100ms|adaptive: {target_p95: 300ms, min_batch: 1}"
+  "no-room|||||"
+  "room-100-per-1s|c100|100|1s||"
+  "room-10-per-100ms|c10|10|100ms||"
+  "room-adaptive|cadapt|10|100ms|adaptive: {target_p95: 300ms, min_batch: 1}|"
+  "room-10-per-100ms+front|c10f|10|100ms||--front-positions 250 --front-poll-ms 100"
+  "room-adaptive+front|cadaptf|10|100ms|adaptive: {target_p95: 300ms, min_batch: 1}|--front-positions 250 --front-poll-ms 100"
 )
 # A misspelt scenario fails now, not after the build and the other phases.
 if [ -n "$CROWD_SCENARIOS" ]; then
@@ -604,7 +610,7 @@ phase_crowd() {
   local common=(--users "$CROWD_USERS" --ideal-rate 100)
   local runs=() rooms=() n=0 room batch interval extra api args
   for entry in "${selected[@]}"; do
-    IFS='|' read -r label room batch interval extra <<<"$entry"
+    IFS='|' read -r label room batch interval extra client <<<"$entry"
     api=$P_API
     if [ "$QUICK" -eq 1 ] && [ "$n" -gt 0 ]; then
       pick_port; api=$PORT
@@ -623,7 +629,7 @@ phase_crowd() {
       *s) interval=$((${interval%s} * 1000)) ;;
       *) die "crowd scenario $label: interval '$interval' is neither ms nor s" ;;
     esac
-    runs+=("$label|--mode room --target ${WR_URL[$room]} --backend http://127.0.0.1:$api --redis 127.0.0.1:$P_REDIS --prefix $room --batch-size $batch --interval-ms $interval")
+    runs+=("$label|--mode room --target ${WR_URL[$room]} --backend http://127.0.0.1:$api --redis 127.0.0.1:$P_REDIS --prefix $room --batch-size $batch --interval-ms $interval${client:+ $client}")
   done
   local pids=() run pid
   n=0

@@ -103,6 +103,14 @@ pub struct CrowdArgs {
     /// (the longest pollAfter plus its jitter: 10 s + 10 %).
     #[arg(long, default_value_t = 11.0)]
     poll_slack_s: f64,
+    /// A what-if, not the contract's client: users at or before this position poll every
+    /// `--front-poll-ms` instead of when `pollAfter` says, i.e. they learn READY within that
+    /// long of their admission, as a status held open for the front of the line would tell them.
+    /// 0 = off.
+    #[arg(long, default_value_t = 0)]
+    front_positions: u64,
+    #[arg(long, default_value_t = 100)]
+    front_poll_ms: u64,
     #[arg(long, default_value_t = 250)]
     sample_ms: u64,
     /// The room's `admission.batch_size` (room mode): the batch in force whenever the room holds
@@ -237,6 +245,8 @@ impl RedisPool {
 }
 
 struct Shared {
+    front_positions: u64,
+    front_poll: Duration,
     mode: Mode,
     client: Client<HttpConnector, Full<Bytes>>,
     gate: Semaphore,
@@ -286,6 +296,7 @@ struct Reply {
 struct QueueAnswer {
     status: String,
     poll_after: Option<u64>,
+    position: Option<u64>,
     token: Option<String>,
     estimated_wait_time: Option<u64>,
     retry_after: Option<u64>,
@@ -405,7 +416,13 @@ async fn room_user(index: u32, user: String, arrive: Duration, s: Arc<Shared>, r
                                     None => bump(&s.c.tickets_missing),
                                 }
                             }
-                            tokio::time::sleep(jittered(&mut rng, a.poll_after.unwrap_or(1))).await;
+                            let near_front = a.position.is_some_and(|p| p <= s.front_positions);
+                            let pause = if near_front {
+                                s.front_poll.mul_f64(1.0 + JITTER * rng.unit())
+                            } else {
+                                jittered(&mut rng, a.poll_after.unwrap_or(1))
+                            };
+                            tokio::time::sleep(pause).await;
                             Step::Poll
                         }
                         Some(a) if a.status == "NOT_IN_QUEUE" => {
@@ -630,6 +647,8 @@ pub async fn run(a: CrowdArgs) -> Result<()> {
         order: parse(&a.target, &a.order_path)?,
         backend_stats: parse(&a.backend, "/admin/stats")?,
         request_timeout: Duration::from_secs(a.request_timeout_s),
+        front_positions: a.front_positions,
+        front_poll: Duration::from_millis(a.front_poll_ms.max(1)),
         c: Counters::default(),
         redis: a.redis.clone().map(|addr| RedisPool::new(addr, 8)),
         queue_key: format!("{{{}}}:queue", a.prefix),
@@ -772,6 +791,8 @@ pub async fn run(a: CrowdArgs) -> Result<()> {
             "errors": s.c.errors.load(Ordering::Relaxed),
         },
         "conns": a.conns,
+        "front_positions": a.front_positions,
+        "front_poll_ms": a.front_poll_ms,
         "series": series,
     });
     let text = serde_json::to_string_pretty(&summary).map_err(ctx("json"))?;
