@@ -44,8 +44,8 @@ pub const FRESH_FOR: Duration = Duration::from_millis(50);
 /// under a millisecond): local answers stop at once rather than when the mark has aged, so a
 /// frozen Redis is met by the polls themselves within about 30 ms of its last answer.
 pub const SUSPECT_AFTER: Duration = Duration::from_millis(20);
-/// At most this many learned numbers are kept (about 70 bytes each); past it, new users are
-/// answered by Redis until admission frees room.
+/// At most this many learned numbers are kept; past it, new users are answered by Redis until
+/// admission frees room.
 const MAX_USERS: usize = 1_000_000;
 
 /// Whether polls under `config` may be answered here: not when each poll must reach Redis.
