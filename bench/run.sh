@@ -108,10 +108,10 @@ fi
 
 if [ "$QUICK" -eq 1 ]; then
   : "${ROUNDS:=1}" "${DURATION:=2}" "${CROWD_USERS:=500}"
-  WARMUP=0 GROWTH_DURATION=1 IDLE_CONNS=1000 RB_N=50000 TOKENS_PER_S=25000
+  WARMUP=0 GROWTH_DURATION=1 IDLE_CONNS=1000 RB_N=50000 TOKENS_PER_S=40000
 else
   : "${ROUNDS:=3}" "${DURATION:=10}" "${CROWD_USERS:=20000}"
-  WARMUP=1 GROWTH_DURATION=5 IDLE_CONNS=10000 RB_N=1000000 TOKENS_PER_S=25000
+  WARMUP=1 GROWTH_DURATION=5 IDLE_CONNS=10000 RB_N=1000000 TOKENS_PER_S=40000
 fi
 GROWTH_SIZES=(1000 100000 1000000)
 [ "$QUICK" -eq 1 ] && GROWTH_SIZES=(1000 100000)
@@ -423,8 +423,15 @@ target_run() {
   esac
   wrk_run "$kind" "$bench" "$target" "$round" "$url" "$script" "$dur" "" "${env[@]}"
   case "$bench" in
-    # Back to a line of exactly QUEUE_SIZE: the new users queued behind the seeded ones.
-    enter_new) rcli ZREMRANGEBYSCORE "{bench}:queue" "($QUEUE_SIZE" +inf >/dev/null ;;
+    # Back to a line of exactly QUEUE_SIZE: the new users queued behind the seeded ones leave, the
+    # counter goes back to the seeded line's end and the room gets a new epoch (the proxies drop
+    # the numbers they learned). Without that the line would have a gap at its back, and the
+    # proxies would answer every later poll from Redis (src/line.rs).
+    enter_new)
+      rcli ZREMRANGEBYSCORE "{bench}:queue" "($QUEUE_SIZE" +inf >/dev/null
+      rcli SET "{bench}:seq" "$QUEUE_SIZE" >/dev/null
+      rcli DEL "{bench}:epoch" >/dev/null
+      ;;
     protected) rm -f "$OUT/tmp/pairs-$TOKEN_TAG.txt" ;;
   esac
 }
