@@ -181,10 +181,9 @@ async fn enter_teaches_the_number_and_entering_again_is_answered_locally() {
     assert_eq!(proxy.enter("u4").await.json()["position"], 1);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stopped_redis_ends_local_answers_at_once() {
-    let mut redis = RedisServer::start();
-    let api = DemoApi::start(&[]);
+/// A proxy (redis.timeout 300 ms) whose user "u1" waits at position 1 and has been answered
+/// locally once.
+async fn known_waiting_user(redis: &RedisServer, api: &DemoApi) -> Proxy {
     let proxy = Proxy::builder(&redis.url(), api.addr())
         .yaml(NO_ADMISSION)
         .yaml("redis: {timeout: 300ms}")
@@ -194,34 +193,39 @@ async fn a_stopped_redis_ends_local_answers_at_once() {
     tokio::time::sleep(SETTLE).await;
     assert_eq!(proxy.status("u1").await.json()["position"], 1);
     assert_eq!(proxy.status("u1").await.json()["position"], 1);
-    redis.stop();
-    // The reading every 10 ms fails at once against a stopped server; 100 ms is plenty.
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let r = proxy.status("u1").await;
-    assert_eq!(r.status, 503, "{}", r.body);
+    proxy
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_frozen_redis_ends_local_answers_within_tens_of_milliseconds() {
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&[]);
-    let proxy = Proxy::builder(&redis.url(), api.addr())
-        .yaml(NO_ADMISSION)
-        .yaml("redis: {timeout: 300ms}")
-        .start()
-        .await;
-    assert_eq!(proxy.enter("u1").await.status, 200);
-    tokio::time::sleep(SETTLE).await;
-    assert_eq!(proxy.status("u1").await.json()["position"], 1);
-    redis.freeze();
-    // The reading sent at most 10 ms after the freeze is suspect 20 ms later.
-    tokio::time::sleep(Duration::from_millis(60)).await;
+/// Both of u1's calls meet Redis's absence: 503 within the timeout, no position from memory.
+async fn assert_unavailable_for_u1(proxy: &Proxy) {
     for call in ["status", "enter"] {
         let started = std::time::Instant::now();
         let r = if call == "status" { proxy.status("u1").await } else { proxy.enter("u1").await };
         assert_eq!(r.status, 503, "{call}: {}", r.body);
         assert!(started.elapsed() < Duration::from_millis(400), "{call} took {:?}", started.elapsed());
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_redis_ends_local_answers_at_once() {
+    let mut redis = RedisServer::start();
+    let api = DemoApi::start(&[]);
+    let proxy = known_waiting_user(&redis, &api).await;
+    redis.stop();
+    // The reading every 10 ms fails at once against a stopped server; 100 ms is plenty.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_unavailable_for_u1(&proxy).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_redis_ends_local_answers_within_tens_of_milliseconds() {
+    let redis = RedisServer::start();
+    let api = DemoApi::start(&[]);
+    let proxy = known_waiting_user(&redis, &api).await;
+    redis.freeze();
+    // The reading sent at most 10 ms after the freeze is suspect 20 ms later.
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    assert_unavailable_for_u1(&proxy).await;
     redis.thaw();
 }
 
