@@ -9,6 +9,10 @@
 //! its first score every [`REFRESH_EVERY`]; a user's number is learned from their first status
 //! answered by Redis. Every other poll of a waiting user is answered here.
 //!
+//! With a single-URL Redis the watcher also holds a pub/sub subscription to a channel nobody
+//! publishes on: a Redis that dies closes it at once, and local answers stop then, not at the
+//! next reading.
+//!
 //! The guards, each falling back to the exact answer from Redis:
 //! - a reading older than [`FRESH_FOR`], or one that has been waiting for Redis's answer longer
 //!   than [`SUSPECT_AFTER`] (Redis slow, frozen or gone: the poll then meets Redis's own answer,
@@ -30,6 +34,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use futures_util::StreamExt;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 
@@ -44,6 +49,8 @@ pub const FRESH_FOR: Duration = Duration::from_millis(50);
 /// under a millisecond): local answers stop at once rather than when the mark has aged, so a
 /// frozen Redis is met by the polls themselves within about 30 ms of its last answer.
 pub const SUSPECT_AFTER: Duration = Duration::from_millis(20);
+/// How long the canary's subscription may take to set up before it is tried again.
+const CANARY_CONNECT: Duration = Duration::from_secs(1);
 /// At most this many learned numbers are kept; past it, new users are answered by Redis until
 /// admission frees room.
 const MAX_USERS: usize = 1_000_000;
@@ -169,6 +176,26 @@ impl LineWatcher {
         }
     }
 
+    /// Subscribes to the room's watch channel and waits for the subscription to end, over and
+    /// over: each end means the connection dropped, and the line is invalidated at once.
+    async fn canary(&self, client: redis::Client) {
+        let channel = self.room.keys().line_watch.clone();
+        loop {
+            let subscribed = tokio::time::timeout(CANARY_CONNECT, async {
+                let mut pubsub = client.get_async_pubsub().await?;
+                pubsub.subscribe(&channel).await?;
+                Ok::<_, redis::RedisError>(pubsub)
+            })
+            .await;
+            if let Ok(Ok(pubsub)) = subscribed {
+                let mut messages = pubsub.into_on_message();
+                while messages.next().await.is_some() {}
+            }
+            self.line.invalidate();
+            tokio::time::sleep(REFRESH_EVERY).await;
+        }
+    }
+
     async fn read(&self) {
         self.line.reading();
         match self.room.read_line().await {
@@ -194,9 +221,17 @@ impl BackgroundService for LineWatcher {
     async fn start(&self, mut shutdown: ShutdownWatch) {
         let mut tick = tokio::time::interval(REFRESH_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let canary = async {
+            match self.room.single_client() {
+                Some(client) => self.canary(client).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::pin!(canary);
         loop {
             tokio::select! {
                 _ = tick.tick() => self.read().await,
+                _ = &mut canary => {}
                 _ = shutdown.changed() => return,
             }
         }

@@ -168,6 +168,15 @@ impl Connector {
         Ok(Connector { target })
     }
 
+    /// The client of a single-URL target (`redis.url`), for a connection of its own (a pub/sub
+    /// subscription); `None` for a cluster or sentinel target.
+    pub fn single_client(&self) -> Option<redis::Client> {
+        match &self.target {
+            Target::Single { client, .. } => Some(client.clone()),
+            _ => None,
+        }
+    }
+
     /// A clone of the service's connection, opening it on first use (and, for a sentinel target,
     /// again after it was dropped).
     pub async fn get(&self) -> Result<RedisConn, StoreError> {

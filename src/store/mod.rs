@@ -102,6 +102,9 @@ pub struct Keys {
     pub heard: String,
     /// A random value that changes when the room is reset (see `crate::line`).
     pub epoch: String,
+    /// A pub/sub channel nobody publishes on: the line watcher's subscription to it ends the
+    /// moment Redis goes away.
+    pub line_watch: String,
 }
 
 impl Keys {
@@ -121,6 +124,7 @@ impl Keys {
             admissions: format!("{tag}:admission:log"),
             heard: format!("{tag}:heard"),
             epoch: format!("{tag}:epoch"),
+            line_watch: format!("{tag}:line:watch"),
         }
     }
 
@@ -569,6 +573,11 @@ impl Room {
             })
         })
         .await
+    }
+
+    /// The client of a single-URL Redis (see [`Connector::single_client`]).
+    pub fn single_client(&self) -> Option<redis::Client> {
+        self.connector.single_client()
     }
 
     /// Gives the room an epoch if it has none (a new room, or one reset since).
