@@ -108,6 +108,19 @@ impl LocalLine {
         (number > left && number <= last).then(|| number - left)
     }
 
+    /// The user's position, when `config` lets polls be answered here and it can be told.
+    pub fn position_under(&self, config: &Config, user: &str) -> Option<u64> {
+        answers_locally(config).then(|| self.position(user)).flatten()
+    }
+
+    /// Remembers what an answer from Redis read of the user (see [`LocalLine::learn`]), when
+    /// `config` lets polls be answered here.
+    pub fn learn_under(&self, config: &Config, user: &str, arrival: Option<&(u64, String)>) {
+        if let (true, Some((number, epoch))) = (answers_locally(config), arrival) {
+            self.learn(user, *number, epoch);
+        }
+    }
+
     /// Remembers a waiting user's arrival number, read from Redis in `epoch`.
     pub fn learn(&self, user: &str, number: u64, epoch: &str) {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());

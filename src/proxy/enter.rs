@@ -7,7 +7,7 @@ use pingora::proxy::Session;
 use super::{identity, Answer, Ctx};
 use crate::admission::Pacing;
 use crate::config::Config;
-use crate::line::{self, LocalLine};
+use crate::line::LocalLine;
 use crate::metrics;
 use crate::rules;
 use crate::store::{EnterOutcome, EnterRequest, Room, RoomRules};
@@ -30,12 +30,9 @@ pub async fn handle(
     let pacing = Pacing::new(config);
     // Entering again while waiting changes nothing (same place, no new number, no limit spent)
     // unless Redis must hear of it: then it is the status answer.
-    let local_answers = line::answers_locally(config);
-    if local_answers {
-        if let Some(position) = local.position(user) {
-            metrics::ENTER_TOTAL.with_label_values(&["already_waiting"]).inc();
-            return Answer::waiting(position, pacing.pace(), config);
-        }
+    if let Some(position) = local.position_under(config, user) {
+        metrics::ENTER_TOTAL.with_label_values(&["already_waiting"]).inc();
+        return Answer::waiting(position, pacing.pace(), config);
     }
     let request = EnterRequest {
         user,
@@ -46,9 +43,7 @@ pub async fn handle(
     let (result, answer) = match room.enter_with(request, &RoomRules::from_config(config)).await {
         Ok(entered) => {
             metrics::ABANDONED_TOTAL.inc_by(entered.abandoned);
-            if let (true, Some((number, epoch))) = (local_answers, &entered.arrival) {
-                local.learn(user, *number, epoch);
-            }
+            local.learn_under(config, user, entered.arrival.as_ref());
             match entered.outcome {
                 EnterOutcome::Waiting { position, already } => (
                     if already { "already_waiting" } else { "queued" },

@@ -6,7 +6,7 @@ use pingora::proxy::Session;
 use super::{identity, Answer, Ctx};
 use crate::admission::Pacing;
 use crate::config::Config;
-use crate::line::{self, LocalLine};
+use crate::line::LocalLine;
 use crate::metrics;
 use crate::store::{Room, RoomRules, StatusOutcome};
 
@@ -25,20 +25,15 @@ pub async fn handle(
         Err(problem) => return Answer::identity(problem),
     };
     let pacing = Pacing::new(config);
-    let local_answers = line::answers_locally(config);
-    if local_answers {
-        if let Some(position) = local.position(user) {
-            metrics::STATUS_TOTAL.with_label_values(&["WAITING"]).inc();
-            return Answer::waiting(position, pacing.pace(), config);
-        }
+    if let Some(position) = local.position_under(config, user) {
+        metrics::STATUS_TOTAL.with_label_values(&["WAITING"]).inc();
+        return Answer::waiting(position, pacing.pace(), config);
     }
     let rules = RoomRules::from_config(config);
     let (label, answer) = match room.status_with(user, pacing.poll_clock(config), &rules).await {
         Ok(status) => {
             metrics::ABANDONED_TOTAL.inc_by(status.abandoned);
-            if let (true, Some((number, epoch))) = (local_answers, &status.arrival) {
-                local.learn(user, *number, epoch);
-            }
+            local.learn_under(config, user, status.arrival.as_ref());
             match status.outcome {
                 StatusOutcome::Waiting { position } => {
                     ("WAITING", Answer::waiting(position, pacing.pace(), config))
