@@ -190,9 +190,12 @@ impl LineWatcher {
     }
 
     /// Subscribes to the room's watch channel and waits for the subscription to end, over and
-    /// over: each end means the connection dropped, and the line is invalidated at once.
+    /// over: each end means the connection dropped, and the line is invalidated at once. A Redis
+    /// that refuses the subscription itself (an ACL without channel rights) leaves the readings
+    /// alone to guard the line.
     async fn canary(&self, client: redis::Client) {
         let channel = self.room.keys().line_watch.clone();
+        let mut pause = REFRESH_EVERY;
         loop {
             let subscribed = tokio::time::timeout(CANARY_CONNECT, async {
                 let mut pubsub = client.get_async_pubsub().await?;
@@ -200,12 +203,22 @@ impl LineWatcher {
                 Ok::<_, redis::RedisError>(pubsub)
             })
             .await;
-            if let Ok(Ok(pubsub)) = subscribed {
-                let mut messages = pubsub.into_on_message();
-                while messages.next().await.is_some() {}
+            match subscribed {
+                Ok(Ok(pubsub)) => {
+                    pause = REFRESH_EVERY;
+                    let mut messages = pubsub.into_on_message();
+                    while messages.next().await.is_some() {}
+                }
+                Ok(Err(error)) if !(error.is_io_error() || error.is_connection_dropped() || error.is_timeout()) => {
+                    tracing::warn!(%error, "Redis refused the line watcher's subscription; a dead Redis is noticed at the next line reading instead");
+                    return std::future::pending().await;
+                }
+                _ => {}
             }
             self.line.invalidate();
-            tokio::time::sleep(REFRESH_EVERY).await;
+            tokio::time::sleep(pause).await;
+            // Redis is away: try again, but not 100 times a second.
+            pause = (pause * 2).min(Duration::from_secs(1));
         }
     }
 

@@ -230,6 +230,24 @@ async fn a_frozen_redis_ends_local_answers_within_tens_of_milliseconds() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_that_refuses_the_watch_subscription_still_gets_local_answers() {
+    let redis = RedisServer::start();
+    let mut conn = redis.conn().await;
+    // An ACL without channel rights: SUBSCRIBE answers NOPERM.
+    let _: () = redis::cmd("ACL").arg("SETUSER").arg("default").arg("resetchannels").query_async(&mut conn).await.unwrap();
+    let api = DemoApi::start(&[]);
+    let proxy = known_waiting_user(&redis, &api).await;
+    let before = command_calls(&mut conn, "zrank").await;
+    for _ in 0..5 {
+        assert_eq!(proxy.status("u1").await.json()["position"], 1);
+    }
+    let fallbacks = command_calls(&mut conn, "zrank").await - before;
+    assert!(fallbacks <= 2, "{fallbacks} of 5 polls reached Redis");
+    let logs = proxy.logs();
+    assert!(logs.contains("refused the line watcher's subscription"), "{logs}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_abandonment_every_poll_reaches_redis() {
     let redis = RedisServer::start();
     let api = DemoApi::start(&[]);
