@@ -34,28 +34,9 @@ fn key(proxy: &Proxy, suffix: &str) -> String {
     format!("{{{}}}:{suffix}", proxy.key_prefix())
 }
 
-/// Starts a proxy and waits for its room's first admission tick (the schedule key appears).
+/// A proxy whose room has had its first admission tick (see `ProxyBuilder::start_settled`).
 async fn start_settled(db: &Db, builder: &ProxyBuilder) -> Proxy {
-    let proxy = builder.start().await;
-    let schedule = key(&proxy, "admission:next");
-    let ticked = wait_until(Duration::from_secs(10), Duration::from_millis(20), || {
-        let mut db = db.clone();
-        let schedule = schedule.clone();
-        async move {
-            redis::cmd("EXISTS")
-                .arg(&schedule)
-                .query_async::<i64>(&mut db)
-                .await
-                .is_ok_and(|n| n == 1)
-        }
-    })
-    .await;
-    assert!(
-        ticked,
-        "no first admission tick within 10 s:\n{}",
-        proxy.logs()
-    );
-    proxy
+    builder.start_settled(db).await
 }
 
 async fn zcard(db: &Db, key: &str) -> u64 {

@@ -143,32 +143,9 @@ async fn zcard(redis: &RedisServer, proxy: &Proxy) -> u64 {
         .expect("ZCARD")
 }
 
-/// Starts a proxy and waits for the room's first admission tick, which happens at start while the
-/// line is still empty. With a long interval nobody is admitted afterwards during the test, so
-/// positions stay exactly as entered. The tick is seen through the schedule key it writes
-/// (src/store.rs `Keys::next_admission`).
+/// A proxy whose room has had its first admission tick (see `ProxyBuilder::start_settled`).
 async fn start_settled(redis: &RedisServer, builder: &ProxyBuilder) -> Proxy {
-    let proxy = builder.start().await;
-    let key = redis_key(&proxy, "admission:next");
-    let conn = redis.conn().await;
-    let ticked = wait_until(Duration::from_secs(10), Duration::from_millis(10), || {
-        let mut conn = conn.clone();
-        let key = key.clone();
-        async move {
-            redis::cmd("EXISTS")
-                .arg(&key)
-                .query_async::<i64>(&mut conn)
-                .await
-                .is_ok_and(|n| n == 1)
-        }
-    })
-    .await;
-    assert!(
-        ticked,
-        "no first admission tick within 10 s:\n{}",
-        proxy.logs()
-    );
-    proxy
+    builder.start_settled(&redis.conn().await).await
 }
 
 /// A response read off a raw socket.

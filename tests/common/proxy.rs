@@ -204,6 +204,32 @@ impl ProxyBuilder {
         }
     }
 
+    /// Starts a proxy and waits for its room's first admission tick, which happens at start while
+    /// the line is still empty: with a long interval nobody is admitted afterwards, so positions
+    /// stay exactly as entered. The tick is seen through the schedule key it writes
+    /// (`{prefix}:admission:next`), read on `conn` (a single server's or a cluster's).
+    pub async fn start_settled<C>(&self, conn: &C) -> Proxy
+    where
+        C: redis::aio::ConnectionLike + Clone + Send,
+    {
+        let proxy = self.start().await;
+        let key = format!("{{{}}}:admission:next", proxy.key_prefix());
+        let ticked = super::wait_until(Duration::from_secs(10), Duration::from_millis(10), || {
+            let mut conn = conn.clone();
+            let key = key.clone();
+            async move {
+                redis::cmd("EXISTS")
+                    .arg(&key)
+                    .query_async::<i64>(&mut conn)
+                    .await
+                    .is_ok_and(|n| n == 1)
+            }
+        })
+        .await;
+        assert!(ticked, "no first admission tick within 10 s:\n{}", proxy.logs());
+        proxy
+    }
+
     /// Spawns and waits until `/healthz` answers 200 and `listen` accepts TCP. Retries on new
     /// ports when the proxy lost a free-port race; panics with the proxy's output otherwise.
     pub async fn start(&self) -> Proxy {
