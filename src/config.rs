@@ -404,9 +404,6 @@ pub struct Config {
     pub polling: PollingConfig,
     pub abuse: AbuseConfig,
     pub page: PageConfig,
-    /// `poll_after` as position thresholds for the Redis scripts (derived, see
-    /// [`rules::poll_thresholds`](crate::rules::poll_thresholds)).
-    pub poll_thresholds: Vec<(u64, Duration)>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -481,14 +478,6 @@ pub struct AdmissionConfig {
     pub instant: bool,
     pub max_active: u64,
     pub adaptive: Option<AdaptiveConfig>,
-}
-
-impl AdmissionConfig {
-    /// Whether any switch of contract section 11 is on: then estimates use the room's measured
-    /// rate and the batch in force instead of `batch_size / interval`.
-    pub fn listens(&self) -> bool {
-        self.instant || self.max_active > 0 || self.adaptive.is_some()
-    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -629,7 +618,12 @@ impl Config {
         let page = v.page(raw.page);
 
         if let (Some(abandon), Some(tiers)) = (abandon_after, poll_after.as_ref()) {
-            let longest = tiers.iter().map(|t| t.poll_after).max().unwrap_or_default();
+            // What users are told: answers carry whole seconds, rounded up.
+            let longest = tiers
+                .iter()
+                .map(|t| Duration::from_secs(crate::rules::ceil_secs(t.poll_after)))
+                .max()
+                .unwrap_or_default();
             if !abandon.is_zero() && abandon < longest {
                 v.fail::<()>(
                     "queue.abandon_after",
@@ -643,15 +637,7 @@ impl Config {
         if v.problems.is_empty() {
             // Every Option below is Some when no problem was recorded.
             let unwrap = "validated above";
-            let admission: AdmissionConfig = admission.expect(unwrap);
-            let poll_after = poll_after.expect(unwrap);
-            let rate = crate::rules::Rate {
-                batch: admission.batch_size.get() as u64,
-                interval: admission.interval,
-            };
-            let poll_thresholds = crate::rules::poll_thresholds(rate, &poll_after);
             Ok(Config {
-                poll_thresholds,
                 listen: listen.expect(unwrap),
                 metrics_listen: metrics_listen.expect(unwrap),
                 upstream: upstream.expect(unwrap),
@@ -659,14 +645,14 @@ impl Config {
                 identity: identity.expect(unwrap),
                 token: TokenConfig { header: token_header.expect(unwrap), ttl: ttl.expect(unwrap) },
                 protected: protected.expect(unwrap),
-                admission,
+                admission: admission.expect(unwrap),
                 queue: QueueConfig {
                     capacity: NonZeroU64::new(capacity.expect(unwrap)).expect(unwrap),
                     retry_after: retry_after.expect(unwrap),
                     abandon_after: abandon_after.expect(unwrap),
                 },
                 endpoints: EndpointsConfig { prefix: prefix.expect(unwrap) },
-                poll_after,
+                poll_after: poll_after.expect(unwrap),
                 shutdown_grace: shutdown_grace.expect(unwrap),
                 reload_watch: raw.reload.watch,
                 polling: polling.expect(unwrap),
@@ -676,11 +662,6 @@ impl Config {
         } else {
             Err(ConfigError { problems: v.problems })
         }
-    }
-
-    /// The rate the room admits at, in users per second, from the configured batch and interval.
-    pub fn admission_rate(&self) -> f64 {
-        self.admission.batch_size.get() as f64 / self.admission.interval.as_secs_f64()
     }
 
     /// Resolves `upstream` to the address connections go to.
@@ -1138,7 +1119,6 @@ mod tests {
         assert_eq!(tiers, vec![(60, 10), (10, 5), (0, 2)]);
         assert_eq!(c.shutdown_grace, Duration::from_secs(10));
         assert!(!c.reload_watch);
-        assert_eq!(c.admission_rate(), 100.0);
     }
 
     #[test]

@@ -1,22 +1,16 @@
 //! The running configuration, swappable without a restart (SIGHUP, section 6 of the contract).
 //!
-//! Readers take a snapshot per request (`load()`), so a reload never changes the rules half way
-//! through one request. Only what can change safely while serving does; the rest is logged as
-//! needing a restart and kept as it was.
+//! Readers take a snapshot per request ([`RoomState::settings`]), so a reload never changes the
+//! rules half way through one request. Only what can change safely while serving does; the rest
+//! is logged as needing a restart and kept as it was. The room's policy is compiled once here,
+//! from the merged file, not per request.
 
 use std::path::Path;
-use std::sync::Arc;
-
-use arc_swap::ArcSwap;
 
 use crate::config::{Config, ConfigError};
 use crate::metrics;
-
-pub type LiveConfig = Arc<ArcSwap<Config>>;
-
-pub fn new(config: Config) -> LiveConfig {
-    Arc::new(ArcSwap::from_pointee(config))
-}
+use crate::policy::Settings;
+use crate::state::RoomState;
 
 /// What a reload changed: settings now in force, and settings that wait for a restart.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -72,13 +66,14 @@ pub fn merge(running: &Config, mut next: Config) -> (Config, Changes) {
 }
 
 /// Re-reads the file and swaps it in when valid; an invalid file leaves everything as it was.
-pub fn reload(live: &LiveConfig, path: &Path) -> Result<Changes, ConfigError> {
+pub fn reload(state: &RoomState, path: &Path) -> Result<Changes, ConfigError> {
     match Config::load(path) {
         Ok(next) => {
-            let (merged, changes) = merge(&live.load(), next);
-            live.store(Arc::new(merged));
+            let (merged, changes) = merge(&state.settings().config, next);
+            let settings = Settings::new(merged);
+            metrics::ADMISSION_RATE.set(settings.policy.configured_rate());
+            state.replace_settings(settings);
             metrics::CONFIG_RELOADS_TOTAL.with_label_values(&["ok"]).inc();
-            metrics::ADMISSION_RATE.set(live.load().admission_rate());
             tracing::info!(applied = ?changes.applied, "configuration reloaded");
             for key in &changes.need_restart {
                 tracing::warn!(key, "configuration change needs a restart to take effect; keeping the running value");

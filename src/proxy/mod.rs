@@ -14,7 +14,6 @@ mod protected;
 mod status;
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -27,15 +26,11 @@ use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 pub use answer::Answer;
 
 use crate::config::Config;
-use crate::line::LocalLine;
-use crate::live::LiveConfig;
-use crate::metrics;
 use crate::identity::Refusal;
+use crate::metrics;
 use crate::rules;
+use crate::state::{InFlight, RoomState};
 use crate::store::Room;
-
-/// Requests being handled right now; graceful shutdown waits for this to reach zero.
-pub static IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
 
 /// What kind of request this is, decided once from method and path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -85,29 +80,24 @@ pub struct Ctx {
     spend: Option<String>,
     upstream_started: Option<Instant>,
     upstream_status: Option<u16>,
+    /// Counts the request for a graceful stop until the context is dropped.
+    _in_flight: InFlight,
 }
 
-impl Drop for Ctx {
-    fn drop(&mut self) {
-        IN_FLIGHT.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-/// The proxy service: the live configuration, this service's handle on the room, the upstream.
+/// The proxy service: the room state, this service's handle on the room's Redis, the upstream.
 pub struct Waitroom {
-    config: LiveConfig,
+    state: Arc<RoomState>,
     room: Arc<Room>,
-    line: Arc<LocalLine>,
     upstream: Box<HttpPeer>,
 }
 
 impl Waitroom {
-    pub fn new(config: LiveConfig, room: Room, line: Arc<LocalLine>, upstream: SocketAddr) -> Waitroom {
+    pub fn new(state: Arc<RoomState>, room: Room, upstream: SocketAddr) -> Waitroom {
         let mut peer = HttpPeer::new(upstream, false, String::new());
         // A backend that does not accept within this is as good as down: answer 502 rather than
         // hold the user's connection.
         peer.options.connection_timeout = Some(Duration::from_secs(3));
-        Waitroom { config, room: Arc::new(room), line, upstream: Box::new(peer) }
+        Waitroom { state, room: Arc::new(room), upstream: Box::new(peer) }
     }
 }
 
@@ -197,7 +187,6 @@ impl ProxyHttp for Waitroom {
     type CTX = Ctx;
 
     fn new_ctx(&self) -> Ctx {
-        IN_FLIGHT.fetch_add(1, Ordering::AcqRel);
         Ctx {
             endpoint: Endpoint::Passthrough,
             started: Instant::now(),
@@ -205,14 +194,16 @@ impl ProxyHttp for Waitroom {
             spend: None,
             upstream_started: None,
             upstream_status: None,
+            _in_flight: self.state.request_started(),
         }
     }
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> Result<bool> {
-        let config = self.config.load();
+        let settings = self.state.settings();
+        let config = &settings.config;
         limit_slow_clients(session);
         let header = session.req_header();
-        ctx.endpoint = Endpoint::classify(&config, &header.method, header.uri.path());
+        ctx.endpoint = Endpoint::classify(config, &header.method, header.uri.path());
         if own_body_too_large(session, ctx.endpoint).await? {
             write_answer(session, Answer::error(413, "request body too large")).await?;
             return Ok(true);
@@ -222,13 +213,13 @@ impl ProxyHttp for Waitroom {
             Endpoint::Passthrough => return Ok(false),
             Endpoint::Page => {
                 let accept_language = header.headers.get(http::header::ACCEPT_LANGUAGE);
-                let page = crate::page::render(&config, accept_language.map(|v| v.as_bytes()));
+                let page = crate::page::render(config, accept_language.map(|v| v.as_bytes()));
                 write_page(session, page).await?;
                 return Ok(true);
             }
-            Endpoint::Enter => enter::handle(&config, &self.room, &self.line, session, ctx).await,
-            Endpoint::Status => status::handle(&config, &self.room, &self.line, session, ctx).await,
-            Endpoint::Protected => match protected::check(&config, &self.room, session, ctx).await {
+            Endpoint::Enter => enter::handle(&self.state, &settings, &self.room, session, ctx).await,
+            Endpoint::Status => status::handle(&self.state, &settings, &self.room, session, ctx).await,
+            Endpoint::Protected => match protected::check(config, &self.room, session, ctx).await {
                 None => return Ok(false),
                 Some(refusal) => refusal,
             },
@@ -269,11 +260,11 @@ impl ProxyHttp for Waitroom {
                 .observe(latency.as_secs_f64());
             // What the adaptive controller listens to (see crate::admission).
             if ctx.endpoint == Endpoint::Protected {
-                crate::admission::UPSTREAM_LATENCIES.record(latency);
+                self.state.latencies().record(latency);
             }
         }
         if let (Some(token), Some(user)) = (ctx.spend.take(), ctx.user.as_deref()) {
-            let ttl = self.config.load().token.ttl;
+            let ttl = self.state.settings().config.token.ttl;
             protected::settle(&self.room, user, &token, status, ttl).await;
         }
         Ok(())
