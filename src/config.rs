@@ -7,14 +7,16 @@
 //! sees all of them at once, each with its key path.
 
 use std::fmt;
-use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::net::{SocketAddr, ToSocketAddrs};
 use std::num::{NonZeroU32, NonZeroU64};
 use std::path::Path;
 use std::time::Duration;
 
 use http::{HeaderName, Method};
 
-use crate::rules::PollTier;
+use crate::rules::{Cidr, PollTier};
+
+pub use crate::identity::{IdentityConfig, JwtConfig};
 
 /// One problem in a configuration file, named by its key path.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -422,44 +424,6 @@ pub struct RedisConfig {
 }
 
 #[derive(Debug, Clone)]
-pub enum IdentityConfig {
-    /// Trusted-header mode: the layer in front names the user.
-    Header(HeaderName),
-    /// A verified JWT names the user; keys parsed at load (see [`crate::identity`]).
-    Jwt(std::sync::Arc<crate::identity::JwtVerifier>),
-}
-
-/// `identity.jwt`, validated, with its key material read (the HS256 secret from the environment,
-/// the public key file's bytes); [`crate::identity::JwtVerifier::new`] parses the keys.
-#[derive(Clone)]
-pub struct JwtConfig {
-    pub from: crate::identity::TokenSource,
-    pub algorithms: Vec<jsonwebtoken::Algorithm>,
-    pub secret: Option<Vec<u8>>,
-    pub public_key_pem: Option<Vec<u8>>,
-    pub claim: String,
-    pub issuer: Option<String>,
-    pub audience: Option<String>,
-    pub leeway: Duration,
-}
-
-impl fmt::Debug for JwtConfig {
-    /// Never the secret.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("JwtConfig")
-            .field("from", &self.from)
-            .field("algorithms", &self.algorithms)
-            .field("secret", &self.secret.as_ref().map(|_| "[redacted]"))
-            .field("public_key_pem", &self.public_key_pem.as_ref().map(Vec::len))
-            .field("claim", &self.claim)
-            .field("issuer", &self.issuer)
-            .field("audience", &self.audience)
-            .field("leeway", &self.leeway)
-            .finish()
-    }
-}
-
-#[derive(Debug, Clone)]
 pub struct TokenConfig {
     pub header: HeaderName,
     pub ttl: Duration,
@@ -515,46 +479,6 @@ pub struct AbuseConfig {
 pub struct PageConfig {
     pub ready_url: String,
     pub enabled: bool,
-}
-
-/// An address block from `abuse.trusted_proxies`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Cidr {
-    pub addr: IpAddr,
-    pub prefix_len: u8,
-}
-
-impl Cidr {
-    pub fn parse(text: &str) -> Option<Cidr> {
-        let (addr, len) = match text.split_once('/') {
-            Some((a, l)) => (a.parse::<IpAddr>().ok()?, Some(l.parse::<u8>().ok()?)),
-            None => (text.parse::<IpAddr>().ok()?, None),
-        };
-        let max = if addr.is_ipv4() { 32 } else { 128 };
-        let prefix_len = len.unwrap_or(max);
-        (prefix_len <= max).then_some(Cidr { addr, prefix_len })
-    }
-
-    pub fn contains(&self, ip: IpAddr) -> bool {
-        fn masked(bits: u128, len: u8, width: u8) -> u128 {
-            if len == 0 {
-                0
-            } else {
-                bits >> (width - len)
-            }
-        }
-        match (self.addr, ip) {
-            (IpAddr::V4(net), IpAddr::V4(ip)) => {
-                masked(u32::from(net) as u128, self.prefix_len, 32)
-                    == masked(u32::from(ip) as u128, self.prefix_len, 32)
-            }
-            (IpAddr::V6(net), IpAddr::V6(ip)) => {
-                masked(u128::from(net), self.prefix_len, 128)
-                    == masked(u128::from(ip), self.prefix_len, 128)
-            }
-            _ => false,
-        }
-    }
 }
 
 impl Config {
@@ -1210,15 +1134,5 @@ mod tests {
         let got = problems("upstream: a:1\nqueue: {abandon_after: 5s}");
         assert!(got[0].starts_with("queue.abandon_after"), "{got:?}");
         assert!(problems("upstream: a:1\nqueue: {abandon_after: 0s}").is_empty());
-    }
-
-    #[test]
-    fn cidr_matching() {
-        let c = Cidr::parse("10.0.0.0/8").unwrap();
-        assert!(c.contains("10.1.2.3".parse().unwrap()));
-        assert!(!c.contains("11.0.0.1".parse().unwrap()));
-        assert!(Cidr::parse("::1").unwrap().contains("::1".parse().unwrap()));
-        assert!(Cidr::parse("1.2.3.4/33").is_none());
-        assert!(Cidr::parse("0.0.0.0/0").unwrap().contains("8.8.8.8".parse().unwrap()));
     }
 }

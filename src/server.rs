@@ -69,7 +69,7 @@ fn worker_threads() -> usize {
 pub fn run(config: Config, config_path: PathBuf) -> Result<(), StartError> {
     let upstream = preflight(&config)?;
     claim_sighup()?;
-    for warning in crate::identity::startup_warnings(&config) {
+    for warning in crate::identity::startup_warnings(&config.identity, config.listen) {
         tracing::warn!("{warning}");
     }
     metrics::init();
