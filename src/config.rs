@@ -151,6 +151,8 @@ pub mod raw {
         pub audience: Option<String>,
         #[serde(default = "d_jwt_leeway")]
         pub leeway: String,
+        #[serde(default = "d_jwt_forward_header")]
+        pub forward_header: String,
     }
 
     #[derive(Debug, Deserialize)]
@@ -329,6 +331,9 @@ pub mod raw {
     }
     fn d_jwt_claim() -> String {
         s("sub")
+    }
+    fn d_jwt_forward_header() -> String {
+        s("X-User-Id")
     }
     fn d_jwt_leeway() -> String {
         s("30s")
@@ -841,6 +846,7 @@ impl Validator {
             }
         }
         let leeway = self.duration("identity.jwt.leeway", &j.leeway);
+        let forward_header = self.header_name("identity.jwt.forward_header", &j.forward_header);
         (self.problems.len() == before).then_some(())?;
         Some(JwtConfig {
             from: from?,
@@ -851,6 +857,7 @@ impl Validator {
             issuer: j.issuer,
             audience: j.audience,
             leeway: leeway?,
+            forward_header: forward_header?,
         })
     }
 

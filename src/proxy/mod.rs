@@ -10,6 +10,7 @@
 
 mod answer;
 mod enter;
+pub mod headers;
 mod protected;
 mod status;
 
@@ -25,7 +26,7 @@ use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 
 pub use answer::Answer;
 
-use crate::config::Config;
+use crate::config::{Config, IdentityConfig};
 use crate::identity::Refusal;
 use crate::metrics;
 use crate::rules;
@@ -99,6 +100,27 @@ impl Waitroom {
         peer.options.connection_timeout = Some(Duration::from_secs(3));
         Waitroom { state, room: Arc::new(room), upstream: Box::new(peer) }
     }
+}
+
+/// Keeps the identity header (trusted-header mode) and the token header out of `Connection`'s
+/// reach, so they travel to the upstream as the client sent them (see [`headers`]).
+fn shield_room_headers(config: &Config, session: &mut Session) -> Result<()> {
+    let headers = &session.req_header().headers;
+    if !headers.contains_key(http::header::CONNECTION) {
+        return Ok(());
+    }
+    let lines = match &config.identity {
+        IdentityConfig::Header(identity) => headers::shielded_connection(headers, &[identity, &config.token.header]),
+        IdentityConfig::Jwt(_) => headers::shielded_connection(headers, &[&config.token.header]),
+    };
+    if let Some(lines) = lines {
+        let request = session.req_header_mut();
+        request.remove_header(&http::header::CONNECTION);
+        for line in lines {
+            request.append_header(http::header::CONNECTION, line)?;
+        }
+    }
+    Ok(())
 }
 
 /// The user named by the request (trusted header or verified JWT, see [`crate::identity`]),
@@ -202,6 +224,7 @@ impl ProxyHttp for Waitroom {
         let settings = self.state.settings();
         let config = &settings.config;
         limit_slow_clients(session);
+        shield_room_headers(config, session)?;
         let header = session.req_header();
         ctx.endpoint = Endpoint::classify(config, &header.method, header.uri.path());
         if own_body_too_large(session, ctx.endpoint).await? {
@@ -239,6 +262,25 @@ impl ProxyHttp for Waitroom {
     async fn upstream_peer(&self, _session: &mut Session, ctx: &mut Ctx) -> Result<Box<HttpPeer>> {
         ctx.upstream_started = Some(Instant::now());
         Ok(self.upstream.clone())
+    }
+
+    /// Runs after pingora has removed the hop-by-hop headers: what is set here reaches the
+    /// upstream whatever the client's `Connection` said.
+    async fn upstream_request_filter(
+        &self,
+        _session: &mut Session,
+        upstream_request: &mut RequestHeader,
+        ctx: &mut Ctx,
+    ) -> Result<()> {
+        if ctx.endpoint != Endpoint::Protected {
+            return Ok(());
+        }
+        if let (IdentityConfig::Jwt(verifier), Some(user)) = (&self.state.settings().config.identity, &ctx.user) {
+            // The verified identity replaces whatever the client sent under that name, so the
+            // upstream can credit the order to the user the room admitted.
+            upstream_request.insert_header(verifier.forward_header.clone(), user.as_str())?;
+        }
+        Ok(())
     }
 
     async fn upstream_response_filter(

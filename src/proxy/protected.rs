@@ -31,8 +31,13 @@ async fn decide(
         Ok(user) => ctx.user.insert(user),
         Err(problem) => return ("unauthenticated", Some(Answer::identity(problem))),
     };
-    let presented = match session.req_header().headers.get(&config.token.header) {
-        Some(v) if !v.is_empty() => v.as_bytes(),
+    let mut tokens = session.req_header().headers.get_all(&config.token.header).iter();
+    let presented = match (tokens.next(), tokens.next()) {
+        // The proxy would check one copy and the upstream might read the other.
+        (Some(_), Some(_)) => {
+            return ("forbidden", Some(Answer::error(400, "the entry token header must be sent once")))
+        }
+        (Some(v), None) if !v.is_empty() => v.as_bytes(),
         _ => return ("forbidden", Some(Answer::error(403, "an entry token is required"))),
     };
     match room.current_token(user).await {
