@@ -51,8 +51,8 @@ command -v redis-cli >/dev/null || missing+=(redis-tools)
 command -v curl >/dev/null || missing+=(curl)
 [ "${#missing[@]}" -eq 0 ] || apt_install "${missing[@]}"
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
-WRBENCH=$BENCH/target/release/wrbench
-[ -x "$WRBENCH" ] || cargo build --release --quiet --manifest-path "$BENCH/Cargo.toml"
+WRBENCH=${CARGO_TARGET_DIR:-$ROOT/target}/release/wrbench
+[ -x "$WRBENCH" ] || (cd "$ROOT" && cargo build --release --quiet -p waitroom-bench)
 
 OUT=${OUT:-$BENCH/out/callgrind}
 rm -rf "$OUT"

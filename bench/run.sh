@@ -6,8 +6,9 @@
 #   bench/run.sh --quick    smoke mode: 1 round of 2 s, a crowd of 500 (well under a minute once
 #                           built; reuses existing binaries; no thresholds)
 #
-# It installs what is missing (nginx, wrk, redis-server, redis-tools; apt-get), builds waitroom in
-# release (`cargo build --release --bins`) and the bench tools (bench/, its own Cargo package),
+# It installs what is missing (nginx, wrk, redis-server, redis-tools; apt-get), builds waitroom and
+# the demo order API in release (`cargo build --release --bins`) and the bench tools (`wrbench`,
+# bench/, a workspace member left out of `cargo test`: `cargo build -p waitroom-bench`),
 # then starts on free loopback ports: the demo order API, nginx as the baseline reverse proxy
 # (proxy_pass, upstream keepalive), a fresh Redis without persistence, and waitroom (its own
 # generated configuration); and measures:
@@ -165,10 +166,16 @@ fi
 [ -x "$API_BIN" ] || die "no demo-order-api binary at $API_BIN"
 say "measuring $WR_BIN ($PROFILE, built $(date -r "$WR_BIN" '+%F %T'))"
 
-WRBENCH=$BENCH/target/release/wrbench
+# The smoke mode's wrbench is a debug build too: 500 users need no optimiser, and the debug build
+# reuses much of what the test suite compiled just before in CI.
+if [ "$QUICK" -eq 1 ]; then
+  WRBENCH=$TARGET_DIR/debug/wrbench BENCH_PROFILE=()
+else
+  WRBENCH=$TARGET_DIR/release/wrbench BENCH_PROFILE=(--release)
+fi
 if [ "$BUILD" -eq 1 ] || [ ! -x "$WRBENCH" ]; then
-  say "building the bench tools (bench/)"
-  cargo build --release --quiet --manifest-path "$BENCH/Cargo.toml"
+  say "building the bench tools (cargo build ${BENCH_PROFILE[*]} -p waitroom-bench)"
+  (cd "$ROOT" && cargo build "${BENCH_PROFILE[@]}" --quiet -p waitroom-bench)
 fi
 
 # ------------------------------------------------------------------------------------------------

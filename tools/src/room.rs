@@ -139,10 +139,14 @@ impl Room {
             .await
     }
 
-    /// A GET outside the crowd's connection limit (metrics, the backend's stats): an observer's
-    /// look must not queue behind the users it observes.
-    pub async fn get(&self, uri: &Uri, timeout: Duration) -> Option<Reply> {
-        let request = Request::get(uri.clone()).body(Full::default()).ok()?;
+    /// A request outside the crowd's connection limit (metrics, the backend's stats): an
+    /// observer's look must not queue behind the users it observes.
+    pub async fn observe(&self, method: Method, uri: &Uri, timeout: Duration) -> Option<Reply> {
+        let request = Request::builder()
+            .method(method)
+            .uri(uri.clone())
+            .body(Full::default())
+            .ok()?;
         tokio::time::timeout(timeout, self.call(request))
             .await
             .ok()?

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use http::header::HeaderName;
-use http::Uri;
+use http::{Method, Uri};
 use serde::Serialize;
 use tokio::time::Instant;
 use waitroom_tools::crowd::{lock, run_tag, Counters, Crowd, Ending, Journey, Next, Visit, Watcher};
@@ -118,7 +118,9 @@ impl Watcher for Watch {
 
 /// The room's `waitroom_queue_length`, if a metrics URL was given and answers.
 async fn queue_length(room: &Room, metrics: Option<&Uri>) -> Option<u64> {
-    let reply = room.get(metrics?, Duration::from_millis(500)).await?;
+    let reply = room
+        .observe(Method::GET, metrics?, Duration::from_millis(500))
+        .await?;
     if reply.status != 200 {
         return None;
     }
