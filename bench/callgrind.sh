@@ -58,13 +58,7 @@ OUT=${OUT:-$BENCH/out/callgrind}
 rm -rf "$OUT"
 mkdir -p "$OUT"
 PIDS=()
-cleanup() {
-  local pid
-  for pid in "${PIDS[@]}"; do kill -INT "$pid" 2>/dev/null || true; done
-  sleep 0.5
-  for pid in "${PIDS[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-}
+cleanup() { stop_all 0.5 "${PIDS[@]}"; }
 trap cleanup EXIT
 
 port() { local p; for _ in $(seq 1 100); do p=$((20000 + RANDOM % 12000)); port_in_use "$p" || { echo "$p"; return; }; done; die "no port"; }

@@ -197,13 +197,7 @@ RAW=$OUT/raw.jsonl
 [ "$APPEND" -eq 1 ] || : >"$RAW"
 
 PIDS=()
-cleanup() {
-  local pid
-  for pid in "${PIDS[@]}"; do kill -INT "$pid" 2>/dev/null || true; done
-  sleep 0.3
-  for pid in "${PIDS[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-}
+cleanup() { stop_all 0.3 "${PIDS[@]}"; }
 trap cleanup EXIT
 stop_pid() {
   kill -INT "$1" 2>/dev/null || true
@@ -377,7 +371,7 @@ mint() {
 # wrk
 # ------------------------------------------------------------------------------------------------
 for s in status_one users enter_new pass protected; do
-  cat "$BENCH/wrk/$s.lua" "$BENCH/wrk/report.lua" >"$OUT/wrk/$s.lua"
+  cat "$BENCH/wrk/$s.lua" "$BENCH/wrk/common.lua" >"$OUT/wrk/$s.lua"
 done
 
 # wrk_run KIND BENCH TARGET ROUND URL SCRIPT DURATION EXTRA_JSON [VAR=VALUE...]

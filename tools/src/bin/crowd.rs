@@ -28,11 +28,9 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// contract's longest default `pollAfter`.
 const ESTIMATE_KEPT: Duration = Duration::from_secs(10);
 
-#[derive(Parser, Debug)]
-#[command(
-    name = "crowd",
-    about = "Simulated users who enter a waitroom line, poll as told, and order when READY"
-)]
+/// Simulated users who enter a waitroom line, poll as told, and order when READY
+#[derive(Parser)]
+#[command(name = "crowd")]
 struct Cli {
     /// Base URL of the waitroom proxy.
     #[arg(long, default_value = "http://127.0.0.1:8080")]
