@@ -25,7 +25,6 @@
 //! waiting for one of them is waiting to be served: that time counts in their latency.
 
 use std::collections::VecDeque;
-use std::future::Future;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -192,20 +191,18 @@ impl Watch {
 }
 
 impl Watcher for Watch {
-    fn waiting(&self, index: u32, user: &str, _answer: &QueueAnswer, first: bool) -> impl Future<Output = ()> + Send {
-        async move {
-            if !first {
-                return;
-            }
-            let ticket = match &self.redis {
-                Some(pool) => pool.cmd(&[b"ZSCORE", self.queue_key.as_bytes(), user.as_bytes()]).await,
-                None => None,
-            };
-            match ticket.and_then(|r| r.as_i64()).and_then(|t| u64::try_from(t).ok()) {
-                Some(t) => self.tickets[index as usize].store(t, Ordering::Relaxed),
-                None => {
-                    self.tickets_missing.fetch_add(1, Ordering::Relaxed);
-                }
+    async fn waiting(&self, index: u32, user: &str, _answer: &QueueAnswer, first: bool) {
+        if !first {
+            return;
+        }
+        let ticket = match &self.redis {
+            Some(pool) => pool.cmd(&[b"ZSCORE", self.queue_key.as_bytes(), user.as_bytes()]).await,
+            None => None,
+        };
+        match ticket.and_then(|r| r.as_i64()).and_then(|t| u64::try_from(t).ok()) {
+            Some(t) => self.tickets[index as usize].store(t, Ordering::Relaxed),
+            None => {
+                self.tickets_missing.fetch_add(1, Ordering::Relaxed);
             }
         }
     }

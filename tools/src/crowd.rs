@@ -239,7 +239,9 @@ impl<W: Watcher> Crowd<W> {
                         self.room.enter(&me.name).await
                     };
                     match reply {
-                        Ok(reply) if reply.status == 200 => self.on_queue_answer(&reply, &mut me).await,
+                        Ok(reply) if reply.status == 200 => {
+                            self.on_queue_answer(&reply, &mut me).await
+                        }
                         Ok(reply) => self.refused(&reply).await,
                         Err(_) => self.failed(Step::Enter).await,
                     }
@@ -301,7 +303,9 @@ impl<W: Watcher> Crowd<W> {
                     }
                     first
                 };
-                self.watcher.waiting(me.index, &me.name, &answer, first).await;
+                self.watcher
+                    .waiting(me.index, &me.name, &answer, first)
+                    .await;
                 let near_front = self
                     .front
                     .as_ref()
@@ -449,7 +453,10 @@ pub fn run_tag() -> String {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_nanos())
         .unwrap_or(0);
-    format!("{:08x}", (nanos as u64 ^ u64::from(std::process::id()).rotate_left(32)) as u32)
+    format!(
+        "{:08x}",
+        (nanos as u64 ^ u64::from(std::process::id()).rotate_left(32)) as u32
+    )
 }
 
 #[cfg(test)]

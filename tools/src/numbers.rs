@@ -50,7 +50,10 @@ mod tests {
     fn nearest_rank_percentiles() {
         let v: Vec<f64> = (1..=100).map(f64::from).collect();
         let at = |p| percentile(&v, p);
-        assert_eq!((at(50.0), at(95.0), at(99.0), at(100.0)), (50.0, 95.0, 99.0, 100.0));
+        assert_eq!(
+            (at(50.0), at(95.0), at(99.0), at(100.0)),
+            (50.0, 95.0, 99.0, 100.0)
+        );
         assert_eq!(percentile(&[], 99.0), 0.0);
     }
 }

@@ -117,13 +117,19 @@ impl Room {
     }
 
     pub async fn enter(&self, user: &str) -> Result<Reply, String> {
-        self.send(self.request(Method::POST, &self.enter, user).body(Full::default()))
-            .await
+        self.send(
+            self.request(Method::POST, &self.enter, user)
+                .body(Full::default()),
+        )
+        .await
     }
 
     pub async fn status(&self, user: &str) -> Result<Reply, String> {
-        self.send(self.request(Method::GET, &self.status, user).body(Full::default()))
-            .await
+        self.send(
+            self.request(Method::GET, &self.status, user)
+                .body(Full::default()),
+        )
+        .await
     }
 
     /// The protected order; without a token it is what a user sends when there is no room.

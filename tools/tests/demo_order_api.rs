@@ -84,7 +84,9 @@ impl Drop for DemoApi {
 
 /// A server with a single slot, held by an order of `service_time_ms` that is running when this
 /// returns (its answer is the handle's).
-async fn one_slot_held(service_time_ms: u64) -> Result<(DemoApi, JoinHandle<reqwest::Result<reqwest::Response>>)> {
+async fn one_slot_held(
+    service_time_ms: u64,
+) -> Result<(DemoApi, JoinHandle<reqwest::Result<reqwest::Response>>)> {
     let api = DemoApi::start(1, service_time_ms).await?;
     let holder = tokio::spawn(api.order().send());
     api.wait_for_stat("inFlight", 1).await?;

@@ -15,7 +15,9 @@ use http::header::HeaderName;
 use http::{Method, Uri};
 use serde::Serialize;
 use tokio::time::Instant;
-use waitroom_tools::crowd::{lock, run_tag, Counters, Crowd, Ending, Journey, Next, Visit, Watcher};
+use waitroom_tools::crowd::{
+    lock, run_tag, Counters, Crowd, Ending, Journey, Next, Visit, Watcher,
+};
 use waitroom_tools::numbers::percentile;
 use waitroom_tools::room::{url, QueueAnswer, Room, RoomSettings};
 
@@ -107,7 +109,9 @@ impl Watcher for Watch {
     }
 
     fn ordered(&self, journey: &Journey) {
-        if let (Some(arrived), Some(ready), Some(done)) = (journey.arrived, journey.ready, journey.done) {
+        if let (Some(arrived), Some(ready), Some(done)) =
+            (journey.arrived, journey.ready, journey.done)
+        {
             lock(&self.order_latency).push(done - ready);
             lock(&self.line_wait).push(ready - arrived);
         }
@@ -216,7 +220,10 @@ struct Percentiles {
 impl Percentiles {
     /// Nearest-rank percentiles, in milliseconds.
     fn of(samples: &Mutex<Vec<Duration>>) -> Percentiles {
-        let mut v: Vec<f64> = lock(samples).iter().map(|d| d.as_secs_f64() * 1000.0).collect();
+        let mut v: Vec<f64> = lock(samples)
+            .iter()
+            .map(|d| d.as_secs_f64() * 1000.0)
+            .collect();
         v.sort_by(f64::total_cmp);
         let at = |p: f64| percentile(&v, p);
         Percentiles {
@@ -338,7 +345,9 @@ async fn run(cli: Cli) -> ExitCode {
 
     let started = Instant::now();
     let spread = Duration::from_millis(cli.spread_ms);
-    let mut users = crowd.spawn(cli.users, started, spread, Visit::Room, |i| format!("{id_prefix}-{i}"));
+    let mut users = crowd.spawn(cli.users, started, spread, Visit::Room, |i| {
+        format!("{id_prefix}-{i}")
+    });
     users.give_up_at(started + Duration::from_secs(cli.timeout_s));
 
     let mut progress = Progress {
