@@ -453,10 +453,9 @@ pub fn run_tag() -> String {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_nanos())
         .unwrap_or(0);
-    format!(
-        "{:08x}",
-        (nanos as u64 ^ u64::from(std::process::id()).rotate_left(32)) as u32
-    )
+    // Mixed, so that the clock's low bits and the process id both reach the 32 bits kept.
+    let seed = nanos as u64 ^ (u64::from(std::process::id()) << 32);
+    format!("{:08x}", SplitMix64::new(seed).next_u64() as u32)
 }
 
 #[cfg(test)]
