@@ -360,6 +360,21 @@ fn slow_order(
     })
 }
 
+/// Until the demo API holds an order (`inFlight` >= 1): the order is in flight through the proxy.
+async fn await_upstream_busy(api: &DemoApi) {
+    let busy = wait_until(
+        Duration::from_secs(5),
+        Duration::from_millis(10),
+        || async { api.stats().await["inFlight"].as_u64().unwrap_or(0) >= 1 },
+    )
+    .await;
+    assert!(
+        busy,
+        "the order never reached the upstream: {}",
+        api.stats().await
+    );
+}
+
 // ---- the command line (section 1) ----------------------------------------------------------
 
 #[test]
@@ -461,8 +476,11 @@ fn cli_default_config_path_is_proxy_yaml_in_the_working_directory() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cli_invalid_file_without_check_exits_2_and_never_listens() {
-    // `listen` does not parse; `metrics_listen` does, so we can check that nobody binds it.
-    let listen = local(free_port());
+    // `listen` does not parse; `metrics_listen` does, and is a port held bound (never listening)
+    // by this test: a process that tried to listen there before refusing its config would fail
+    // with "address in use" and exit 1, not 2. (Connecting to a free port after the process
+    // exited proved nothing, and failed whenever a neighbour had taken the port.)
+    let listen = local(closed_port());
     let proxy = Proxy::builder(&closed_redis_url(), local(free_port()))
         .yaml(FOUR_PROBLEMS)
         .yaml(&format!("metrics_listen: \"{listen}\""))
@@ -477,8 +495,8 @@ async fn cli_invalid_file_without_check_exits_2_and_never_listens() {
         );
     }
     assert!(
-        std::net::TcpStream::connect_timeout(&listen, Duration::from_millis(200)).is_err(),
-        "metrics_listen {listen} must not be served by a process that refused its config"
+        !logs.to_ascii_lowercase().contains("in use"),
+        "metrics_listen {listen}: a process that refused its config tried to listen:\n{logs}"
     );
 
     // Missing upstream, without --check, is exit 2 as well.
@@ -1324,11 +1342,24 @@ async fn graceful_stop_with_a_request_in_flight(sig: &str, delay_ms: u64) {
     let first = keepalive_get(&mut idle, proxy.addr()).await;
     assert!(first.starts_with("HTTP/1.1 200"), "{first:?}");
     let order = slow_order(&proxy, "buyer", &token, delay_ms);
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    await_upstream_busy(&api).await;
 
     let signalled = Instant::now();
     proxy.signal(sig);
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Awaited, not slept for: the listener closes (a bare connect is refused). Then a real
+    // request on a new connection must not be served either.
+    let closed = wait_until(
+        Duration::from_secs(2),
+        Duration::from_millis(10),
+        || async { tokio::net::TcpStream::connect(proxy.addr()).await.is_err() },
+    )
+    .await;
+    let closed_after = signalled.elapsed();
+    assert!(
+        closed,
+        "SIG{sig}: new connections still accepted 2 s after the signal\n{}",
+        proxy.logs()
+    );
     let probe = probe_new_connection(proxy.addr(), "/catalog").await;
     let probe_at = signalled.elapsed();
     let reused = keepalive_get(&mut idle, proxy.addr()).await;
@@ -1341,7 +1372,8 @@ async fn graceful_stop_with_a_request_in_flight(sig: &str, delay_ms: u64) {
     let exited_after = signalled.elapsed();
     println!(
         "SIG{sig} with a {delay_ms} ms order in flight: order {:?} after {order_took:?}; \
-         new connection ~{probe_at:?} after the signal: {probe:?}; exit {status:?} {exited_after:?} \
+         listener closed {closed_after:?} after the signal; new connection ~{probe_at:?} after the \
+         signal: {probe:?}; exit {status:?} {exited_after:?} \
          after the signal",
         order.as_ref().map(|r| r.status)
     );
@@ -1407,7 +1439,7 @@ async fn a_request_longer_than_the_grace_does_not_hold_the_exit() {
         .await;
     let token = proxy.until_ready("slow", Duration::from_secs(5)).await;
     let order = slow_order(&proxy, "slow", &token, 4000);
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    await_upstream_busy(&api).await;
     let signalled = Instant::now();
     proxy.signal("TERM");
     let status = proxy.wait_exit(Duration::from_secs(6)).await;
