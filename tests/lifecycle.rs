@@ -1141,7 +1141,6 @@ async fn changing_addresses_or_redis_needs_a_restart_and_keeps_serving() {
 /// shop's front end holding a token) keep working with the old prefix, identity header and token
 /// header until the restart; the new ones do nothing yet.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "issue 15: endpoints.prefix, identity and token.header are applied on reload"]
 async fn changing_prefix_identity_or_token_header_needs_a_restart_and_keeps_serving() {
     let redis = RedisServer::start();
     let api = DemoApi::start(&[]);
