@@ -18,6 +18,17 @@ use crate::rules::{Cidr, PollTier};
 
 pub use crate::identity::{IdentityConfig, JwtConfig};
 
+/// The shortest admission interval served: the ticker and the Redis schedule count in
+/// microseconds, but below a millisecond a tick's own round trip is the interval.
+const MIN_INTERVAL: Duration = Duration::from_millis(1);
+/// Longer intervals (and token lifetimes) than a day are typos, and a duration of years would
+/// overflow the microsecond and millisecond counts handed to Redis.
+const MAX_INTERVAL: Duration = Duration::from_secs(24 * 3600);
+const MAX_TOKEN_TTL: Duration = Duration::from_secs(24 * 3600);
+/// Every tick hands the admit script one fresh token per place in the batch (Lua has no secure
+/// randomness): 10,000 is about 370 KB per call. A higher rate takes a shorter interval.
+const MAX_BATCH: u32 = 10_000;
+
 /// One problem in a configuration file, named by its key path.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Problem {
@@ -533,7 +544,7 @@ impl Config {
         let redis = v.redis(raw.redis);
         let identity = v.identity(raw.identity, folder);
         let token_header = v.header_name("token.header", &raw.token.header);
-        let ttl = v.positive_duration("token.ttl", &raw.token.ttl);
+        let ttl = v.bounded_duration("token.ttl", &raw.token.ttl, Duration::from_millis(1), MAX_TOKEN_TTL);
         let protected = v.routes(raw.protected);
         let admission = v.admission(raw.admission);
         let capacity = v.positive("queue.capacity", raw.queue.capacity);
@@ -553,12 +564,15 @@ impl Config {
                 .map(|t| Duration::from_secs(crate::rules::ceil_secs(t.poll_after)))
                 .max()
                 .unwrap_or_default();
-            if !abandon.is_zero() && abandon < longest {
+            // Twice: a user who polls as told is late by network delays and the page's jitter,
+            // and one lost poll must not cost the place.
+            let floor = longest * 2;
+            if !abandon.is_zero() && abandon < floor {
                 v.fail::<()>(
                     "queue.abandon_after",
                     format!(
-                        "must be 0s or at least the longest poll_after ({}), or users who poll as told are dropped",
-                        humantime::format_duration(longest)
+                        "must be 0s or at least twice the longest poll_after ({}), or users who poll as told are dropped",
+                        humantime::format_duration(floor)
                     ),
                 );
             }
@@ -627,6 +641,22 @@ impl Validator {
         let d = self.duration(path, text)?;
         if d.is_zero() {
             return self.fail(path, "must be greater than 0");
+        }
+        Some(d)
+    }
+
+    /// A duration within `min..=max`, both shown in the message when it is not.
+    fn bounded_duration(&mut self, path: &str, text: &str, min: Duration, max: Duration) -> Option<Duration> {
+        let d = self.duration(path, text)?;
+        if d < min || d > max {
+            return self.fail(
+                path,
+                format!(
+                    "must be between {} and {}",
+                    humantime::format_duration(min),
+                    humantime::format_duration(max)
+                ),
+            );
         }
         Some(d)
     }
@@ -883,8 +913,12 @@ impl Validator {
     }
 
     fn admission(&mut self, a: raw::Admission) -> Option<AdmissionConfig> {
-        let interval = self.positive_duration("admission.interval", &a.interval);
+        let interval = self.bounded_duration("admission.interval", &a.interval, MIN_INTERVAL, MAX_INTERVAL);
         let batch_size = self.batch("admission.batch_size", a.batch_size);
+        if batch_size.is_some_and(|b| b.get() > MAX_BATCH) {
+            self.fail::<()>("admission.batch_size", format!("must be at most {MAX_BATCH} (raise the rate with a shorter interval)"));
+            return None;
+        }
         let max_active = self.non_negative("admission.max_active", a.max_active);
         let adaptive = match a.adaptive {
             None => Some(None),
@@ -1137,9 +1171,30 @@ mod tests {
     }
 
     #[test]
-    fn abandon_after_must_cover_the_longest_poll() {
-        let got = problems("upstream: a:1\nqueue: {abandon_after: 5s}");
-        assert!(got[0].starts_with("queue.abandon_after"), "{got:?}");
+    fn abandon_after_must_cover_twice_the_longest_poll() {
+        for short in ["5s", "19s", "19999ms"] {
+            let got = problems(&format!("upstream: a:1\nqueue: {{abandon_after: {short}}}"));
+            assert!(got[0].starts_with("queue.abandon_after"), "{short}: {got:?}");
+        }
+        assert!(problems("upstream: a:1\nqueue: {abandon_after: 20s}").is_empty());
         assert!(problems("upstream: a:1\nqueue: {abandon_after: 0s}").is_empty());
+        // Told in whole seconds: a 1.5 s tier is a 2 s pollAfter, so 4 s is the floor.
+        let tiers = "poll_after: [{min_wait: 0s, poll_after: 1500ms}]";
+        assert!(!problems(&format!("upstream: a:1\n{tiers}\nqueue: {{abandon_after: 3s}}")).is_empty());
+        assert!(problems(&format!("upstream: a:1\n{tiers}\nqueue: {{abandon_after: 4s}}")).is_empty());
+    }
+
+    #[test]
+    fn values_that_would_stop_admission_are_refused() {
+        for (yaml, key) in [
+            ("admission: {interval: 200us}", "admission.interval"),
+            ("admission: {interval: 25h}", "admission.interval"),
+            ("admission: {batch_size: 10001}", "admission.batch_size"),
+            ("token: {ttl: 25h}", "token.ttl"),
+        ] {
+            let got = problems(&format!("upstream: a:1\n{yaml}"));
+            assert!(got.len() == 1 && got[0].starts_with(key), "{yaml}: {got:?}");
+        }
+        assert!(problems("upstream: a:1\nadmission: {interval: 1ms, batch_size: 10000}\ntoken: {ttl: 24h}").is_empty());
     }
 }
