@@ -19,5 +19,6 @@ pub mod policy;
 pub mod proxy;
 pub mod rules;
 pub mod server;
+pub mod spent;
 pub mod state;
 pub mod store;

@@ -242,7 +242,7 @@ impl ProxyHttp for Waitroom {
             }
             Endpoint::Enter => enter::handle(&self.state, &settings, &self.room, session, ctx).await,
             Endpoint::Status => status::handle(&self.state, &settings, &self.room, session, ctx).await,
-            Endpoint::Protected => match protected::check(config, &self.room, session, ctx).await {
+            Endpoint::Protected => match protected::check(config, &self.room, self.state.spent(), session, ctx).await {
                 None => return Ok(false),
                 Some(refusal) => refusal,
             },
@@ -307,7 +307,7 @@ impl ProxyHttp for Waitroom {
         }
         if let (Some(token), Some(user)) = (ctx.spend.take(), ctx.user.as_deref()) {
             let ttl = self.state.settings().config.token.ttl;
-            protected::settle(&self.room, user, &token, status, ttl).await;
+            protected::settle(&self.room, self.state.spent(), user, &token, status, ttl).await;
         }
         Ok(())
     }
