@@ -145,7 +145,7 @@ impl Admitter {
         let config = self.config.load();
         let rules = RoomRules::from_config(&config);
         let interval = rules.interval;
-        match self.room.admit_with(&rules).await {
+        match self.room.admit(&rules).await {
             Ok(outcome) => {
                 let label = match (outcome.was_due, outcome.admitted) {
                     (false, _) => "early",

@@ -49,7 +49,7 @@ impl RoomWatcher {
         let config = self.config.load();
         let room_rules = RoomRules::from_config(&config);
         let listens = room_rules.listens();
-        match self.room.watch(Some(&room_rules)).await {
+        match self.room.watch(&room_rules).await {
             Ok(stats) => {
                 let batch_size = config.admission.batch_size.get();
                 // The batch in force: the controller's, within the bounds configured now (as the

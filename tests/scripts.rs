@@ -15,7 +15,7 @@ use common::*;
 use redis::aio::MultiplexedConnection;
 use waitroom::config::Config;
 use waitroom::store::{
-    AdmitOutcome, EnterOutcome, EnterRequest, Keys, PollClock, Room, RoomStats, StatusOutcome,
+    AdmitOutcome, EnterOutcome, EnterRequest, Keys, PollClock, Room, RoomRules, StatusOutcome,
     StoreError,
 };
 
@@ -33,19 +33,45 @@ fn open_room(redis: &RedisServer, prefix: &str) -> Room {
     Room::new(&config.redis).expect("room")
 }
 
+/// `enter` as the proxy calls it with every admission switch off.
+async fn enter(room: &Room, request: EnterRequest<'_>) -> Result<EnterOutcome, StoreError> {
+    Ok(room.enter(request, &RoomRules::OFF).await?.outcome)
+}
+
 /// `enter` without the per-address limit and the poll clock (tested on their own below).
 async fn enter_room(room: &Room, user: &str, capacity: u64) -> Result<EnterOutcome, StoreError> {
-    room.enter(EnterRequest {
+    let request = EnterRequest {
         user,
         capacity,
         per_address: None,
         poll: PollClock::OFF,
-    })
-    .await
+    };
+    enter(room, request).await
+}
+
+/// `status` as the proxy calls it without abandonment.
+async fn status(room: &Room, user: &str, poll: PollClock<'_>) -> Result<StatusOutcome, StoreError> {
+    Ok(room.status(user, poll, &RoomRules::OFF).await?.outcome)
 }
 
 async fn status_room(room: &Room, user: &str) -> Result<StatusOutcome, StoreError> {
-    room.status(user, PollClock::OFF).await
+    status(room, user, PollClock::OFF).await
+}
+
+/// One admission tick at the fixed rate.
+async fn admit(
+    room: &Room,
+    interval: Duration,
+    batch: u32,
+    ttl: Duration,
+) -> Result<AdmitOutcome, StoreError> {
+    room.admit(&RoomRules::fixed(interval, batch, ttl)).await
+}
+
+/// The room's numbers at the fixed rate: (users waiting, live tokens).
+async fn counts(room: &Room) -> (u64, u64) {
+    let watch = room.watch(&RoomRules::OFF).await.expect("stats");
+    (watch.waiting, watch.live_tokens)
 }
 
 fn user(i: usize) -> String {
@@ -166,7 +192,7 @@ async fn enter_numbers_arrivals_with_a_redis_counter_and_keeps_places() {
     );
 
     // After the front leaves, numbering carries on from the counter, never reusing a number.
-    let admitted = room.admit(LONG, 1, TTL).await.unwrap();
+    let admitted = admit(&room, LONG, 1, TTL).await.unwrap();
     assert_eq!(admitted.admitted, 1);
     let late = enter_room(&room, "carl", CAPACITY).await.unwrap();
     assert_eq!(
@@ -245,7 +271,7 @@ async fn enter_is_full_at_capacity_but_still_answers_those_already_waiting() {
     );
 
     // Once one leaves, one more fits, and only one.
-    assert_eq!(room.admit(LONG, 1, TTL).await.unwrap().admitted, 1);
+    assert_eq!(admit(&room, LONG, 1, TTL).await.unwrap().admitted, 1);
     assert_eq!(
         enter_room(&room, "late", 3).await.unwrap(),
         EnterOutcome::Waiting {
@@ -306,7 +332,7 @@ async fn enter_answers_ready_while_a_token_is_live() {
     let mut conn = redis.conn().await;
 
     enter_room(&room, "alice", CAPACITY).await.unwrap();
-    assert_eq!(room.admit(LONG, 10, TTL).await.unwrap().admitted, 1);
+    assert_eq!(admit(&room, LONG, 10, TTL).await.unwrap().admitted, 1);
     let token = get(&mut conn, &keys.token("alice"))
         .await
         .expect("token written");
@@ -358,7 +384,7 @@ async fn status_answers_waiting_ready_or_not_in_queue() {
     }
 
     let ttl = Duration::from_secs(30);
-    assert_eq!(room.admit(LONG, 1, ttl).await.unwrap().admitted, 1);
+    assert_eq!(admit(&room, LONG, 1, ttl).await.unwrap().admitted, 1);
     match status_room(&room, &users[0]).await.unwrap() {
         StatusOutcome::Ready {
             token,
@@ -384,7 +410,7 @@ async fn status_answers_waiting_ready_or_not_in_queue() {
         StatusOutcome::NotInQueue
     );
     // Asking never enqueues.
-    assert_eq!(room.stats().await.unwrap().waiting, 3);
+    assert_eq!(counts(&room).await.0, 3);
 }
 
 // ---- admit ------------------------------------------------------------------------------------
@@ -400,7 +426,7 @@ async fn admit_pops_the_front_in_order_and_writes_one_fresh_token_each() {
     enter_all(&room, &users).await;
 
     let interval = Duration::from_secs(10);
-    let first = room.admit(interval, 5, TTL).await.unwrap();
+    let first = admit(&room, interval, 5, TTL).await.unwrap();
     assert_eq!(first.admitted, 5);
     assert!(first.was_due, "the first call of a fresh room is due");
     assert!(
@@ -447,7 +473,7 @@ async fn admit_pops_the_front_in_order_and_writes_one_fresh_token_each() {
     assert_eq!(line, users[5..].to_vec(), "the rest keep their order");
 
     // Within the interval: nothing, and how long to wait.
-    let early = room.admit(interval, 5, TTL).await.unwrap();
+    let early = admit(&room, interval, 5, TTL).await.unwrap();
     assert_eq!(early.admitted, 0);
     assert!(!early.was_due);
     assert!(
@@ -455,11 +481,8 @@ async fn admit_pops_the_front_in_order_and_writes_one_fresh_token_each() {
         "{early:?}"
     );
     assert_eq!(
-        room.stats().await.unwrap(),
-        RoomStats {
-            waiting: 7,
-            live_tokens: 5
-        }
+        counts(&room).await,
+        (7, 5)
     );
 
     // The next due tick takes the next five in order, then the last two: never more than asked.
@@ -469,7 +492,7 @@ async fn admit_pops_the_front_in_order_and_writes_one_fresh_token_each() {
         .query_async(&mut conn)
         .await
         .unwrap();
-    assert_eq!(room.admit(short, 5, TTL).await.unwrap().admitted, 5);
+    assert_eq!(admit(&room, short, 5, TTL).await.unwrap().admitted, 5);
     let line: Vec<String> = zrange_withscores(&mut conn, &keys.queue)
         .await
         .into_iter()
@@ -481,7 +504,7 @@ async fn admit_pops_the_front_in_order_and_writes_one_fresh_token_each() {
         .query_async(&mut conn)
         .await
         .unwrap();
-    let last = room.admit(short, 5, TTL).await.unwrap();
+    let last = admit(&room, short, 5, TTL).await.unwrap();
     assert_eq!(last.admitted, 2);
     assert!(last.was_due);
     for u in &users {
@@ -498,7 +521,7 @@ async fn admit_pops_the_front_in_order_and_writes_one_fresh_token_each() {
         .query_async(&mut conn)
         .await
         .unwrap();
-    let idle = room.admit(short, 5, TTL).await.unwrap();
+    let idle = admit(&room, short, 5, TTL).await.unwrap();
     assert_eq!((idle.admitted, idle.was_due), (0, true));
 }
 
@@ -522,9 +545,9 @@ async fn concurrent_admit_calls_admit_exactly_one_batch_per_interval() {
             .map(|r| {
                 let (r, barrier) = (r.clone(), barrier.clone());
                 tokio::spawn(async move {
-                    r.stats().await.unwrap(); // connect before the race starts
+                    counts(&r).await; // connect before the race starts
                     barrier.wait().await;
-                    r.admit(interval, batch, TTL).await.unwrap()
+                    admit(&r, interval, batch, TTL).await.unwrap()
                 })
             })
             .collect();
@@ -568,7 +591,7 @@ async fn concurrent_admit_calls_admit_exactly_one_batch_per_interval() {
             tokio::spawn(async move {
                 let (mut due, mut admitted) = (0u64, 0u64);
                 while started.elapsed() < run_for {
-                    let o = r.admit(interval, batch, TTL).await.unwrap();
+                    let o = admit(&r, interval, batch, TTL).await.unwrap();
                     due += o.was_due as u64;
                     admitted += o.admitted;
                 }
@@ -611,10 +634,10 @@ async fn admit_skips_missed_intervals_instead_of_catching_up() {
     let interval = Duration::from_millis(100);
     let batch = 2;
 
-    assert_eq!(room.admit(interval, batch, TTL).await.unwrap().admitted, 2);
+    assert_eq!(admit(&room, interval, batch, TTL).await.unwrap().admitted, 2);
     // Three whole intervals pass with no tick (no proxy ran).
     tokio::time::sleep(interval * 3 + Duration::from_millis(50)).await;
-    let resumed = room.admit(interval, batch, TTL).await.unwrap();
+    let resumed = admit(&room, interval, batch, TTL).await.unwrap();
     assert_eq!(
         resumed.admitted, 2,
         "one batch, not a catch-up of three: {resumed:?}"
@@ -624,20 +647,20 @@ async fn admit_skips_missed_intervals_instead_of_catching_up() {
         resumed.next_due > interval / 2 && resumed.next_due <= interval,
         "the schedule restarts from now: {resumed:?}"
     );
-    let again = room.admit(interval, batch, TTL).await.unwrap();
+    let again = admit(&room, interval, batch, TTL).await.unwrap();
     assert_eq!((again.admitted, again.was_due), (0, false), "{again:?}");
 
     // From then on, at most one batch per interval however often it is called.
     let started = Instant::now();
     let mut admitted = 0;
     while started.elapsed() < interval * 3 {
-        admitted += room.admit(interval, batch, TTL).await.unwrap().admitted;
+        admitted += admit(&room, interval, batch, TTL).await.unwrap().admitted;
     }
     assert!(
         (4..=8).contains(&admitted),
         "{admitted} admitted in three intervals after resuming (expected 3-4 batches of {batch})"
     );
-    assert_eq!(room.stats().await.unwrap().waiting, 40 - 4 - admitted);
+    assert_eq!(counts(&room).await.0, 40 - 4 - admitted);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -648,16 +671,16 @@ async fn a_shorter_interval_is_not_held_back_by_a_schedule_made_with_a_longer_on
 
     // The room ran at one batch per hour (its last tick set the next one an hour ahead); then a
     // proxy restarts, or reloads, with 100 ms.
-    assert_eq!(room.admit(LONG, 1, TTL).await.unwrap().admitted, 1);
+    assert_eq!(admit(&room, LONG, 1, TTL).await.unwrap().admitted, 1);
     let interval = Duration::from_millis(100);
-    let first = room.admit(interval, 1, TTL).await.unwrap();
+    let first = admit(&room, interval, 1, TTL).await.unwrap();
     assert!(
         first.next_due <= interval,
         "told to wait {:?} with a 100 ms interval: the old schedule holds the room back",
         first.next_due
     );
     tokio::time::sleep(first.next_due).await;
-    let next = room.admit(interval, 1, TTL).await.unwrap();
+    let next = admit(&room, interval, 1, TTL).await.unwrap();
     assert_eq!(next.admitted, 1, "{next:?}");
 }
 
@@ -671,7 +694,7 @@ async fn consume_deletes_only_the_token_that_was_used() {
     let mut conn = redis.conn().await;
 
     enter_all(&room, &["alice".to_string(), "bob".to_string()]).await;
-    assert_eq!(room.admit(LONG, 2, TTL).await.unwrap().admitted, 2);
+    assert_eq!(admit(&room, LONG, 2, TTL).await.unwrap().admitted, 2);
     let alice = room
         .current_token("alice")
         .await
@@ -682,7 +705,7 @@ async fn consume_deletes_only_the_token_that_was_used() {
         .await
         .unwrap()
         .expect("bob's token");
-    assert_eq!(room.stats().await.unwrap().live_tokens, 2);
+    assert_eq!(counts(&room).await.1, 2);
 
     // Another value (bob's, or a made-up one): nothing happens.
     assert!(!room.consume("alice", &bob).await.unwrap());
@@ -700,7 +723,7 @@ async fn consume_deletes_only_the_token_that_was_used() {
         pttl(&mut conn, &keys.token("alice")).await > 50_000,
         "TTL untouched"
     );
-    assert_eq!(room.stats().await.unwrap().live_tokens, 2);
+    assert_eq!(counts(&room).await.1, 2);
 
     // The right value: deleted, and out of the live-token set; bob untouched.
     assert!(room.consume("alice", &alice).await.unwrap());
@@ -711,7 +734,7 @@ async fn consume_deletes_only_the_token_that_was_used() {
         .map(|(u, _)| u)
         .collect();
     assert_eq!(live, vec!["bob".to_string()]);
-    assert_eq!(room.stats().await.unwrap().live_tokens, 1);
+    assert_eq!(counts(&room).await.1, 1);
     assert_eq!(
         status_room(&room, "alice").await.unwrap(),
         StatusOutcome::NotInQueue
@@ -733,7 +756,7 @@ async fn consume_deletes_only_the_token_that_was_used() {
         .query_async(&mut conn)
         .await
         .unwrap();
-    assert_eq!(room.admit(LONG, 2, TTL).await.unwrap().admitted, 1);
+    assert_eq!(admit(&room, LONG, 2, TTL).await.unwrap().admitted, 1);
     let newer = room
         .current_token("alice")
         .await
@@ -748,7 +771,7 @@ async fn consume_deletes_only_the_token_that_was_used() {
         room.current_token("alice").await.unwrap(),
         Some(newer.clone())
     );
-    assert_eq!(room.stats().await.unwrap().live_tokens, 2);
+    assert_eq!(counts(&room).await.1, 2);
     assert!(room.consume("alice", &newer).await.unwrap());
 }
 
@@ -762,48 +785,36 @@ async fn stats_counts_waiting_and_live_tokens_and_forgets_expired_ones() {
     let mut conn = redis.conn().await;
 
     assert_eq!(
-        room.stats().await.unwrap(),
-        RoomStats {
-            waiting: 0,
-            live_tokens: 0
-        }
+        counts(&room).await,
+        (0, 0)
     );
     let users: Vec<String> = (0..6).map(user).collect();
     enter_all(&room, &users).await;
     assert_eq!(
-        room.stats().await.unwrap(),
-        RoomStats {
-            waiting: 6,
-            live_tokens: 0
-        }
+        counts(&room).await,
+        (6, 0)
     );
 
     // Two short-lived tokens, then (next interval) one long-lived one.
     let short_ttl = Duration::from_millis(400);
     let interval = Duration::from_millis(50);
     assert_eq!(
-        room.admit(interval, 2, short_ttl).await.unwrap().admitted,
+        admit(&room, interval, 2, short_ttl).await.unwrap().admitted,
         2
     );
     assert_eq!(
-        room.stats().await.unwrap(),
-        RoomStats {
-            waiting: 4,
-            live_tokens: 2
-        }
+        counts(&room).await,
+        (4, 2)
     );
     let _: () = redis::cmd("DEL")
         .arg(&keys.next_admission)
         .query_async(&mut conn)
         .await
         .unwrap();
-    assert_eq!(room.admit(interval, 1, TTL).await.unwrap().admitted, 1);
+    assert_eq!(admit(&room, interval, 1, TTL).await.unwrap().admitted, 1);
     assert_eq!(
-        room.stats().await.unwrap(),
-        RoomStats {
-            waiting: 3,
-            live_tokens: 3
-        }
+        counts(&room).await,
+        (3, 3)
     );
 
     // Redis expires the short tokens' keys; stats then drops them from the count (and the set).
@@ -822,18 +833,15 @@ async fn stats_counts_waiting_and_live_tokens_and_forgets_expired_ones() {
         Duration::from_secs(2),
         Duration::from_millis(20),
         || async {
-            room.stats().await.unwrap()
-                == RoomStats {
-                    waiting: 3,
-                    live_tokens: 1,
-                }
+            counts(&room).await
+                == (3, 1)
         },
     )
     .await;
     assert!(
         counted,
         "stats still counts expired tokens: {:?}",
-        room.stats().await.unwrap()
+        counts(&room).await
     );
     let live: Vec<String> = zrange_withscores(&mut conn, &keys.tokens)
         .await
@@ -870,7 +878,7 @@ async fn enforced_polling_refuses_early_status_calls_without_restarting_the_cloc
         poll: POLL_ON,
     };
     assert_eq!(
-        room.enter(request).await.unwrap(),
+        enter(&room, request).await.unwrap(),
         EnterOutcome::Waiting {
             position: 1,
             already: false
@@ -880,7 +888,7 @@ async fn enforced_polling_refuses_early_status_calls_without_restarting_the_cloc
         .await
         .expect("the clock started");
     assert_eq!(
-        room.status("pat", POLL_ON).await.unwrap(),
+        status(&room, "pat", POLL_ON).await.unwrap(),
         StatusOutcome::TooEarly { retry_secs: 1 }
     );
     assert_eq!(
@@ -900,7 +908,7 @@ async fn enforced_polling_refuses_early_status_calls_without_restarting_the_cloc
         Duration::from_millis(20),
         || async {
             !matches!(
-                room.status("pat", POLL_ON).await.unwrap(),
+                status(&room, "pat", POLL_ON).await.unwrap(),
                 StatusOutcome::TooEarly { .. }
             )
         },
@@ -917,14 +925,14 @@ async fn enforced_polling_refuses_early_status_calls_without_restarting_the_cloc
         .expect("clock restarted");
     assert!(restarted.parse::<u64>().unwrap() > clock.parse::<u64>().unwrap());
     assert_eq!(
-        room.status("pat", POLL_ON).await.unwrap(),
+        status(&room, "pat", POLL_ON).await.unwrap(),
         StatusOutcome::TooEarly { retry_secs: 1 }
     );
 
     // Admitted: the user's clock still runs (the last answer said poll in 1 s) ...
-    assert_eq!(room.admit(LONG, 1, TTL).await.unwrap().admitted, 1);
+    assert_eq!(admit(&room, LONG, 1, TTL).await.unwrap().admitted, 1);
     assert!(matches!(
-        room.status("pat", POLL_ON).await.unwrap(),
+        status(&room, "pat", POLL_ON).await.unwrap(),
         StatusOutcome::TooEarly { .. }
     ));
     // ... a READY answer (null pollAfter) stops it: no refusal after that.
@@ -939,7 +947,7 @@ async fn enforced_polling_refuses_early_status_calls_without_restarting_the_cloc
         poll: POLL_ON,
     };
     assert!(matches!(
-        room.enter(request).await.unwrap(),
+        enter(&room, request).await.unwrap(),
         EnterOutcome::Ready { .. }
     ));
     assert_eq!(
@@ -948,13 +956,13 @@ async fn enforced_polling_refuses_early_status_calls_without_restarting_the_cloc
         "READY stops the clock"
     );
     assert!(matches!(
-        room.status("pat", POLL_ON).await.unwrap(),
+        status(&room, "pat", POLL_ON).await.unwrap(),
         StatusOutcome::Ready { .. }
     ));
     // NOT_IN_QUEUE enforces nothing either.
     for _ in 0..3 {
         assert_eq!(
-            room.status("nobody", POLL_ON).await.unwrap(),
+            status(&room, "nobody", POLL_ON).await.unwrap(),
             StatusOutcome::NotInQueue
         );
     }
@@ -979,14 +987,14 @@ async fn enter_limits_new_identities_per_address_and_window() {
         poll: PollClock::OFF,
     };
     assert!(matches!(
-        room.enter(from("a", "192.0.2.1")).await.unwrap(),
+        enter(&room, from("a", "192.0.2.1")).await.unwrap(),
         EnterOutcome::Waiting { .. }
     ));
     assert!(matches!(
-        room.enter(from("b", "192.0.2.1")).await.unwrap(),
+        enter(&room, from("b", "192.0.2.1")).await.unwrap(),
         EnterOutcome::Waiting { .. }
     ));
-    match room.enter(from("c", "192.0.2.1")).await.unwrap() {
+    match enter(&room, from("c", "192.0.2.1")).await.unwrap() {
         EnterOutcome::Limited { retry_secs } => {
             assert!((1..=60).contains(&retry_secs), "{retry_secs}")
         }
@@ -999,17 +1007,17 @@ async fn enter_limits_new_identities_per_address_and_window() {
     );
     // Identities already counted still enter; other addresses have their own count.
     assert_eq!(
-        room.enter(from("b", "192.0.2.1")).await.unwrap(),
+        enter(&room, from("b", "192.0.2.1")).await.unwrap(),
         EnterOutcome::Waiting {
             position: 2,
             already: true
         }
     );
-    assert_eq!(room.admit(LONG, 1, TTL).await.unwrap().admitted, 1);
+    assert_eq!(admit(&room, LONG, 1, TTL).await.unwrap().admitted, 1);
     let token = room.current_token("a").await.unwrap().unwrap();
     assert!(room.consume("a", &token).await.unwrap());
     assert_eq!(
-        room.enter(from("a", "192.0.2.1")).await.unwrap(),
+        enter(&room, from("a", "192.0.2.1")).await.unwrap(),
         EnterOutcome::Waiting {
             position: 2,
             already: false
@@ -1017,7 +1025,7 @@ async fn enter_limits_new_identities_per_address_and_window() {
         "a counted identity may enter again"
     );
     assert!(matches!(
-        room.enter(from("c", "192.0.2.2")).await.unwrap(),
+        enter(&room, from("c", "192.0.2.2")).await.unwrap(),
         EnterOutcome::Waiting { .. }
     ));
 }
@@ -1039,11 +1047,11 @@ async fn every_key_touched_carries_the_room_hash_tag() {
         per_address: Some(("198.51.100.7", 5)),
         poll: POLL_ON,
     };
-    room.enter(limited).await.unwrap();
-    room.status("from-address", POLL_ON).await.unwrap();
+    enter(&room, limited).await.unwrap();
+    status(&room, "from-address", POLL_ON).await.unwrap();
     status_room(&room, &users[4]).await.unwrap();
     status_room(&room, "nobody").await.unwrap();
-    room.admit(Duration::from_millis(10), 3, TTL).await.unwrap();
+    admit(&room, Duration::from_millis(10), 3, TTL).await.unwrap();
     enter_room(&room, &users[0], CAPACITY).await.unwrap();
     let token = room
         .current_token(&users[0])
@@ -1052,7 +1060,7 @@ async fn every_key_touched_carries_the_room_hash_tag() {
         .expect("admitted");
     room.consume(&users[1], "not-it").await.unwrap();
     assert!(room.consume(&users[0], &token).await.unwrap());
-    room.stats().await.unwrap();
+    counts(&room).await;
     assert_eq!(
         enter_room(&room, "capped", 1).await.unwrap(),
         EnterOutcome::Full
@@ -1085,8 +1093,8 @@ async fn every_key_touched_carries_the_room_hash_tag() {
     // Two rooms on one Redis never touch each other's keys.
     let other = open_room(&redis, "shop-us");
     enter_room(&other, "x", CAPACITY).await.unwrap();
-    assert_eq!(room.stats().await.unwrap().waiting, 3);
-    assert_eq!(other.stats().await.unwrap().waiting, 1);
+    assert_eq!(counts(&room).await.0, 3);
+    assert_eq!(counts(&other).await.0, 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1096,8 +1104,8 @@ async fn scripts_are_reloaded_after_the_script_cache_is_flushed() {
     let mut conn = redis.conn().await;
 
     enter_room(&room, "a", CAPACITY).await.unwrap();
-    room.admit(LONG, 1, TTL).await.unwrap();
-    room.stats().await.unwrap();
+    admit(&room, LONG, 1, TTL).await.unwrap();
+    counts(&room).await;
     // A Redis restart or failover empties the script cache: NOSCRIPT must lead to a reload.
     let _: () = redis::cmd("SCRIPT")
         .arg("FLUSH")
@@ -1123,11 +1131,8 @@ async fn scripts_are_reloaded_after_the_script_cache_is_flushed() {
         .await
         .unwrap();
     assert_eq!(
-        room.stats().await.unwrap(),
-        RoomStats {
-            waiting: 1,
-            live_tokens: 1
-        }
+        counts(&room).await,
+        (1, 1)
     );
     let token = room.current_token("a").await.unwrap().unwrap();
     let _: () = redis::cmd("SCRIPT")
@@ -1146,7 +1151,7 @@ async fn scripts_are_reloaded_after_the_script_cache_is_flushed() {
         .query_async(&mut conn)
         .await
         .unwrap();
-    assert_eq!(room.admit(LONG, 1, TTL).await.unwrap().admitted, 1);
+    assert_eq!(admit(&room, LONG, 1, TTL).await.unwrap().admitted, 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1157,7 +1162,7 @@ async fn an_unreachable_redis_is_an_error_within_the_timeout() {
         redis.url()
     );
     let room = Room::new(&Config::parse(&yaml).unwrap().redis).unwrap();
-    room.stats().await.unwrap();
+    counts(&room).await;
 
     // Hanging (frozen) and gone (stopped): each call fails, and within the bound.
     redis.freeze();
@@ -1171,7 +1176,7 @@ async fn an_unreachable_redis_is_an_error_within_the_timeout() {
     redis.stop();
     let started = Instant::now();
     assert!(status_room(&room, "a").await.is_err());
-    assert!(room.admit(LONG, 1, TTL).await.is_err());
+    assert!(admit(&room, LONG, 1, TTL).await.is_err());
     assert!(
         started.elapsed() < Duration::from_millis(800),
         "{:?}",

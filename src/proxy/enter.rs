@@ -40,7 +40,7 @@ pub async fn handle(
         per_address: address.as_deref().map(|a| (a, config.abuse.identities_per_address)),
         poll: pacing.poll_clock(config),
     };
-    let (result, answer) = match room.enter_with(request, &RoomRules::from_config(config)).await {
+    let (result, answer) = match room.enter(request, &RoomRules::from_config(config)).await {
         Ok(entered) => {
             metrics::ABANDONED_TOTAL.inc_by(entered.abandoned);
             local.learn_under(config, user, entered.arrival.as_ref());

@@ -30,7 +30,7 @@ pub async fn handle(
         return Answer::waiting(position, pacing.pace(), config);
     }
     let rules = RoomRules::from_config(config);
-    let (label, answer) = match room.status_with(user, pacing.poll_clock(config), &rules).await {
+    let (label, answer) = match room.status(user, pacing.poll_clock(config), &rules).await {
         Ok(status) => {
             metrics::ABANDONED_TOTAL.inc_by(status.abandoned);
             local.learn_under(config, user, status.arrival.as_ref());

@@ -1,0 +1,146 @@
+//! Entering the line: `lua/enter.lua`, one atomic step (capacity, the arrival number, the
+//! per-address limit, the instant pass, abandonment, the poll clock).
+
+use redis::Value;
+
+use super::{PollClock, Room, RoomRules, StoreError};
+use crate::store::script::needed;
+
+script! {
+    static SCRIPT = [POLL_CLOCK, ADMISSION] "lua/enter.lua" include_str!("../../lua/enter.lua");
+    keys EnterKeys {
+        queue, seq, user_token, user_clock, address_counter, tokens, next_admission,
+        admission_spent, adaptive, admissions, heard, epoch,
+    }
+    args EnterArgs<'a> {
+        user: &'a str,
+        capacity: u64,
+        per_address: u32,
+        abandon_ms: u64,
+        instant_token: &'a str,
+        ttl_ms: u64,
+        interval_us: u64,
+        batch_size: u32,
+        min_batch: u32,
+        max_active: u64,
+        listens: bool,
+        poll_factor: f64,
+    }
+    reply EnterReply {
+        tag: String,
+        abandoned: i64,
+        position: Option<i64>,
+        already: bool,
+        arrival: Option<i64>,
+        epoch: Option<String>,
+        token: Option<String>,
+        remaining_ms: Option<i64>,
+        instant: bool,
+        retry_secs: Option<i64>,
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EnterOutcome {
+    Waiting { position: u64, already: bool },
+    /// The user already held a live token.
+    Ready { token: String, remaining_ms: u64 },
+    /// admission.instant: nobody waited and the interval had room: admitted by this enter.
+    Instant { token: String, remaining_ms: u64 },
+    Full,
+    Limited { retry_secs: u64 },
+}
+
+/// An enter's outcome, and whether it found the user's place lost (abandonment) and removed it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entered {
+    pub outcome: EnterOutcome,
+    pub abandoned: u64,
+    /// A waiting user's arrival number and the room's epoch (for `crate::line`).
+    pub arrival: Option<(u64, String)>,
+}
+
+/// Who is entering, from where, under which limits.
+#[derive(Debug, Clone, Copy)]
+pub struct EnterRequest<'a> {
+    pub user: &'a str,
+    pub capacity: u64,
+    /// `(client address, identities allowed per address per minute)`; `None` when unlimited.
+    pub per_address: Option<(&'a str, u32)>,
+    pub poll: PollClock<'a>,
+}
+
+impl Room {
+    /// Enter under `rules`: with `instant`, a fresh token goes along in case the user may pass.
+    pub async fn enter(&self, request: EnterRequest<'_>, rules: &RoomRules) -> Result<Entered, StoreError> {
+        let user = request.user;
+        let (address, per_address) = request.per_address.unwrap_or(("-", 0));
+        let instant_token = if rules.instant { uuid::Uuid::new_v4().to_string() } else { String::new() };
+        let (user_token, user_clock) = (self.keys.token(user), self.keys.poll_clock(user));
+        let address_counter = self.keys.abuse_counter(address);
+        let keys = EnterKeys {
+            queue: &self.keys.queue,
+            seq: &self.keys.seq,
+            user_token: &user_token,
+            user_clock: &user_clock,
+            address_counter: &address_counter,
+            tokens: &self.keys.tokens,
+            next_admission: &self.keys.next_admission,
+            admission_spent: &self.keys.admission_spent,
+            adaptive: &self.keys.adaptive,
+            admissions: &self.keys.admissions,
+            heard: &self.keys.heard,
+            epoch: &self.keys.epoch,
+        };
+        let args = EnterArgs {
+            user,
+            capacity: request.capacity,
+            per_address,
+            abandon_ms: rules.abandon_ms(),
+            instant_token: &instant_token,
+            ttl_ms: rules.ttl_ms(),
+            interval_us: rules.interval_us(),
+            batch_size: rules.batch_size,
+            min_batch: rules.min_batch.unwrap_or(0),
+            max_active: rules.max_active,
+            listens: rules.listens(),
+            poll_factor: request.poll.factor(),
+        };
+        let mut call = invoke(keys, args);
+        request.poll.push_tiers(&mut call);
+        self.bounded(async {
+            let mut conn = self.conn().await?;
+            let reply: Vec<Value> = call.invoke_async(&mut conn).await?;
+            entered(EnterReply::decode(reply)?)
+        })
+        .await
+    }
+}
+
+/// READY: token, remaining_ms, instant; WAITING: position, already, arrival, epoch; FULL;
+/// LIMITED: retry_secs. Every tag: abandoned.
+fn entered(reply: EnterReply) -> Result<Entered, StoreError> {
+    let outcome = match reply.tag.as_str() {
+        "READY" => {
+            let token = needed(FILE, "token", reply.token)?;
+            let remaining_ms = needed(FILE, "remaining_ms", reply.remaining_ms)?.max(0) as u64;
+            if reply.instant {
+                EnterOutcome::Instant { token, remaining_ms }
+            } else {
+                EnterOutcome::Ready { token, remaining_ms }
+            }
+        }
+        "WAITING" => EnterOutcome::Waiting {
+            position: needed(FILE, "position", reply.position)?.max(1) as u64,
+            already: reply.already,
+        },
+        "FULL" => EnterOutcome::Full,
+        "LIMITED" => EnterOutcome::Limited { retry_secs: needed(FILE, "retry_secs", reply.retry_secs)?.max(1) as u64 },
+        other => return Err(StoreError::Reply(format!("enter answered {other}"))),
+    };
+    let arrival = match (&outcome, reply.arrival, reply.epoch) {
+        (EnterOutcome::Waiting { .. }, Some(number), Some(epoch)) if number >= 1 => Some((number as u64, epoch)),
+        _ => None,
+    };
+    Ok(Entered { outcome, abandoned: reply.abandoned.max(0) as u64, arrival })
+}
