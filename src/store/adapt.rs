@@ -4,8 +4,6 @@
 
 use std::time::Duration;
 
-use redis::Value;
-
 use super::{Room, StoreError};
 use crate::rules::ControlState;
 use crate::store::script::needed;
@@ -18,7 +16,7 @@ const ADAPT_KEEP: Duration = Duration::from_secs(60);
 
 script! {
     static SCRIPT = [] "lua/adapt.lua" include_str!("../../lua/adapt.lua");
-    keys AdaptKeys { adaptive, latencies }
+    keys [adaptive, latencies]
     args AdaptArgs {
         period_us: u64,
         keep_ms: u64,
@@ -35,12 +33,12 @@ script! {
     }
 }
 
-mod commit {
+pub(super) mod commit {
     use super::{ControlState, Room, StoreError};
 
     script! {
         static SCRIPT = [] "lua/adapt_commit.lua" include_str!("../../lua/adapt_commit.lua");
-        keys CommitKeys { adaptive }
+        keys [adaptive]
         args CommitArgs<'a> {
             step: &'a str,
             batch: u32,
@@ -60,13 +58,8 @@ mod commit {
                 served_at_cut: state.served_at_cut.unwrap_or(0),
                 probe_wait: state.probe_wait,
             };
-            let call = invoke(CommitKeys { adaptive: &self.keys.adaptive }, args);
-            self.bounded(async {
-                let mut conn = self.conn().await?;
-                let stored: i64 = call.invoke_async(&mut conn).await?;
-                Ok(stored == 1)
-            })
-            .await
+            let stored: i64 = self.run(&invoke(&self.keys, args)).await?;
+            Ok(stored == 1)
         }
     }
 }
@@ -94,18 +87,12 @@ impl Room {
     /// This proxy's once-a-second adaptive call: reports its latencies (`(bucket, count)`) and
     /// claims the room's controller step when it is due.
     pub async fn adapt(&self, report: &[(usize, u64)]) -> Result<AdaptOutcome, StoreError> {
-        let keys = AdaptKeys { adaptive: &self.keys.adaptive, latencies: &self.keys.latencies };
         let args = AdaptArgs { period_us: ADAPT_PERIOD.as_micros() as u64, keep_ms: ADAPT_KEEP.as_millis() as u64 };
-        let mut call = invoke(keys, args);
+        let mut call = invoke(&self.keys, args);
         for (bucket, count) in report {
             call.arg(*bucket).arg(*count);
         }
-        self.bounded(async {
-            let mut conn = self.conn().await?;
-            let reply: Vec<Value> = call.invoke_async(&mut conn).await?;
-            adapted(AdaptReply::decode(reply)?)
-        })
-        .await
+        adapted(AdaptReply::decode(self.run(&call).await?)?)
     }
 }
 

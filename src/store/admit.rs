@@ -3,13 +3,11 @@
 
 use std::time::Duration;
 
-use redis::Value;
-
 use super::{Room, RoomRules, StoreError};
 
 script! {
     static SCRIPT = [ADMISSION] "lua/admit.lua" include_str!("../../lua/admit.lua");
-    keys AdmitKeys { queue, next_admission, tokens, adaptive, admission_spent, admissions, heard }
+    keys [queue, next_admission, tokens, adaptive, admission_spent, admissions, heard]
     args AdmitArgs<'a> {
         interval_us: u64,
         batch_size: u32,
@@ -47,15 +45,6 @@ impl Room {
     /// One admission tick under `rules`: sweeps abandoned places, then admits the batch in
     /// force (less what max_active leaves no room for) if the room's schedule says one is due.
     pub async fn admit(&self, rules: &RoomRules) -> Result<AdmitOutcome, StoreError> {
-        let keys = AdmitKeys {
-            queue: &self.keys.queue,
-            next_admission: &self.keys.next_admission,
-            tokens: &self.keys.tokens,
-            adaptive: &self.keys.adaptive,
-            admission_spent: &self.keys.admission_spent,
-            admissions: &self.keys.admissions,
-            heard: &self.keys.heard,
-        };
         let args = AdmitArgs {
             interval_us: rules.interval_us(),
             batch_size: rules.batch_size,
@@ -67,23 +56,18 @@ impl Room {
             abandon_ms: rules.abandon_ms(),
             listens: rules.listens(),
         };
-        let mut call = invoke(keys, args);
+        let mut call = invoke(&self.keys, args);
         // Lua has no secure randomness: one fresh token per place the batch may fill.
         for _ in 0..rules.batch_size {
             call.arg(uuid::Uuid::new_v4().to_string());
         }
-        self.bounded(async {
-            let mut conn = self.conn().await?;
-            let reply: Vec<Value> = call.invoke_async(&mut conn).await?;
-            let reply = AdmitReply::decode(reply)?;
-            Ok(AdmitOutcome {
-                admitted: reply.admitted,
-                next_due: Duration::from_micros(reply.wait_us),
-                was_due: reply.was_due,
-                abandoned: reply.abandoned,
-                batch: reply.batch,
-            })
+        let reply = AdmitReply::decode(self.run(&call).await?)?;
+        Ok(AdmitOutcome {
+            admitted: reply.admitted,
+            next_due: Duration::from_micros(reply.wait_us),
+            was_due: reply.was_due,
+            abandoned: reply.abandoned,
+            batch: reply.batch,
         })
-        .await
     }
 }

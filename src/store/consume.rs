@@ -5,7 +5,7 @@ use super::{Room, StoreError};
 
 script! {
     static SCRIPT = [] "lua/consume.lua" include_str!("../../lua/consume.lua");
-    keys ConsumeKeys { user_token, tokens }
+    keys [tokens] and ConsumeKeys { user_token }
     args ConsumeArgs<'a> {
         token: &'a str,
         user: &'a str,
@@ -27,12 +27,8 @@ impl Room {
     /// Deletes the user's token if it is still `token`; true when it was deleted.
     pub async fn consume(&self, user: &str, token: &str) -> Result<bool, StoreError> {
         let user_token = self.keys.token(user);
-        let call = invoke(ConsumeKeys { user_token: &user_token, tokens: &self.keys.tokens }, ConsumeArgs { token, user });
-        self.bounded(async {
-            let mut conn = self.conn().await?;
-            let deleted: i64 = call.invoke_async(&mut conn).await?;
-            Ok(deleted == 1)
-        })
-        .await
+        let call = invoke(&self.keys, ConsumeKeys { user_token: &user_token }, ConsumeArgs { token, user });
+        let deleted: i64 = self.run(&call).await?;
+        Ok(deleted == 1)
     }
 }

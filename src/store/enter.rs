@@ -1,17 +1,13 @@
 //! Entering the line: `lua/enter.lua`, one atomic step (capacity, the arrival number, the
 //! per-address limit, the instant pass, abandonment, the poll clock).
 
-use redis::Value;
-
 use super::{PollClock, Room, RoomRules, StoreError};
 use crate::store::script::needed;
 
 script! {
     static SCRIPT = [POLL_CLOCK, ADMISSION] "lua/enter.lua" include_str!("../../lua/enter.lua");
-    keys EnterKeys {
-        queue, seq, user_token, user_clock, address_counter, tokens, next_admission,
-        admission_spent, adaptive, admissions, heard, epoch,
-    }
+    keys [queue, seq, tokens, next_admission, admission_spent, adaptive, admissions, heard, epoch]
+        and EnterKeys { user_token, user_clock, address_counter }
     args EnterArgs<'a> {
         user: &'a str,
         capacity: u64,
@@ -78,20 +74,7 @@ impl Room {
         let instant_token = if rules.instant { uuid::Uuid::new_v4().to_string() } else { String::new() };
         let (user_token, user_clock) = (self.keys.token(user), self.keys.poll_clock(user));
         let address_counter = self.keys.abuse_counter(address);
-        let keys = EnterKeys {
-            queue: &self.keys.queue,
-            seq: &self.keys.seq,
-            user_token: &user_token,
-            user_clock: &user_clock,
-            address_counter: &address_counter,
-            tokens: &self.keys.tokens,
-            next_admission: &self.keys.next_admission,
-            admission_spent: &self.keys.admission_spent,
-            adaptive: &self.keys.adaptive,
-            admissions: &self.keys.admissions,
-            heard: &self.keys.heard,
-            epoch: &self.keys.epoch,
-        };
+        let keys = EnterKeys { user_token: &user_token, user_clock: &user_clock, address_counter: &address_counter };
         let args = EnterArgs {
             user,
             capacity: request.capacity,
@@ -106,14 +89,9 @@ impl Room {
             listens: rules.listens(),
             poll_factor: request.poll.factor(),
         };
-        let mut call = invoke(keys, args);
+        let mut call = invoke(&self.keys, keys, args);
         request.poll.push_tiers(&mut call);
-        self.bounded(async {
-            let mut conn = self.conn().await?;
-            let reply: Vec<Value> = call.invoke_async(&mut conn).await?;
-            entered(EnterReply::decode(reply)?)
-        })
-        .await
+        entered(EnterReply::decode(self.run(&call).await?)?)
     }
 }
 
@@ -143,4 +121,39 @@ fn entered(reply: EnterReply) -> Result<Entered, StoreError> {
         _ => None,
     };
     Ok(Entered { outcome, abandoned: reply.abandoned.max(0) as u64, arrival })
+}
+
+#[cfg(test)]
+mod tests {
+    use redis::Value;
+
+    use super::*;
+
+    fn text(s: &str) -> Value {
+        Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    /// The reply as Lua lays it out: the fields in declaration order, nil where a tag has none.
+    fn decode(fields: Vec<Value>) -> Result<Entered, StoreError> {
+        entered(EnterReply::decode(fields)?)
+    }
+
+    #[test]
+    fn replies_decode_by_field_whatever_the_tag() {
+        use Value::{Int, Nil};
+        let waiting = decode(vec![text("WAITING"), Int(1), Int(3), Int(1), Int(42), text("e1")]).unwrap();
+        assert_eq!(
+            waiting,
+            Entered {
+                outcome: EnterOutcome::Waiting { position: 3, already: true },
+                abandoned: 1,
+                arrival: Some((42, "e1".into())),
+            }
+        );
+        let instant = vec![text("READY"), Int(0), Nil, Nil, Nil, Nil, text("t"), Int(9), Int(1)];
+        assert_eq!(decode(instant).unwrap().outcome, EnterOutcome::Instant { token: "t".into(), remaining_ms: 9 });
+        assert_eq!(decode(vec![text("FULL"), Int(1)]).unwrap().abandoned, 1);
+        assert!(decode(vec![text("READY"), Int(0)]).is_err(), "READY without its token");
+        assert!(decode(vec![text("ELSEWHERE"), Int(0)]).is_err());
+    }
 }

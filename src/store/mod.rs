@@ -230,8 +230,39 @@ impl Room {
         }
     }
 
+    /// Runs a script call (see `script.rs`) under the bound.
+    async fn run<T: redis::FromRedisValue>(&self, call: &redis::ScriptInvocation<'_>) -> Result<T, StoreError> {
+        self.bounded(async {
+            let mut conn = self.conn().await?;
+            Ok(call.invoke_async(&mut conn).await?)
+        })
+        .await
+    }
+
     /// The client of a single-URL Redis (see [`Connector::single_client`]).
     pub fn single_client(&self) -> Option<redis::Client> {
         self.connector.single_client()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::LazyLock;
+
+    /// Every script's prelude is generated without a clash of names and with what its helpers
+    /// read (the Lua itself is run against Redis by tests/scripts.rs).
+    #[test]
+    fn every_script_builds() {
+        for script in [
+            &super::enter::SCRIPT,
+            &super::status::SCRIPT,
+            &super::admit::SCRIPT,
+            &super::adapt::SCRIPT,
+            &super::adapt::commit::SCRIPT,
+            &super::consume::SCRIPT,
+            &super::stats::SCRIPT,
+        ] {
+            LazyLock::force(script);
+        }
     }
 }

@@ -103,6 +103,10 @@ pub(super) fn build(
     helpers: &[Helper],
     source: &str,
 ) -> Script {
+    Script::new(&lua(file, keys, args, reply, helpers, source))
+}
+
+fn lua(file: &str, keys: &[&str], args: &[(&str, Bind)], reply: &[&str], helpers: &[Helper], source: &str) -> String {
     let arg_names = args.iter().map(|(name, _)| *name);
     let mut names: Vec<&str> = keys.iter().copied().chain(arg_names).collect();
     names.push("REST");
@@ -149,28 +153,29 @@ pub(super) fn build(
         lua.push('\n');
     }
     lua.push_str(source);
-    Script::new(&lua)
+    lua
 }
 
-/// Declares one script: its source (after the named helpers), the struct of its KEYS, the struct
-/// of its ARGV and, unless it answers a single value, the struct of its reply; the fields' order
-/// is the order on the wire. Generates the `Script` (`$script`), the structs, and `invoke`, which
-/// pushes a call's keys and arguments (push a variable tail after it, then run it and decode
-/// with `Reply::decode`).
+/// Declares one script: its source (after the named helpers); its KEYS: the room's, by their
+/// name in [`Keys`](super::Keys), then those the call computes (a user's token, ...) as a struct;
+/// the struct of its ARGV; unless it answers a single value, the struct of its reply. The order
+/// of the names is the order on the wire. Generates the `Script` (`$script`), the structs, and
+/// `invoke`, which pushes a call's keys and arguments (push a variable tail after it, then run it
+/// with [`Room::run`](super::Room) and decode with `Reply::decode`).
 macro_rules! script {
     (
         static $script:ident = [$($helper:ident),*] $file:literal $source:expr;
-        keys $keys:ident { $($key:ident),+ $(,)? }
+        keys [$($room_key:ident),* $(,)?] $(and $keys:ident { $($key:ident),+ $(,)? })?
         args $args:ident $(<$lt:lifetime>)? { $($arg:ident: $arg_ty:ty),+ $(,)? }
         $(reply $reply:ident { $($field:ident: $field_ty:ty),+ $(,)? })?
     ) => {
         /// Where the script's own source is, for messages.
         const FILE: &str = $file;
 
-        static $script: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
+        pub(in crate::store) static $script: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
             $crate::store::script::build(
                 FILE,
-                &[$(stringify!($key)),+],
+                &[$(stringify!($room_key),)* $($(stringify!($key)),+)?],
                 $args::BINDS,
                 &[$($(stringify!($field)),+)?],
                 &[$($crate::store::script::$helper),*],
@@ -178,10 +183,13 @@ macro_rules! script {
             )
         });
 
-        /// The script's KEYS, in their order on the wire.
-        struct $keys<'k> {
-            $($key: &'k str),+
-        }
+        $(
+            /// The script's KEYS that are not the room's but the call's, in their order on the
+            /// wire (after the room's).
+            struct $keys<'k> {
+                $($key: &'k str),+
+            }
+        )?
 
         /// The script's named ARGV, in their order on the wire.
         struct $args $(<$lt>)? {
@@ -209,11 +217,66 @@ macro_rules! script {
             }
         )?
 
-        fn invoke $(<$lt>)? (keys: $keys<'_>, args: $args $(<$lt>)?) -> redis::ScriptInvocation<'static> {
+        fn invoke $(<$lt>)? (
+            room: &$crate::store::Keys,
+            $(keys: $keys<'_>,)?
+            args: $args $(<$lt>)?,
+        ) -> redis::ScriptInvocation<'static> {
             let mut call = $script.prepare_invoke();
-            $(call.key(keys.$key);)+
+            $(call.key(&room.$room_key);)*
+            $($(call.key(keys.$key);)+)?
             $(call.arg(args.$arg);)+
             call
         }
     };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NEEDY: Helper = Helper { file: "needy.lua", source: "-- needy\n", needs: &["poll_factor"] };
+
+    #[test]
+    fn the_prelude_binds_each_name_where_rust_pushes_it() {
+        let args = [("user", Bind::Text), ("capacity", Bind::Number), ("listens", Bind::Flag)];
+        let lua = lua("t.lua", &["queue", "heard"], &args, &["tag", "position"], &[], "return 1\n");
+        let expected = "\
+local queue = KEYS[1]
+local heard = KEYS[2]
+local user = ARGV[1]
+local capacity = tonumber(ARGV[2])
+local listens = ARGV[3] == '1'
+local REST = 4
+local REPLY_FIELDS = {tag = true, position = true}
+local function reply(r)
+  for name in pairs(r) do
+    if not REPLY_FIELDS[name] then error('t.lua: no reply field ' .. name) end
+  end
+  return {r.tag or false, r.position or false}
+end
+return 1
+";
+        assert_eq!(lua.split_once('\n').unwrap().1, expected);
+    }
+
+    #[test]
+    #[should_panic(expected = "declared twice")]
+    fn a_name_declared_twice_is_refused() {
+        lua("t.lua", &["user"], &[("user", Bind::Text)], &[], &[], "");
+    }
+
+    #[test]
+    #[should_panic(expected = "needy.lua needs `poll_factor`")]
+    fn a_helper_without_the_names_it_reads_is_refused() {
+        lua("t.lua", &["queue"], &[], &[], &[NEEDY], "");
+    }
+
+    #[test]
+    fn a_missing_field_is_an_error_that_names_it() {
+        let error = field::<i64>("t.lua", "position", None).unwrap_err();
+        assert!(error.to_string().contains("t.lua, field position"), "{error}");
+        assert_eq!(field::<Option<i64>>("t.lua", "position", None).unwrap(), None);
+        assert!(!field::<bool>("t.lua", "already", Some(Value::Nil)).unwrap());
+    }
 }

@@ -3,13 +3,11 @@
 
 use std::time::Duration;
 
-use redis::Value;
-
 use super::{Room, RoomRules, StoreError};
 
 script! {
     static SCRIPT = [] "lua/stats.lua" include_str!("../../lua/stats.lua");
-    keys StatsKeys { queue, tokens, adaptive, admissions }
+    keys [queue, tokens, adaptive, admissions]
     args StatsArgs {
         read_batch: bool,
         read_admissions: bool,
@@ -41,25 +39,14 @@ impl Room {
     /// The room's numbers, and under `rules` that listen, the batch in force and the measured
     /// admissions (nothing more is read under the fixed rate, nor under [`RoomRules::OFF`]).
     pub async fn watch(&self, rules: &RoomRules) -> Result<RoomWatch, StoreError> {
-        let keys = StatsKeys {
-            queue: &self.keys.queue,
-            tokens: &self.keys.tokens,
-            adaptive: &self.keys.adaptive,
-            admissions: &self.keys.admissions,
-        };
-        let call = invoke(keys, StatsArgs { read_batch: rules.min_batch.is_some(), read_admissions: rules.listens() });
-        self.bounded(async {
-            let mut conn = self.conn().await?;
-            let reply: Vec<Value> = call.invoke_async(&mut conn).await?;
-            let reply = StatsReply::decode(reply)?;
-            Ok(RoomWatch {
-                waiting: reply.waiting,
-                live_tokens: reply.live_tokens,
-                stored_batch: reply.stored_batch.and_then(|batch| u32::try_from(batch).ok()),
-                admitted_recently: reply.admitted_recently,
-                since_first: reply.since_first_ms.and_then(|ms| u64::try_from(ms).ok()).map(Duration::from_millis),
-            })
+        let args = StatsArgs { read_batch: rules.min_batch.is_some(), read_admissions: rules.listens() };
+        let reply = StatsReply::decode(self.run(&invoke(&self.keys, args)).await?)?;
+        Ok(RoomWatch {
+            waiting: reply.waiting,
+            live_tokens: reply.live_tokens,
+            stored_batch: reply.stored_batch.and_then(|batch| u32::try_from(batch).ok()),
+            admitted_recently: reply.admitted_recently,
+            since_first: reply.since_first_ms.and_then(|ms| u64::try_from(ms).ok()).map(Duration::from_millis),
         })
-        .await
     }
 }

@@ -8,7 +8,7 @@ use crate::store::script::needed;
 
 script! {
     static SCRIPT = [POLL_CLOCK] "lua/status.lua" include_str!("../../lua/status.lua");
-    keys StatusKeys { queue, user_token, user_clock, heard }
+    keys [queue, heard] and StatusKeys { user_token, user_clock }
     args StatusArgs<'a> {
         user: &'a str,
         abandon_ms: u64,
@@ -56,14 +56,9 @@ impl Room {
                 conn = conn.read_only();
             }
             let (user_token, user_clock) = (self.keys.token(user), self.keys.poll_clock(user));
-            let keys = StatusKeys {
-                queue: &self.keys.queue,
-                user_token: &user_token,
-                user_clock: &user_clock,
-                heard: &self.keys.heard,
-            };
+            let keys = StatusKeys { user_token: &user_token, user_clock: &user_clock };
             let args = StatusArgs { user, abandon_ms: rules.abandon_ms(), poll_factor: poll.factor() };
-            let mut call = invoke(keys, args);
+            let mut call = invoke(&self.keys, keys, args);
             poll.push_tiers(&mut call);
             let reply: Vec<Value> = call.invoke_async(&mut conn).await?;
             status(StatusReply::decode(reply)?)
