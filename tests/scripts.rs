@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use redis::aio::MultiplexedConnection;
+use redis::FromRedisValue;
 use waitroom::config::Config;
 use waitroom::store::{
     AdmitOutcome, EnterOutcome, EnterRequest, Keys, PollClock, Room, RoomRules, StatusOutcome,
@@ -38,15 +39,36 @@ async fn enter(room: &Room, request: EnterRequest<'_>) -> Result<EnterOutcome, S
     Ok(room.enter(request, &RoomRules::OFF).await?.outcome)
 }
 
-/// `enter` without the per-address limit and the poll clock (tested on their own below).
-async fn enter_room(room: &Room, user: &str, capacity: u64) -> Result<EnterOutcome, StoreError> {
-    let request = EnterRequest {
+/// Who enters, without the per-address limit (tested on its own below), under `poll`.
+fn request<'a>(user: &'a str, capacity: u64, poll: PollClock<'a>) -> EnterRequest<'a> {
+    EnterRequest {
         user,
         capacity,
         per_address: None,
-        poll: PollClock::OFF,
-    };
-    enter(room, request).await
+        poll,
+    }
+}
+
+/// `enter` without the per-address limit and the poll clock.
+async fn enter_room(room: &Room, user: &str, capacity: u64) -> Result<EnterOutcome, StoreError> {
+    enter(room, request(user, capacity, PollClock::OFF)).await
+}
+
+/// The user's live token, which `why` says there must be.
+async fn live_token(room: &Room, user: &str, why: &str) -> String {
+    room.current_token(user).await.unwrap().expect(why)
+}
+
+/// A room on `redis`, its key names, and a connection to inspect what the scripts wrote.
+async fn open(redis: &RedisServer, prefix: &str) -> (Room, Keys, MultiplexedConnection) {
+    let room = open_room(redis, prefix);
+    let keys = room.keys().clone();
+    (room, keys, redis.conn().await)
+}
+
+/// What enter answers a waiting user.
+fn waiting(position: u64, already: bool) -> EnterOutcome {
+    EnterOutcome::Waiting { position, already }
 }
 
 /// `status` as the proxy calls it without abandonment.
@@ -88,39 +110,32 @@ async fn enter_all(room: &Room, users: &[String]) {
     }
 }
 
+/// One Redis command on one argument (a key, mostly), as the tests inspect what the scripts wrote.
+async fn query<T: FromRedisValue>(conn: &mut MultiplexedConnection, command: &str, arg: &str) -> T {
+    let reply = redis::cmd(command).arg(arg).query_async(conn).await;
+    reply.unwrap_or_else(|error| panic!("{command} {arg}: {error}"))
+}
+
+async fn get(conn: &mut MultiplexedConnection, key: &str) -> Option<String> {
+    query(conn, "GET", key).await
+}
+
+/// A sorted set's members with their scores, lowest first.
 async fn zrange_withscores(conn: &mut MultiplexedConnection, key: &str) -> Vec<(String, f64)> {
-    redis::cmd("ZRANGE")
+    let reply = redis::cmd("ZRANGE")
         .arg(key)
         .arg(0)
         .arg(-1)
         .arg("WITHSCORES")
         .query_async(conn)
-        .await
-        .expect("ZRANGE")
+        .await;
+    reply.expect("ZRANGE")
 }
 
-async fn get(conn: &mut MultiplexedConnection, key: &str) -> Option<String> {
-    redis::cmd("GET")
-        .arg(key)
-        .query_async(conn)
-        .await
-        .expect("GET")
-}
-
-async fn pttl(conn: &mut MultiplexedConnection, key: &str) -> i64 {
-    redis::cmd("PTTL")
-        .arg(key)
-        .query_async(conn)
-        .await
-        .expect("PTTL")
-}
-
-async fn zcard(conn: &mut MultiplexedConnection, key: &str) -> u64 {
-    redis::cmd("ZCARD")
-        .arg(key)
-        .query_async(conn)
-        .await
-        .expect("ZCARD")
+/// A sorted set's members, lowest score first.
+async fn members(conn: &mut MultiplexedConnection, key: &str) -> Vec<String> {
+    let scored = zrange_withscores(conn, key).await;
+    scored.into_iter().map(|(member, _)| member).collect()
 }
 
 fn is_uuid_v4(token: &str) -> bool {
@@ -139,22 +154,13 @@ fn is_uuid_v4(token: &str) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn enter_numbers_arrivals_with_a_redis_counter_and_keeps_places() {
     let redis = RedisServer::start();
-    let room = open_room(&redis, "enter");
-    let keys = room.keys().clone();
-    let mut conn = redis.conn().await;
+    let (room, keys, mut conn) = open(&redis, "enter").await;
 
     // Names that sort differently from their arrival: only the counter may decide the order.
     let users = ["zoe", "adam", "mia", "bob"];
     for (i, u) in users.iter().enumerate() {
         let outcome = enter_room(&room, u, CAPACITY).await.unwrap();
-        assert_eq!(
-            outcome,
-            EnterOutcome::Waiting {
-                position: i as u64 + 1,
-                already: false
-            },
-            "{u}"
-        );
+        assert_eq!(outcome, waiting(i as u64 + 1, false), "{u}");
     }
     let line = zrange_withscores(&mut conn, &keys.queue).await;
     assert_eq!(
@@ -172,13 +178,7 @@ async fn enter_numbers_arrivals_with_a_redis_counter_and_keeps_places() {
     // Entering again keeps the place (and the score), and draws no number.
     for (i, u) in users.iter().enumerate() {
         let outcome = enter_room(&room, u, CAPACITY).await.unwrap();
-        assert_eq!(
-            outcome,
-            EnterOutcome::Waiting {
-                position: i as u64 + 1,
-                already: true
-            }
-        );
+        assert_eq!(outcome, waiting(i as u64 + 1, true));
     }
     assert_eq!(
         zrange_withscores(&mut conn, &keys.queue).await,
@@ -195,13 +195,7 @@ async fn enter_numbers_arrivals_with_a_redis_counter_and_keeps_places() {
     let admitted = admit(&room, LONG, 1, TTL).await.unwrap();
     assert_eq!(admitted.admitted, 1);
     let late = enter_room(&room, "carl", CAPACITY).await.unwrap();
-    assert_eq!(
-        late,
-        EnterOutcome::Waiting {
-            position: 4,
-            already: false
-        }
-    );
+    assert_eq!(late, waiting(4, false));
     let line = zrange_withscores(&mut conn, &keys.queue).await;
     assert_eq!(line.last(), Some(&("carl".to_string(), 5.0)), "{line:?}");
     assert_eq!(line.len(), 4);
@@ -225,17 +219,12 @@ async fn enter_numbers_arrivals_with_a_redis_counter_and_keeps_places() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn enter_is_full_at_capacity_but_still_answers_those_already_waiting() {
     let redis = RedisServer::start();
-    let room = open_room(&redis, "full");
-    let keys = room.keys().clone();
-    let mut conn = redis.conn().await;
+    let (room, keys, mut conn) = open(&redis, "full").await;
 
     for i in 0..3 {
         assert_eq!(
             enter_room(&room, &user(i), 3).await.unwrap(),
-            EnterOutcome::Waiting {
-                position: i as u64 + 1,
-                already: false
-            }
+            waiting(i as u64 + 1, false)
         );
     }
     assert_eq!(
@@ -247,7 +236,7 @@ async fn enter_is_full_at_capacity_but_still_answers_those_already_waiting() {
         EnterOutcome::Full
     );
     assert_eq!(
-        zcard(&mut conn, &keys.queue).await,
+        members(&mut conn, &keys.queue).await.len(),
         3,
         "FULL inserts nobody"
     );
@@ -264,20 +253,14 @@ async fn enter_is_full_at_capacity_but_still_answers_those_already_waiting() {
     // A waiting user at capacity keeps the place rather than being told FULL.
     assert_eq!(
         enter_room(&room, &user(2), 3).await.unwrap(),
-        EnterOutcome::Waiting {
-            position: 3,
-            already: true
-        }
+        waiting(3, true)
     );
 
     // Once one leaves, one more fits, and only one.
     assert_eq!(admit(&room, LONG, 1, TTL).await.unwrap().admitted, 1);
     assert_eq!(
         enter_room(&room, "late", 3).await.unwrap(),
-        EnterOutcome::Waiting {
-            position: 3,
-            already: false
-        }
+        waiting(3, false)
     );
     assert_eq!(
         enter_room(&room, "later", 3).await.unwrap(),
@@ -327,9 +310,7 @@ async fn concurrent_enters_never_exceed_capacity_or_share_a_number() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn enter_answers_ready_while_a_token_is_live() {
     let redis = RedisServer::start();
-    let room = open_room(&redis, "ready");
-    let keys = room.keys().clone();
-    let mut conn = redis.conn().await;
+    let (room, keys, mut conn) = open(&redis, "ready").await;
 
     enter_room(&room, "alice", CAPACITY).await.unwrap();
     assert_eq!(admit(&room, LONG, 10, TTL).await.unwrap().admitted, 1);
@@ -352,7 +333,7 @@ async fn enter_answers_ready_while_a_token_is_live() {
         other => panic!("expected READY, got {other:?}"),
     }
     assert_eq!(
-        zcard(&mut conn, &keys.queue).await,
+        members(&mut conn, &keys.queue).await.len(),
         0,
         "a READY user is not queued again"
     );
@@ -418,9 +399,7 @@ async fn status_answers_waiting_ready_or_not_in_queue() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admit_pops_the_front_in_order_and_writes_one_fresh_token_each() {
     let redis = RedisServer::start();
-    let room = open_room(&redis, "admit");
-    let keys = room.keys().clone();
-    let mut conn = redis.conn().await;
+    let (room, keys, mut conn) = open(&redis, "admit").await;
 
     let users: Vec<String> = (0..12).map(user).collect();
     enter_all(&room, &users).await;
@@ -443,7 +422,7 @@ async fn admit_pops_the_front_in_order_and_writes_one_fresh_token_each() {
             .unwrap_or_else(|| panic!("no token for {u}"));
         assert!(is_uuid_v4(&token), "{u}: {token:?} is not a UUID v4");
         assert!(tokens.insert(token.clone()), "token {token} issued twice");
-        let left = pttl(&mut conn, &key).await;
+        let left = query::<i64>(&mut conn, "PTTL", &key).await;
         assert!(left > 58_000 && left <= 60_000, "{u}: PTTL {left}");
         assert!(
             matches!(status_room(&room, u).await.unwrap(), StatusOutcome::Ready { token: t, .. } if t == token)
@@ -456,20 +435,12 @@ async fn admit_pops_the_front_in_order_and_writes_one_fresh_token_each() {
             "{u} got a token out of turn"
         );
     }
-    let live: Vec<String> = zrange_withscores(&mut conn, &keys.tokens)
-        .await
-        .into_iter()
-        .map(|(u, _)| u)
-        .collect();
+    let live: Vec<String> = members(&mut conn, &keys.tokens).await;
     assert_eq!(
         live.iter().collect::<HashSet<_>>(),
         users[..5].iter().collect::<HashSet<_>>()
     );
-    let line: Vec<String> = zrange_withscores(&mut conn, &keys.queue)
-        .await
-        .into_iter()
-        .map(|(u, _)| u)
-        .collect();
+    let line: Vec<String> = members(&mut conn, &keys.queue).await;
     assert_eq!(line, users[5..].to_vec(), "the rest keep their order");
 
     // Within the interval: nothing, and how long to wait.
@@ -480,30 +451,15 @@ async fn admit_pops_the_front_in_order_and_writes_one_fresh_token_each() {
         early.next_due <= first.next_due && early.next_due > interval - Duration::from_secs(2),
         "{early:?}"
     );
-    assert_eq!(
-        counts(&room).await,
-        (7, 5)
-    );
+    assert_eq!(counts(&room).await, (7, 5));
 
     // The next due tick takes the next five in order, then the last two: never more than asked.
     let short = Duration::from_millis(1);
-    let _: () = redis::cmd("DEL")
-        .arg(&keys.next_admission)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    query::<()>(&mut conn, "DEL", &keys.next_admission).await;
     assert_eq!(admit(&room, short, 5, TTL).await.unwrap().admitted, 5);
-    let line: Vec<String> = zrange_withscores(&mut conn, &keys.queue)
-        .await
-        .into_iter()
-        .map(|(u, _)| u)
-        .collect();
+    let line: Vec<String> = members(&mut conn, &keys.queue).await;
     assert_eq!(line, users[10..].to_vec());
-    let _: () = redis::cmd("DEL")
-        .arg(&keys.next_admission)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    query::<()>(&mut conn, "DEL", &keys.next_admission).await;
     let last = admit(&room, short, 5, TTL).await.unwrap();
     assert_eq!(last.admitted, 2);
     assert!(last.was_due);
@@ -516,11 +472,7 @@ async fn admit_pops_the_front_in_order_and_writes_one_fresh_token_each() {
     assert_eq!(tokens.len(), 12, "all tokens distinct");
 
     // An empty line: a due tick admits nobody.
-    let _: () = redis::cmd("DEL")
-        .arg(&keys.next_admission)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    query::<()>(&mut conn, "DEL", &keys.next_admission).await;
     let idle = admit(&room, short, 5, TTL).await.unwrap();
     assert_eq!((idle.admitted, idle.was_due), (0, true));
 }
@@ -529,8 +481,8 @@ async fn admit_pops_the_front_in_order_and_writes_one_fresh_token_each() {
 async fn concurrent_admit_calls_admit_exactly_one_batch_per_interval() {
     let redis = RedisServer::start();
     // Ten proxies: ten rooms on one prefix, each with its own connection.
-    let rooms: Vec<Arc<Room>> = (0..10)
-        .map(|_| Arc::new(open_room(&redis, "many")))
+    let rooms: Vec<Arc<Room>> = std::iter::repeat_with(|| Arc::new(open_room(&redis, "many")))
+        .take(10)
         .collect();
     let users: Vec<String> = (0..400).map(user).collect();
     enter_all(&rooms[0], &users).await;
@@ -576,11 +528,7 @@ async fn concurrent_admit_calls_admit_exactly_one_batch_per_interval() {
     // schedule so that the first call is due at once.
     let keys = rooms[0].keys().clone();
     let mut conn = redis.conn().await;
-    let _: () = redis::cmd("DEL")
-        .arg(&keys.next_admission)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    query::<()>(&mut conn, "DEL", &keys.next_admission).await;
     let interval = Duration::from_millis(100);
     let started = Instant::now();
     let run_for = Duration::from_millis(1000);
@@ -634,7 +582,10 @@ async fn admit_skips_missed_intervals_instead_of_catching_up() {
     let interval = Duration::from_millis(100);
     let batch = 2;
 
-    assert_eq!(admit(&room, interval, batch, TTL).await.unwrap().admitted, 2);
+    assert_eq!(
+        admit(&room, interval, batch, TTL).await.unwrap().admitted,
+        2
+    );
     // Three whole intervals pass with no tick (no proxy ran).
     tokio::time::sleep(interval * 3 + Duration::from_millis(50)).await;
     let resumed = admit(&room, interval, batch, TTL).await.unwrap();
@@ -689,22 +640,12 @@ async fn a_shorter_interval_is_not_held_back_by_a_schedule_made_with_a_longer_on
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn consume_deletes_only_the_token_that_was_used() {
     let redis = RedisServer::start();
-    let room = open_room(&redis, "consume");
-    let keys = room.keys().clone();
-    let mut conn = redis.conn().await;
+    let (room, keys, mut conn) = open(&redis, "consume").await;
 
     enter_all(&room, &["alice".to_string(), "bob".to_string()]).await;
     assert_eq!(admit(&room, LONG, 2, TTL).await.unwrap().admitted, 2);
-    let alice = room
-        .current_token("alice")
-        .await
-        .unwrap()
-        .expect("alice's token");
-    let bob = room
-        .current_token("bob")
-        .await
-        .unwrap()
-        .expect("bob's token");
+    let alice = live_token(&room, "alice", "alice's token").await;
+    let bob = live_token(&room, "bob", "bob's token").await;
     assert_eq!(counts(&room).await.1, 2);
 
     // Another value (bob's, or a made-up one): nothing happens.
@@ -720,7 +661,7 @@ async fn consume_deletes_only_the_token_that_was_used() {
         "key stays"
     );
     assert!(
-        pttl(&mut conn, &keys.token("alice")).await > 50_000,
+        query::<i64>(&mut conn, "PTTL", &keys.token("alice")).await > 50_000,
         "TTL untouched"
     );
     assert_eq!(counts(&room).await.1, 2);
@@ -728,11 +669,7 @@ async fn consume_deletes_only_the_token_that_was_used() {
     // The right value: deleted, and out of the live-token set; bob untouched.
     assert!(room.consume("alice", &alice).await.unwrap());
     assert_eq!(get(&mut conn, &keys.token("alice")).await, None);
-    let live: Vec<String> = zrange_withscores(&mut conn, &keys.tokens)
-        .await
-        .into_iter()
-        .map(|(u, _)| u)
-        .collect();
+    let live: Vec<String> = members(&mut conn, &keys.tokens).await;
     assert_eq!(live, vec!["bob".to_string()]);
     assert_eq!(counts(&room).await.1, 1);
     assert_eq!(
@@ -744,24 +681,13 @@ async fn consume_deletes_only_the_token_that_was_used() {
     assert!(!room.consume("alice", &alice).await.unwrap());
 
     // Alice enters again and is admitted again: her old token can never delete the new one.
-    assert!(matches!(
+    assert_eq!(
         enter_room(&room, "alice", CAPACITY).await.unwrap(),
-        EnterOutcome::Waiting {
-            position: 1,
-            already: false
-        }
-    ));
-    let _: () = redis::cmd("DEL")
-        .arg(&keys.next_admission)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+        waiting(1, false)
+    );
+    query::<()>(&mut conn, "DEL", &keys.next_admission).await;
     assert_eq!(admit(&room, LONG, 2, TTL).await.unwrap().admitted, 1);
-    let newer = room
-        .current_token("alice")
-        .await
-        .unwrap()
-        .expect("a new token");
+    let newer = live_token(&room, "alice", "a new token").await;
     assert_ne!(newer, alice, "a fresh token on each admission");
     assert!(
         !room.consume("alice", &alice).await.unwrap(),
@@ -780,20 +706,12 @@ async fn consume_deletes_only_the_token_that_was_used() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stats_counts_waiting_and_live_tokens_and_forgets_expired_ones() {
     let redis = RedisServer::start();
-    let room = open_room(&redis, "stats");
-    let keys = room.keys().clone();
-    let mut conn = redis.conn().await;
+    let (room, keys, mut conn) = open(&redis, "stats").await;
 
-    assert_eq!(
-        counts(&room).await,
-        (0, 0)
-    );
+    assert_eq!(counts(&room).await, (0, 0));
     let users: Vec<String> = (0..6).map(user).collect();
     enter_all(&room, &users).await;
-    assert_eq!(
-        counts(&room).await,
-        (6, 0)
-    );
+    assert_eq!(counts(&room).await, (6, 0));
 
     // Two short-lived tokens, then (next interval) one long-lived one.
     let short_ttl = Duration::from_millis(400);
@@ -802,20 +720,10 @@ async fn stats_counts_waiting_and_live_tokens_and_forgets_expired_ones() {
         admit(&room, interval, 2, short_ttl).await.unwrap().admitted,
         2
     );
-    assert_eq!(
-        counts(&room).await,
-        (4, 2)
-    );
-    let _: () = redis::cmd("DEL")
-        .arg(&keys.next_admission)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    assert_eq!(counts(&room).await, (4, 2));
+    query::<()>(&mut conn, "DEL", &keys.next_admission).await;
     assert_eq!(admit(&room, interval, 1, TTL).await.unwrap().admitted, 1);
-    assert_eq!(
-        counts(&room).await,
-        (3, 3)
-    );
+    assert_eq!(counts(&room).await, (3, 3));
 
     // Redis expires the short tokens' keys; stats then drops them from the count (and the set).
     let expired = wait_until(
@@ -832,10 +740,7 @@ async fn stats_counts_waiting_and_live_tokens_and_forgets_expired_ones() {
     let counted = wait_until(
         Duration::from_secs(2),
         Duration::from_millis(20),
-        || async {
-            counts(&room).await
-                == (3, 1)
-        },
+        || async { counts(&room).await == (3, 1) },
     )
     .await;
     assert!(
@@ -843,11 +748,7 @@ async fn stats_counts_waiting_and_live_tokens_and_forgets_expired_ones() {
         "stats still counts expired tokens: {:?}",
         counts(&room).await
     );
-    let live: Vec<String> = zrange_withscores(&mut conn, &keys.tokens)
-        .await
-        .into_iter()
-        .map(|(u, _)| u)
-        .collect();
+    let live: Vec<String> = members(&mut conn, &keys.tokens).await;
     assert_eq!(live, vec![users[2].clone()], "expired entries left the set");
     assert_eq!(
         status_room(&room, &users[0]).await.unwrap(),
@@ -866,23 +767,14 @@ const POLL_ON: PollClock<'static> = PollClock {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn enforced_polling_refuses_early_status_calls_without_restarting_the_clock() {
     let redis = RedisServer::start();
-    let room = open_room(&redis, "poll");
-    let keys = room.keys().clone();
-    let mut conn = redis.conn().await;
+    let (room, keys, mut conn) = open(&redis, "poll").await;
 
     let entered = Instant::now();
-    let request = EnterRequest {
-        user: "pat",
-        capacity: CAPACITY,
-        per_address: None,
-        poll: POLL_ON,
-    };
     assert_eq!(
-        enter(&room, request).await.unwrap(),
-        EnterOutcome::Waiting {
-            position: 1,
-            already: false
-        }
+        enter(&room, request("pat", CAPACITY, POLL_ON))
+            .await
+            .unwrap(),
+        waiting(1, false)
     );
     let clock = get(&mut conn, &keys.poll_clock("pat"))
         .await
@@ -940,14 +832,10 @@ async fn enforced_polling_refuses_early_status_calls_without_restarting_the_cloc
         status_room(&room, "pat").await.unwrap(),
         StatusOutcome::Ready { .. }
     ));
-    let request = EnterRequest {
-        user: "pat",
-        capacity: CAPACITY,
-        per_address: None,
-        poll: POLL_ON,
-    };
     assert!(matches!(
-        enter(&room, request).await.unwrap(),
+        enter(&room, request("pat", CAPACITY, POLL_ON))
+            .await
+            .unwrap(),
         EnterOutcome::Ready { .. }
     ));
     assert_eq!(
@@ -1008,20 +896,14 @@ async fn enter_limits_new_identities_per_address_and_window() {
     // Identities already counted still enter; other addresses have their own count.
     assert_eq!(
         enter(&room, from("b", "192.0.2.1")).await.unwrap(),
-        EnterOutcome::Waiting {
-            position: 2,
-            already: true
-        }
+        waiting(2, true)
     );
     assert_eq!(admit(&room, LONG, 1, TTL).await.unwrap().admitted, 1);
     let token = room.current_token("a").await.unwrap().unwrap();
     assert!(room.consume("a", &token).await.unwrap());
     assert_eq!(
         enter(&room, from("a", "192.0.2.1")).await.unwrap(),
-        EnterOutcome::Waiting {
-            position: 2,
-            already: false
-        },
+        waiting(2, false),
         "a counted identity may enter again"
     );
     assert!(matches!(
@@ -1051,13 +933,11 @@ async fn every_key_touched_carries_the_room_hash_tag() {
     status(&room, "from-address", POLL_ON).await.unwrap();
     status_room(&room, &users[4]).await.unwrap();
     status_room(&room, "nobody").await.unwrap();
-    admit(&room, Duration::from_millis(10), 3, TTL).await.unwrap();
-    enter_room(&room, &users[0], CAPACITY).await.unwrap();
-    let token = room
-        .current_token(&users[0])
+    admit(&room, Duration::from_millis(10), 3, TTL)
         .await
-        .unwrap()
-        .expect("admitted");
+        .unwrap();
+    enter_room(&room, &users[0], CAPACITY).await.unwrap();
+    let token = live_token(&room, &users[0], "admitted").await;
     room.consume(&users[1], "not-it").await.unwrap();
     assert!(room.consume(&users[0], &token).await.unwrap());
     counts(&room).await;
@@ -1107,45 +987,22 @@ async fn scripts_are_reloaded_after_the_script_cache_is_flushed() {
     admit(&room, LONG, 1, TTL).await.unwrap();
     counts(&room).await;
     // A Redis restart or failover empties the script cache: NOSCRIPT must lead to a reload.
-    let _: () = redis::cmd("SCRIPT")
-        .arg("FLUSH")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    query::<()>(&mut conn, "SCRIPT", "FLUSH").await;
     assert!(matches!(
         enter_room(&room, "b", CAPACITY).await.unwrap(),
         EnterOutcome::Waiting { position: 1, .. }
     ));
-    let _: () = redis::cmd("SCRIPT")
-        .arg("FLUSH")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    query::<()>(&mut conn, "SCRIPT", "FLUSH").await;
     assert_eq!(
         status_room(&room, "b").await.unwrap(),
         StatusOutcome::Waiting { position: 1 }
     );
-    let _: () = redis::cmd("SCRIPT")
-        .arg("FLUSH")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    assert_eq!(
-        counts(&room).await,
-        (1, 1)
-    );
+    query::<()>(&mut conn, "SCRIPT", "FLUSH").await;
+    assert_eq!(counts(&room).await, (1, 1));
     let token = room.current_token("a").await.unwrap().unwrap();
-    let _: () = redis::cmd("SCRIPT")
-        .arg("FLUSH")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    query::<()>(&mut conn, "SCRIPT", "FLUSH").await;
     assert!(room.consume("a", &token).await.unwrap());
-    let _: () = redis::cmd("SCRIPT")
-        .arg("FLUSH")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    query::<()>(&mut conn, "SCRIPT", "FLUSH").await;
     let _: () = redis::cmd("DEL")
         .arg(&room.keys().next_admission)
         .query_async(&mut conn)
