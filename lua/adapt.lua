@@ -17,9 +17,10 @@
 --              starts again at batch_size
 --   from ARGV[REST], this proxy's report as pairs (bucket, count)
 --
--- Replies: claimed, wait_us (until the next step is due); a claimed step adds step (its id),
--- batch (none before the first commit), settle, served_at_cut, probe_wait, latencies (every
--- report since the previous step, as pairs bucket, count).
+-- Reply, in the order src/store/adapt.rs declares it (AdaptReply): claimed (1: this call claimed
+-- the step), wait_us (until the next step is due); a claimed step adds step (its id), batch (-1:
+-- none before the first commit), settle, served_at_cut, probe_wait and latencies (every report
+-- since the previous step, as one array of pairs bucket, count).
 
 for i = REST, #ARGV - 1, 2 do
   redis.call('HINCRBY', latencies, ARGV[i], ARGV[i + 1])
@@ -30,14 +31,15 @@ end
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local period = tonumber(period_us)
 local due = tonumber(redis.call('HGET', adaptive, 'next') or '0')
 if now < due then
-  return reply{claimed = false, wait_us = due - now}
+  return {0, due - now}
 end
 
-local next_due = due + period_us
+local next_due = due + period
 if next_due <= now then
-  next_due = now + period_us
+  next_due = now + period
 end
 local step = string.format('%.0f', next_due)
 redis.call('HSET', adaptive, 'next', step)
@@ -46,6 +48,5 @@ redis.call('PEXPIRE', adaptive, keep_ms)
 local state = redis.call('HMGET', adaptive, 'batch', 'settle', 'served', 'wait')
 local reported = redis.call('HGETALL', latencies)
 redis.call('DEL', latencies)
-return reply{claimed = true, wait_us = next_due - now, step = step, batch = tonumber(state[1]),
-  settle = tonumber(state[2]) or 0, served_at_cut = tonumber(state[3]) or 0,
-  probe_wait = tonumber(state[4]) or 0, latencies = reported}
+return {1, next_due - now, step, tonumber(state[1]) or -1, tonumber(state[2]) or 0, tonumber(state[3]) or 0,
+  tonumber(state[4]) or 0, reported}

@@ -25,28 +25,33 @@
 --   abandon_ms (0 = off), listens (log admissions for the measured rate),
 --   from ARGV[REST], one fresh random token per place in the batch (Lua has no secure randomness)
 --
--- Reply: admitted, wait_us (until the next admission is due), was_due (this call was the due
--- one), abandoned (places removed), batch (the batch in force, 0 when not due).
+-- Reply, in the order src/store/admit.rs declares it (AdmitReply): admitted, wait_us (until the
+-- next admission is due), was_due (1: this call was the due one), abandoned (places removed),
+-- batch (the batch in force, 0 when not due).
+-- Numbers arrive as text (see src/store/script.rs).
 
 local SWEEP_MAX = 1000
 
 local now = redis_now_us()
+interval_us = tonumber(interval_us)
 local due = tonumber(redis.call('GET', next_admission) or '0')
 
 if now < due then
   if due - now <= interval_us then
-    return reply{admitted = 0, wait_us = due - now, abandoned = 0, batch = 0}
+    return {0, due - now, 0, 0, 0}
   end
   -- A schedule left by a longer interval (before a reload or a restart) must not hold back
   -- this one: re-anchor it to the caller's interval.
   redis.call('SET', next_admission, int_text(now + interval_us))
-  return reply{admitted = 0, wait_us = interval_us, abandoned = 0, batch = 0}
+  return {0, interval_us, 0, 0, 0}
 end
 
 local next_due = next_tick(due, now, interval_us)
 redis.call('SET', next_admission, int_text(next_due))
 
 local now_ms = math.floor(now / 1000)
+abandon_ms = tonumber(abandon_ms)
+ttl_ms = tonumber(ttl_ms)
 
 -- Users who stopped polling leave before anyone is admitted: the places behind them move up
 -- within this interval, and no token goes to a closed tab. Bounded per tick; the pop below
@@ -61,8 +66,8 @@ if abandon_ms > 0 then
   end
 end
 
-local batch = batch_in_force(adaptive, batch_size, min_batch)
-local budget = math.min(batch, room_under_cap(tokens, max_active, now_ms))
+local batch = batch_in_force(adaptive, tonumber(batch_size), tonumber(min_batch))
+local budget = math.min(batch, room_under_cap(tokens, tonumber(max_active), now_ms))
 
 -- Popping and issuing in one script: a crash can never pop a user without a token, or twice.
 local admitted = 0
@@ -102,5 +107,4 @@ end
 if listens then
   record_admissions(admissions, admitted, now_ms)
 end
-return reply{admitted = admitted, wait_us = next_due - now, was_due = true, abandoned = abandoned,
-  batch = batch}
+return {admitted, next_due - now, 1, abandoned, batch}

@@ -21,16 +21,20 @@
 --   listens          log admissions for the measured rate,
 --   poll_factor and, from ARGV[REST], the poll clock's tiers
 --
--- Replies, every one with abandoned (0 or 1: this call found the user's place lost and removed it):
---   READY    token, remaining_ms, instant (an instant pass given now)
---   WAITING  position, already (was waiting), arrival (the user's number), epoch
---   FULL
---   LIMITED  retry_secs (until the address's window ends)
+-- Replies: a tag, then its fields in the order src/store/enter.rs declares them (EnterReply),
+-- where abandoned (0 or 1) says this call found the user's place lost and removed it:
+--   READY    token, remaining_ms, instant (1: an instant pass given now), abandoned
+--   WAITING  position, already (1: was waiting), abandoned, arrival (the user's number), epoch
+--   FULL     abandoned
+--   LIMITED  retry_secs (until the address's window ends), abandoned
+-- Numbers arrive as text (see src/store/script.rs): each is converted on the paths that use it.
+
+abandon_ms = tonumber(abandon_ms)
 
 local held = redis.call('GET', user_token)
 if held then
   stop_poll_clock(user_clock)
-  return reply{tag = 'READY', token = held, remaining_ms = redis.call('PTTL', user_token), abandoned = 0}
+  return {'READY', held, redis.call('PTTL', user_token), 0, 0}
 end
 
 local abandoned = 0
@@ -48,21 +52,20 @@ if rank and abandon_ms > 0 then
 end
 if rank then
   start_poll_clock(user_clock, rank + 1)
-  return reply{tag = 'WAITING', position = rank + 1, already = true, abandoned = 0,
-    arrival = tonumber(redis.call('ZSCORE', queue, user)), epoch = redis.call('GET', epoch)}
+  return {'WAITING', rank + 1, 1, 0, tonumber(redis.call('ZSCORE', queue, user)), redis.call('GET', epoch)}
 end
 
 -- Hoarding places with many identities from one address: only new places are limited. The
 -- count is per minute of Redis's clock; the minute is the score, not part of the key's name, so
 -- the one key is declared (KEYS) and the last minute's entries simply go.
-if per_address > 0 then
+local limit = tonumber(per_address)
+if limit > 0 then
   local now = now_ms()
   local window = math.floor(now / 60000)
   redis.call('ZREMRANGEBYSCORE', address_counter, '-inf', '(' .. int_text(window))
   if not redis.call('ZSCORE', address_counter, user) then
-    if redis.call('ZCARD', address_counter) >= per_address then
-      return reply{tag = 'LIMITED', retry_secs = math.max(1, math.ceil(((window + 1) * 60000 - now) / 1000)),
-        abandoned = abandoned}
+    if redis.call('ZCARD', address_counter) >= limit then
+      return {'LIMITED', math.max(1, math.ceil(((window + 1) * 60000 - now) / 1000)), abandoned}
     end
     redis.call('ZADD', address_counter, int_text(window), user)
     redis.call('EXPIRE', address_counter, 120)
@@ -82,30 +85,29 @@ local function instant_pass()
   if now >= due then
     -- The tick that opens the next interval is due but has not run; with nobody waiting it
     -- would admit no one, so open that interval here, exactly as it would have.
-    next_due = next_tick(due, now, interval_us)
+    next_due = next_tick(due, now, tonumber(interval_us))
   else
     local budget = redis.call('HMGET', admission_spent, 'due', 'count')
     if tonumber(budget[1]) == due then spent = tonumber(budget[2]) or 0 end
   end
-  if spent >= batch_in_force(adaptive, batch_size, min_batch) then return false end
-  if room_under_cap(tokens, max_active, ms) < 1 then return false end
+  if spent >= batch_in_force(adaptive, tonumber(batch_size), tonumber(min_batch)) then return false end
+  if room_under_cap(tokens, tonumber(max_active), ms) < 1 then return false end
   if next_due ~= due then
     redis.call('SET', next_admission, int_text(next_due))
   end
   redis.call('HSET', admission_spent, 'due', int_text(next_due), 'count', spent + 1)
-  issue_token(user_token, tokens, user, instant_token, ttl_ms, ms)
+  issue_token(user_token, tokens, user, instant_token, tonumber(ttl_ms), ms)
   if listens then record_admissions(admissions, 1, ms) end
   return true
 end
 
 if instant_token ~= '' and instant_pass() then
   stop_poll_clock(user_clock)
-  return reply{tag = 'READY', token = instant_token, remaining_ms = redis.call('PTTL', user_token),
-    instant = true, abandoned = abandoned}
+  return {'READY', instant_token, redis.call('PTTL', user_token), 1, abandoned}
 end
 
-if redis.call('ZCARD', queue) >= capacity then
-  return reply{tag = 'FULL', abandoned = abandoned}
+if redis.call('ZCARD', queue) >= tonumber(capacity) then
+  return {'FULL', abandoned}
 end
 
 -- The score is Redis's own counter, never a server clock: arrival order at Redis is the order.
@@ -117,5 +119,4 @@ end
 -- The newest number is the largest, so the new place is the last one.
 local position = redis.call('ZCARD', queue)
 start_poll_clock(user_clock, position)
-return reply{tag = 'WAITING', position = position, abandoned = abandoned, arrival = number,
-  epoch = redis.call('GET', epoch)}
+return {'WAITING', position, 0, abandoned, number, redis.call('GET', epoch)}

@@ -5,7 +5,7 @@
 -- again in pollAfter seconds starts that user's clock: a status call before
 -- pollAfter * (1 - grace) has passed is refused. The proxy hands the rules over as data, so the
 -- arithmetic lives in one place (src/rules.rs). Needs from the script's prelude:
---   poll_factor       1 - grace, or 0 when enforcement is off
+--   poll_factor       1 - grace, or 0 when enforcement is off (as text, like every number)
 --   ARGV[REST..]      pairs (first position of a tier, pollAfter in ms), in tier order
 
 local function poll_after_ms(position)
@@ -18,7 +18,7 @@ local function poll_after_ms(position)
 end
 
 local function enforcing()
-  return poll_factor > 0
+  return tonumber(poll_factor) > 0
 end
 
 local function now_ms()
@@ -31,7 +31,7 @@ local function start_poll_clock(key, position)
   if not enforcing() then return end
   local ms = poll_after_ms(position)
   if not ms then return end
-  local on_time = now_ms() + math.floor(ms * poll_factor)
+  local on_time = now_ms() + math.floor(ms * tonumber(poll_factor))
   -- The record outlives the wait it enforces, then goes by itself.
   redis.call('SET', key, string.format('%.0f', on_time), 'PX', ms * 2 + 1000)
 end

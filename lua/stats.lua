@@ -9,9 +9,9 @@
 -- ARGV  read_batch (read the adaptive batch), read_admissions (read the measured admissions);
 --       neither: the two numbers of the fixed rate only
 --
--- Reply: waiting (users waiting), live_tokens, stored_batch (none: none stored or not asked),
--- admitted_recently (users admitted in the last 10 s), since_first_ms (ms since the room's first
--- admission; none: none yet or not asked)
+-- Reply, in the order src/store/stats.rs declares it (StatsReply): waiting (users waiting),
+-- live_tokens, stored_batch (-1: none stored or not asked), admitted_recently (users admitted in
+-- the last 10 s), since_first_ms (ms since the room's first admission; -1: none yet or not asked)
 
 local WINDOW_MS = 10000
 local LOG_BUCKET_MS = 100
@@ -19,11 +19,10 @@ local LOG_BUCKET_MS = 100
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('ZREMRANGEBYSCORE', tokens, '-inf', string.format('%.0f', now_ms))
-local numbers = {waiting = redis.call('ZCARD', queue), live_tokens = redis.call('ZCARD', tokens),
-  admitted_recently = 0}
+local stored_batch, admitted_recently, since_first_ms = -1, 0, -1
 
 if read_batch then
-  numbers.stored_batch = tonumber(redis.call('HGET', adaptive, 'batch'))
+  stored_batch = tonumber(redis.call('HGET', adaptive, 'batch')) or -1
 end
 
 if read_admissions then
@@ -31,12 +30,12 @@ if read_admissions then
   local old = {}
   for i = 1, #log, 2 do
     if log[i] == 'first' then
-      numbers.since_first_ms = math.max(0, now_ms - tonumber(log[i + 1]))
+      since_first_ms = math.max(0, now_ms - tonumber(log[i + 1]))
     else
       -- A bucket counts while any of its 100 ms lies in the window; older ones go.
       local ends = (tonumber(log[i]) + 1) * LOG_BUCKET_MS
       if ends > now_ms - WINDOW_MS then
-        numbers.admitted_recently = numbers.admitted_recently + tonumber(log[i + 1])
+        admitted_recently = admitted_recently + tonumber(log[i + 1])
       else
         old[#old + 1] = log[i]
       end
@@ -47,4 +46,4 @@ if read_admissions then
   end
 end
 
-return reply(numbers)
+return {redis.call('ZCARD', queue), redis.call('ZCARD', tokens), stored_batch, admitted_recently, since_first_ms}

@@ -7,11 +7,14 @@
 --       see admit.lua)
 -- ARGV  user, abandon_ms (0 = off), poll_factor and, from ARGV[REST], the poll clock's tiers
 --
--- Replies:
+-- Replies: a tag, then its fields in the order src/store/status.rs declares them (StatusReply):
 --   WAITING       position
 --   READY         token, remaining_ms
 --   NOT_IN_QUEUE  abandoned (1 when this call found the user's place lost and removed it)
 --   TOO_EARLY     retry_secs (until the call would be on time)
+-- Numbers arrive as text (see src/store/script.rs).
+
+abandon_ms = tonumber(abandon_ms)
 
 -- Abandonment: every call counts as heard from, one refused as TOO_EARLY below included; a call
 -- that comes too late finds the place gone.
@@ -34,7 +37,7 @@ if lost == 0 and enforcing() then
   if on_time then
     local now = now_ms()
     if now < on_time then
-      return reply{tag = 'TOO_EARLY', retry_secs = math.max(1, math.ceil((on_time - now) / 1000))}
+      return {'TOO_EARLY', math.max(1, math.ceil((on_time - now) / 1000))}
     end
   end
 end
@@ -46,13 +49,13 @@ if rank then
     redis.call('ZADD', heard, now_ms(), user)
   end
   start_poll_clock(user_clock, rank + 1)
-  return reply{tag = 'WAITING', position = rank + 1}
+  return {'WAITING', rank + 1}
 end
 
 stop_poll_clock(user_clock)
 local token = redis.call('GET', user_token)
 if token then
-  return reply{tag = 'READY', token = token, remaining_ms = redis.call('PTTL', user_token)}
+  return {'READY', token, redis.call('PTTL', user_token)}
 end
 
-return reply{tag = 'NOT_IN_QUEUE', abandoned = lost}
+return {'NOT_IN_QUEUE', lost}

@@ -96,8 +96,7 @@ impl Room {
     }
 }
 
-/// Every reply: claimed, wait_us. A claimed step: step, batch (none before the first commit),
-/// settle, served_at_cut, probe_wait, latencies (pairs bucket, count).
+/// A claimed step has every field; one not claimed, claimed and wait_us only.
 fn adapted(reply: AdaptReply) -> Result<AdaptOutcome, StoreError> {
     let next_due = Duration::from_micros(reply.wait_us.max(0) as u64);
     if !reply.claimed {
@@ -106,8 +105,8 @@ fn adapted(reply: AdaptReply) -> Result<AdaptOutcome, StoreError> {
     let latencies = reply.latencies.unwrap_or_default();
     let latencies = latencies.chunks_exact(2).map(|pair| (pair[0].max(0) as usize, pair[1].max(0) as u64)).collect();
     let number = |name, value: Option<i64>| -> Result<u32, StoreError> { Ok(needed(FILE, name, value)?.clamp(0, u32::MAX as i64) as u32) };
-    let state = match reply.batch {
-        Some(batch) if batch >= 0 => Some(ControlState {
+    let state = match needed(FILE, "batch", reply.batch)? {
+        batch if batch >= 0 => Some(ControlState {
             batch: batch.min(u32::MAX as i64) as u32,
             settle: number("settle", reply.settle)?,
             served_at_cut: Some(number("served_at_cut", reply.served_at_cut)?).filter(|n| *n > 0),

@@ -2,7 +2,6 @@
 //! per-address limit, the instant pass, abandonment, the poll clock).
 
 use super::{PollClock, Room, RoomRules, StoreError};
-use crate::store::script::needed;
 
 script! {
     static SCRIPT = [POLL_CLOCK, ADMISSION] "lua/enter.lua" include_str!("../../lua/enter.lua");
@@ -23,16 +22,10 @@ script! {
         poll_factor: f64,
     }
     reply EnterReply {
-        tag: String,
-        abandoned: i64,
-        position: Option<i64>,
-        already: bool,
-        arrival: Option<i64>,
-        epoch: Option<String>,
-        token: Option<String>,
-        remaining_ms: Option<i64>,
-        instant: bool,
-        retry_secs: Option<i64>,
+        "READY" => Ready { token: String, remaining_ms: i64, instant: bool, abandoned: i64 },
+        "WAITING" => Waiting { position: i64, already: bool, abandoned: i64, arrival: Option<i64>, epoch: Option<String> },
+        "FULL" => Full { abandoned: i64 },
+        "LIMITED" => Limited { retry_secs: i64, abandoned: i64 },
     }
 }
 
@@ -91,36 +84,34 @@ impl Room {
         };
         let mut call = invoke(&self.keys, keys, args);
         request.poll.push_tiers(&mut call);
-        entered(EnterReply::decode(self.run(&call).await?)?)
+        Ok(entered(EnterReply::decode(self.run(&call).await?)?))
     }
 }
 
-/// READY: token, remaining_ms, instant; WAITING: position, already, arrival, epoch; FULL;
-/// LIMITED: retry_secs. Every tag: abandoned.
-fn entered(reply: EnterReply) -> Result<Entered, StoreError> {
-    let outcome = match reply.tag.as_str() {
-        "READY" => {
-            let token = needed(FILE, "token", reply.token)?;
-            let remaining_ms = needed(FILE, "remaining_ms", reply.remaining_ms)?.max(0) as u64;
-            if reply.instant {
+fn entered(reply: EnterReply) -> Entered {
+    let (outcome, abandoned, arrival) = match reply {
+        EnterReply::Ready { token, remaining_ms, instant, abandoned } => {
+            let remaining_ms = remaining_ms.max(0) as u64;
+            let outcome = if instant {
                 EnterOutcome::Instant { token, remaining_ms }
             } else {
                 EnterOutcome::Ready { token, remaining_ms }
-            }
+            };
+            (outcome, abandoned, None)
         }
-        "WAITING" => EnterOutcome::Waiting {
-            position: needed(FILE, "position", reply.position)?.max(1) as u64,
-            already: reply.already,
-        },
-        "FULL" => EnterOutcome::Full,
-        "LIMITED" => EnterOutcome::Limited { retry_secs: needed(FILE, "retry_secs", reply.retry_secs)?.max(1) as u64 },
-        other => return Err(StoreError::Reply(format!("enter answered {other}"))),
+        EnterReply::Waiting { position, already, abandoned, arrival, epoch } => {
+            let arrival = match (arrival, epoch) {
+                (Some(number), Some(epoch)) if number >= 1 => Some((number as u64, epoch)),
+                _ => None,
+            };
+            (EnterOutcome::Waiting { position: position.max(1) as u64, already }, abandoned, arrival)
+        }
+        EnterReply::Full { abandoned } => (EnterOutcome::Full, abandoned, None),
+        EnterReply::Limited { retry_secs, abandoned } => {
+            (EnterOutcome::Limited { retry_secs: retry_secs.max(1) as u64 }, abandoned, None)
+        }
     };
-    let arrival = match (&outcome, reply.arrival, reply.epoch) {
-        (EnterOutcome::Waiting { .. }, Some(number), Some(epoch)) if number >= 1 => Some((number as u64, epoch)),
-        _ => None,
-    };
-    Ok(Entered { outcome, abandoned: reply.abandoned.max(0) as u64, arrival })
+    Entered { outcome, abandoned: abandoned.max(0) as u64, arrival }
 }
 
 #[cfg(test)]
@@ -133,15 +124,15 @@ mod tests {
         Value::BulkString(s.as_bytes().to_vec())
     }
 
-    /// The reply as Lua lays it out: the fields in declaration order, nil where a tag has none.
+    /// The reply as Lua sends it: the tag, then that tag's fields.
     fn decode(fields: Vec<Value>) -> Result<Entered, StoreError> {
-        entered(EnterReply::decode(fields)?)
+        Ok(entered(EnterReply::decode(fields)?))
     }
 
     #[test]
-    fn replies_decode_by_field_whatever_the_tag() {
+    fn each_tag_decodes_its_own_fields() {
         use Value::{Int, Nil};
-        let waiting = decode(vec![text("WAITING"), Int(1), Int(3), Int(1), Int(42), text("e1")]).unwrap();
+        let waiting = decode(vec![text("WAITING"), Int(3), Int(1), Int(1), Int(42), text("e1")]).unwrap();
         assert_eq!(
             waiting,
             Entered {
@@ -150,10 +141,13 @@ mod tests {
                 arrival: Some((42, "e1".into())),
             }
         );
-        let instant = vec![text("READY"), Int(0), Nil, Nil, Nil, Nil, text("t"), Int(9), Int(1)];
-        assert_eq!(decode(instant).unwrap().outcome, EnterOutcome::Instant { token: "t".into(), remaining_ms: 9 });
+        let instant = decode(vec![text("READY"), text("t"), Int(9), Int(1), Int(0)]).unwrap();
+        assert_eq!(instant.outcome, EnterOutcome::Instant { token: "t".into(), remaining_ms: 9 });
+        let unseeded = decode(vec![text("WAITING"), Int(1), Int(0), Int(0), Int(7), Nil]).unwrap();
+        assert_eq!(unseeded.arrival, None, "no epoch yet");
         assert_eq!(decode(vec![text("FULL"), Int(1)]).unwrap().abandoned, 1);
         assert!(decode(vec![text("READY"), Int(0)]).is_err(), "READY without its token");
+        assert!(decode(vec![text("FULL"), Int(0), Int(0)]).is_err(), "more than declared");
         assert!(decode(vec![text("ELSEWHERE"), Int(0)]).is_err());
     }
 }

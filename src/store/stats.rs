@@ -15,9 +15,9 @@ script! {
     reply StatsReply {
         waiting: u64,
         live_tokens: u64,
-        stored_batch: Option<i64>,
+        stored_batch: i64,
         admitted_recently: u64,
-        since_first_ms: Option<i64>,
+        since_first_ms: i64,
     }
 }
 
@@ -44,9 +44,9 @@ impl Room {
         Ok(RoomWatch {
             waiting: reply.waiting,
             live_tokens: reply.live_tokens,
-            stored_batch: reply.stored_batch.and_then(|batch| u32::try_from(batch).ok()),
+            stored_batch: u32::try_from(reply.stored_batch).ok(),
             admitted_recently: reply.admitted_recently,
-            since_first: reply.since_first_ms.and_then(|ms| u64::try_from(ms).ok()).map(Duration::from_millis),
+            since_first: u64::try_from(reply.since_first_ms).ok().map(Duration::from_millis),
         })
     }
 }

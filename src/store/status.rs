@@ -4,7 +4,6 @@
 use redis::Value;
 
 use super::{Keys, PollClock, RedisConn, Room, RoomRules, StoreError};
-use crate::store::script::needed;
 
 script! {
     static SCRIPT = [POLL_CLOCK] "lua/status.lua" include_str!("../../lua/status.lua");
@@ -15,12 +14,10 @@ script! {
         poll_factor: f64,
     }
     reply StatusReply {
-        tag: String,
-        position: Option<i64>,
-        token: Option<String>,
-        remaining_ms: Option<i64>,
-        abandoned: Option<i64>,
-        retry_secs: Option<i64>,
+        "WAITING" => Waiting { position: i64 },
+        "READY" => Ready { token: String, remaining_ms: i64 },
+        "NOT_IN_QUEUE" => NotInQueue { abandoned: i64 },
+        "TOO_EARLY" => TooEarly { retry_secs: i64 },
     }
 }
 
@@ -61,26 +58,22 @@ impl Room {
             let mut call = invoke(&self.keys, keys, args);
             poll.push_tiers(&mut call);
             let reply: Vec<Value> = call.invoke_async(&mut conn).await?;
-            status(StatusReply::decode(reply)?)
+            Ok(status(StatusReply::decode(reply)?))
         })
         .await
     }
 }
 
-/// WAITING: position; READY: token, remaining_ms; NOT_IN_QUEUE: abandoned; TOO_EARLY:
-/// retry_secs.
-fn status(reply: StatusReply) -> Result<Status, StoreError> {
-    let outcome = match reply.tag.as_str() {
-        "WAITING" => StatusOutcome::Waiting { position: needed(FILE, "position", reply.position)?.max(1) as u64 },
-        "READY" => StatusOutcome::Ready {
-            token: needed(FILE, "token", reply.token)?,
-            remaining_ms: needed(FILE, "remaining_ms", reply.remaining_ms)?.max(0) as u64,
-        },
-        "NOT_IN_QUEUE" => StatusOutcome::NotInQueue,
-        "TOO_EARLY" => StatusOutcome::TooEarly { retry_secs: needed(FILE, "retry_secs", reply.retry_secs)?.max(1) as u64 },
-        other => return Err(StoreError::Reply(format!("status answered {other}"))),
+fn status(reply: StatusReply) -> Status {
+    let (outcome, abandoned) = match reply {
+        StatusReply::Waiting { position } => (StatusOutcome::Waiting { position: position.max(1) as u64 }, 0),
+        StatusReply::Ready { token, remaining_ms } => {
+            (StatusOutcome::Ready { token, remaining_ms: remaining_ms.max(0) as u64 }, 0)
+        }
+        StatusReply::NotInQueue { abandoned } => (StatusOutcome::NotInQueue, abandoned.max(0) as u64),
+        StatusReply::TooEarly { retry_secs } => (StatusOutcome::TooEarly { retry_secs: retry_secs.max(1) as u64 }, 0),
     };
-    Ok(Status { outcome, abandoned: reply.abandoned.unwrap_or(0).max(0) as u64, arrival: None })
+    Status { outcome, abandoned, arrival: None }
 }
 
 /// A status that writes nothing (no poll clock, no abandonment): the status script's three
