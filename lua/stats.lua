@@ -46,4 +46,5 @@ if read_admissions then
   end
 end
 
-return {redis.call('ZCARD', queue), redis.call('ZCARD', tokens), stored_batch, admitted_recently, since_first_ms}
+return {redis.call('ZCARD', queue), redis.call('ZCARD', tokens), stored_batch, admitted_recently,
+  since_first_ms}

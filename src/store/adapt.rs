@@ -15,7 +15,7 @@ pub const ADAPT_PERIOD: Duration = Duration::from_secs(1);
 const ADAPT_KEEP: Duration = Duration::from_secs(60);
 
 script! {
-    static SCRIPT = [] "lua/adapt.lua" include_str!("../../lua/adapt.lua");
+    static SCRIPT = [] "lua/adapt.lua";
     keys [adaptive, latencies]
     args AdaptArgs {
         period_us: u64,
@@ -37,7 +37,7 @@ pub(super) mod commit {
     use super::{ControlState, Room, StoreError};
 
     script! {
-        static SCRIPT = [] "lua/adapt_commit.lua" include_str!("../../lua/adapt_commit.lua");
+        static SCRIPT = [] "lua/adapt_commit.lua";
         keys [adaptive]
         args CommitArgs<'a> {
             step: &'a str,
@@ -87,7 +87,8 @@ impl Room {
     /// This proxy's once-a-second adaptive call: reports its latencies (`(bucket, count)`) and
     /// claims the room's controller step when it is due.
     pub async fn adapt(&self, report: &[(usize, u64)]) -> Result<AdaptOutcome, StoreError> {
-        let args = AdaptArgs { period_us: ADAPT_PERIOD.as_micros() as u64, keep_ms: ADAPT_KEEP.as_millis() as u64 };
+        let period_us = ADAPT_PERIOD.as_micros() as u64;
+        let args = AdaptArgs { period_us, keep_ms: ADAPT_KEEP.as_millis() as u64 };
         let mut call = invoke(&self.keys, args);
         for (bucket, count) in report {
             call.arg(*bucket).arg(*count);
@@ -102,9 +103,11 @@ fn adapted(reply: AdaptReply) -> Result<AdaptOutcome, StoreError> {
     if !reply.claimed {
         return Ok(AdaptOutcome { step: None, next_due });
     }
-    let latencies = reply.latencies.unwrap_or_default();
-    let latencies = latencies.chunks_exact(2).map(|pair| (pair[0].max(0) as usize, pair[1].max(0) as u64)).collect();
-    let number = |name, value: Option<i64>| -> Result<u32, StoreError> { Ok(needed(FILE, name, value)?.clamp(0, u32::MAX as i64) as u32) };
+    let pairs = reply.latencies.unwrap_or_default();
+    let latencies = pairs.chunks_exact(2).map(|pair| (pair[0].max(0) as usize, pair[1].max(0) as u64)).collect();
+    let number = |name, value: Option<i64>| -> Result<u32, StoreError> {
+        Ok(needed(FILE, name, value)?.clamp(0, u32::MAX as i64) as u32)
+    };
     let state = match needed(FILE, "batch", reply.batch)? {
         batch if batch >= 0 => Some(ControlState {
             batch: batch.min(u32::MAX as i64) as u32,
@@ -114,5 +117,6 @@ fn adapted(reply: AdaptReply) -> Result<AdaptOutcome, StoreError> {
         }),
         _ => None,
     };
-    Ok(AdaptOutcome { step: Some(AdaptStep { id: needed(FILE, "step", reply.step)?, state, latencies }), next_due })
+    let step = AdaptStep { id: needed(FILE, "step", reply.step)?, state, latencies };
+    Ok(AdaptOutcome { step: Some(step), next_due })
 }

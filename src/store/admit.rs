@@ -6,7 +6,7 @@ use std::time::Duration;
 use super::{Room, RoomRules, StoreError};
 
 script! {
-    static SCRIPT = [ADMISSION] "lua/admit.lua" include_str!("../../lua/admit.lua");
+    static SCRIPT = [ADMISSION] "lua/admit.lua";
     keys [queue, next_admission, tokens, adaptive, admission_spent, admissions, heard]
     args AdmitArgs<'a> {
         interval_us: u64,

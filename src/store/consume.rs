@@ -4,7 +4,7 @@
 use super::{Room, StoreError};
 
 script! {
-    static SCRIPT = [] "lua/consume.lua" include_str!("../../lua/consume.lua");
+    static SCRIPT = [] "lua/consume.lua";
     keys [tokens] and ConsumeKeys { user_token }
     args ConsumeArgs<'a> {
         token: &'a str,

@@ -4,7 +4,7 @@
 use super::{PollClock, Room, RoomRules, StoreError};
 
 script! {
-    static SCRIPT = [POLL_CLOCK, ADMISSION] "lua/enter.lua" include_str!("../../lua/enter.lua");
+    static SCRIPT = [POLL_CLOCK, ADMISSION] "lua/enter.lua";
     keys [queue, seq, tokens, next_admission, admission_spent, adaptive, admissions, heard, epoch]
         and EnterKeys { user_token, user_clock, address_counter }
     args EnterArgs<'a> {
@@ -23,7 +23,13 @@ script! {
     }
     reply EnterReply {
         "READY" => Ready { token: String, remaining_ms: i64, instant: bool, abandoned: i64 },
-        "WAITING" => Waiting { position: i64, already: bool, abandoned: i64, arrival: Option<i64>, epoch: Option<String> },
+        "WAITING" => Waiting {
+            position: i64,
+            already: bool,
+            abandoned: i64,
+            arrival: Option<i64>,
+            epoch: Option<String>,
+        },
         "FULL" => Full { abandoned: i64 },
         "LIMITED" => Limited { retry_secs: i64, abandoned: i64 },
     }
@@ -67,7 +73,8 @@ impl Room {
         let instant_token = if rules.instant { uuid::Uuid::new_v4().to_string() } else { String::new() };
         let (user_token, user_clock) = (self.keys.token(user), self.keys.poll_clock(user));
         let address_counter = self.keys.abuse_counter(address);
-        let keys = EnterKeys { user_token: &user_token, user_clock: &user_clock, address_counter: &address_counter };
+        let keys =
+            EnterKeys { user_token: &user_token, user_clock: &user_clock, address_counter: &address_counter };
         let args = EnterArgs {
             user,
             capacity: request.capacity,

@@ -151,7 +151,7 @@ fn lua(file: &str, keys: &[&str], args: &[(&str, Bind)], helpers: &[Helper], sou
 /// with [`Room::run`](super::Room) and decode with `Reply::decode`).
 macro_rules! script {
     (
-        static $script:ident = [$($helper:ident),*] $file:literal $source:expr;
+        static $script:ident = [$($helper:ident),*] $file:literal;
         keys [$($room_key:ident),* $(,)?] $(and $keys:ident { $($key:ident),+ $(,)? })?
         args $args:ident $(<$lt:lifetime>)? { $($arg:ident: $arg_ty:ty),+ $(,)? }
         $(reply $($reply:tt)+)?
@@ -165,7 +165,8 @@ macro_rules! script {
                 &[$(stringify!($room_key),)* $($(stringify!($key)),+)?],
                 $args::BINDS,
                 &[$($crate::store::script::$helper),*],
-                $source,
+                // Every script module sits in src/store/, as this file does.
+                include_str!(concat!("../../", $file)),
             )
         });
 

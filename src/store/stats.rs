@@ -6,7 +6,7 @@ use std::time::Duration;
 use super::{Room, RoomRules, StoreError};
 
 script! {
-    static SCRIPT = [] "lua/stats.lua" include_str!("../../lua/stats.lua");
+    static SCRIPT = [] "lua/stats.lua";
     keys [queue, tokens, adaptive, admissions]
     args StatsArgs {
         read_batch: bool,

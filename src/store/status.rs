@@ -6,7 +6,7 @@ use redis::Value;
 use super::{Keys, PollClock, RedisConn, Room, RoomRules, StoreError};
 
 script! {
-    static SCRIPT = [POLL_CLOCK] "lua/status.lua" include_str!("../../lua/status.lua");
+    static SCRIPT = [POLL_CLOCK] "lua/status.lua";
     keys [queue, heard] and StatusKeys { user_token, user_clock }
     args StatusArgs<'a> {
         user: &'a str,
@@ -66,12 +66,16 @@ impl Room {
 
 fn status(reply: StatusReply) -> Status {
     let (outcome, abandoned) = match reply {
-        StatusReply::Waiting { position } => (StatusOutcome::Waiting { position: position.max(1) as u64 }, 0),
+        StatusReply::Waiting { position } => {
+            (StatusOutcome::Waiting { position: position.max(1) as u64 }, 0)
+        }
         StatusReply::Ready { token, remaining_ms } => {
             (StatusOutcome::Ready { token, remaining_ms: remaining_ms.max(0) as u64 }, 0)
         }
         StatusReply::NotInQueue { abandoned } => (StatusOutcome::NotInQueue, abandoned.max(0) as u64),
-        StatusReply::TooEarly { retry_secs } => (StatusOutcome::TooEarly { retry_secs: retry_secs.max(1) as u64 }, 0),
+        StatusReply::TooEarly { retry_secs } => {
+            (StatusOutcome::TooEarly { retry_secs: retry_secs.max(1) as u64 }, 0)
+        }
     };
     Status { outcome, abandoned, arrival: None }
 }
