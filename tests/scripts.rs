@@ -1,5 +1,5 @@
 //! Every Lua script of `lua/` against a real `redis-server`, through the library's `store::Room`
-//! (style rule 3): enter, status, admit, consume and stats, plus the key layout they share.
+//! (style rule 3): enter, status, admit, adapt, consume and stats, plus the key layout they share.
 //!
 //! Each test gets its own Redis and its own room. Redis is inspected directly to check what the
 //! scripts wrote (scores, TTLs, the key names), with the names taken from `store::Keys` so the
@@ -15,9 +15,10 @@ use common::*;
 use redis::aio::MultiplexedConnection;
 use redis::FromRedisValue;
 use waitroom::config::Config;
+use waitroom::rules::ControlState;
 use waitroom::store::{
     AdmitOutcome, EnterOutcome, EnterRequest, Keys, PollClock, Room, RoomRules, StatusOutcome,
-    StoreError,
+    StoreError, ADAPT_PERIOD,
 };
 
 const CAPACITY: u64 = 100_000;
@@ -699,6 +700,50 @@ async fn consume_deletes_only_the_token_that_was_used() {
     );
     assert_eq!(counts(&room).await.1, 2);
     assert!(room.consume("alice", &newer).await.unwrap());
+}
+
+// ---- adapt and adapt_commit ------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adapt_claims_one_step_per_period_and_stores_only_the_latest_result() {
+    let redis = RedisServer::start();
+    let room = open_room(&redis, "adapt");
+
+    // A fresh room's first call claims the step, with the reports sent so far and no state.
+    let first = room.adapt(&[(3, 2), (7, 1)]).await.unwrap();
+    let step = first
+        .step
+        .expect("the first call of a fresh room claims the step");
+    assert_eq!(step.state, None);
+    let mut latencies = step.latencies.clone();
+    latencies.sort();
+    assert_eq!(latencies, vec![(3, 2), (7, 1)]);
+    assert!(first.next_due <= ADAPT_PERIOD, "{:?}", first.next_due);
+
+    // Within the period: reported, not claimed.
+    let early = room.adapt(&[(5, 4)]).await.unwrap();
+    assert!(early.step.is_none(), "{early:?}");
+    assert!(early.next_due <= first.next_due, "{early:?}");
+
+    let state = ControlState {
+        batch: 4,
+        settle: 1,
+        served_at_cut: Some(9),
+        probe_wait: 2,
+    };
+    assert!(!room.adapt_commit("another-step", state).await.unwrap());
+    assert!(room.adapt_commit(&step.id, state).await.unwrap());
+    let adaptive = RoomRules {
+        min_batch: Some(1),
+        ..RoomRules::fixed(LONG, 10, TTL)
+    };
+    let watch = room.watch(&adaptive).await.unwrap();
+    assert_eq!(watch.stored_batch, Some(4));
+    assert_eq!(
+        room.watch(&RoomRules::OFF).await.unwrap().stored_batch,
+        None,
+        "read only when the rules adapt"
+    );
 }
 
 // ---- stats ------------------------------------------------------------------------------------
