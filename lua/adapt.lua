@@ -3,7 +3,7 @@
 -- is due (Redis TIME and a stored schedule decide, as for admit.lua), claims that step: it gets
 -- every report received since the previous step and the batch in force, and computes the next
 -- batch (src/rules.rs, control_step), which adapt_commit.lua stores. However many proxies call,
--- the room steps once a second. After the prelude (the names below, declared in
+-- the room steps once a second. After a prelude that binds the names below (declared in
 -- src/store/adapt.rs).
 --
 -- KEYS

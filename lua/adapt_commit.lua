@@ -1,6 +1,6 @@
 -- Stores the outcome of a controller step claimed through adapt.lua, unless a later step has
 -- been claimed since (a proxy stalled between its two calls): a stale result never overwrites a
--- newer one. After the prelude (the names below, declared in src/store/adapt.rs).
+-- newer one. After a prelude that binds the names below (declared in src/store/adapt.rs).
 --
 -- KEYS  adaptive (the adaptive state, see adapt.lua)
 -- ARGV  step (its id as adapt.lua returned it), then the new state (see ControlState in

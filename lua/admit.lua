@@ -1,7 +1,8 @@
 -- One admission tick for the whole room. Every proxy calls this when it believes an interval is
 -- due; Redis's own clock and the stored schedule decide, so however many proxies call, the room
 -- admits at most one batch per interval, and the others learn how long to sleep.
--- After the prelude (the names below, declared in src/store/admit.rs), lua/admission.lua.
+-- Built after a prelude that binds the names below (declared in src/store/admit.rs) and after
+-- lua/admission.lua.
 --
 -- KEYS
 --   queue            the line

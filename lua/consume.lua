@@ -1,6 +1,6 @@
 -- Spend a token after the order succeeded: delete it only if it is still the one that was used,
 -- so a newer token (the user entered again and was admitted again) is never removed.
--- After the prelude (the names below, declared in src/store/consume.rs).
+-- After a prelude that binds the names below (declared in src/store/consume.rs).
 --
 -- KEYS  user_token (the user's token), tokens (live tokens, see admit.lua)
 -- ARGV  token (the one that was used), user

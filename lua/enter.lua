@@ -1,6 +1,6 @@
 -- Enter the line: one atomic step, so no burst of concurrent enters can exceed the capacity,
--- share a number, or hold two places for one user. After the prelude (the names below, declared
--- in src/store/enter.rs), lua/poll_clock.lua and lua/admission.lua come first.
+-- share a number, or hold two places for one user. Built after a prelude that binds the names
+-- below (declared in src/store/enter.rs) and after lua/poll_clock.lua and lua/admission.lua.
 --
 -- KEYS
 --   queue            the line (sorted set, member = user, score = arrival number)

@@ -2,7 +2,7 @@
 -- times a second by every proxy (the room watcher).
 -- Expired tokens leave the live-token set here: Redis expires the token keys themselves.
 --
--- After the prelude (the names below, declared in src/store/stats.rs).
+-- After a prelude that binds the names below (declared in src/store/stats.rs).
 --
 -- KEYS  queue (the line), tokens (live tokens), adaptive (the adaptive state, see adapt.lua),
 --       admissions (the admissions log, see record_admissions in admission.lua)

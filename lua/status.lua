@@ -1,7 +1,8 @@
 -- Where a user stands: waiting (and where), admitted (and the token), or neither.
 -- A script because it may write (abandonment, the poll clock); without either the proxy sends
 -- the same reads as one MULTI/EXEC instead (src/store/status.rs, read_status).
--- After the prelude (the names below, declared in src/store/status.rs), lua/poll_clock.lua.
+-- Built after a prelude that binds the names below (declared in src/store/status.rs) and after
+-- lua/poll_clock.lua.
 --
 -- KEYS  queue (the line), user_token, user_clock (see poll_clock.lua), heard (heard-from times,
 --       see admit.lua)
