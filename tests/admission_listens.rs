@@ -556,7 +556,7 @@ async fn the_tick_skips_stale_users_it_pops() {
             per_address: None,
             poll: PollClock::OFF,
         };
-        let entered = room.enter_with(request, &rules).await.unwrap();
+        let entered = room.enter(request, &rules).await.unwrap();
         assert!(matches!(
             entered.outcome,
             EnterOutcome::Waiting { already: false, .. }
@@ -573,7 +573,7 @@ async fn the_tick_skips_stale_users_it_pops() {
             .await
             .unwrap();
     }
-    let outcome = room.admit_with(&rules).await.unwrap();
+    let outcome = room.admit(&rules).await.unwrap();
     assert_eq!((outcome.admitted, outcome.abandoned), (2, 2), "{outcome:?}");
     for (u, admitted) in [("u0", false), ("u1", true), ("u2", false), ("u3", true)] {
         assert_eq!(
@@ -583,12 +583,12 @@ async fn the_tick_skips_stale_users_it_pops() {
         );
     }
     let status = room
-        .status_with("u4", PollClock::OFF, &rules)
+        .status("u4", PollClock::OFF, &rules)
         .await
         .unwrap();
     assert_eq!(status.outcome, StatusOutcome::Waiting { position: 1 });
     let status = room
-        .status_with("u0", PollClock::OFF, &rules)
+        .status("u0", PollClock::OFF, &rules)
         .await
         .unwrap();
     assert_eq!(status.outcome, StatusOutcome::NotInQueue);
@@ -793,7 +793,7 @@ async fn the_controller_steps_once_a_second_whoever_calls() {
         probe_wait: 0,
     };
     assert!(rooms[0].adapt_commit(&step.id, state).await.unwrap());
-    let watch = rooms[1].watch(Some(&adaptive_rules())).await.unwrap();
+    let watch = rooms[1].watch(&adaptive_rules()).await.unwrap();
     assert_eq!(watch.stored_batch, Some(5));
 
     // The next step, a second later, gets the reports the first one did not.
@@ -815,7 +815,7 @@ async fn the_controller_steps_once_a_second_whoever_calls() {
     assert!(!rooms[3].adapt_commit(&step.id, stale).await.unwrap());
     assert_eq!(
         rooms[1]
-            .watch(Some(&adaptive_rules()))
+            .watch(&adaptive_rules())
             .await
             .unwrap()
             .stored_batch,

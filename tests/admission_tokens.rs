@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use serde_json::Value;
 use waitroom::config::Config;
-use waitroom::store::{EnterOutcome, EnterRequest, Keys, PollClock, Room, StoreError};
+use waitroom::store::{EnterOutcome, EnterRequest, Keys, PollClock, Room, RoomRules, StoreError};
 
 const LONG_TTL_MS: i64 = 300_000;
 
@@ -39,13 +39,13 @@ fn library_room(redis: &RedisServer, prefix: &str) -> Room {
 
 /// Queues `user` straight in Redis, as a proxy's enter would.
 async fn enter_room(room: &Room, user: &str, capacity: u64) -> Result<EnterOutcome, StoreError> {
-    room.enter(EnterRequest {
+    let request = EnterRequest {
         user,
         capacity,
         per_address: None,
         poll: PollClock::OFF,
-    })
-    .await
+    };
+    Ok(room.enter(request, &RoomRules::OFF).await?.outcome)
 }
 
 /// Redis's clock in milliseconds.

@@ -925,9 +925,9 @@ async fn the_per_address_limit_counts_distinct_identities_per_minute() {
     assert_eq!(p.status("u9").await.status, 200);
 }
 
-/// The reset at the next window, without waiting for a minute to pass: the counters are keyed
-/// by Redis's minute, so a full counter for the previous minute (seeded here) limits nobody now,
-/// and the same counter seeded for the current minute does.
+/// The reset at the next window, without waiting for a minute to pass: each identity is counted
+/// with Redis's minute, so a full count for the previous minute (seeded here) limits nobody now,
+/// and the same count for the current minute does.
 #[tokio::test]
 async fn the_per_address_counter_starts_afresh_each_minute() {
     let redis = RedisServer::start();
@@ -939,11 +939,13 @@ async fn the_per_address_counter_starts_afresh_each_minute() {
         .await;
     with_window_left(&redis, 10).await;
     let window = redis_now_ms(&redis).await / 60_000;
-    let key = |w: u64| format!("{{{}}}:abuse:127.0.0.1:{w}", p.key_prefix());
+    let key = waitroom::store::Keys::new(&p.key_prefix()).abuse_counter("127.0.0.1");
     let mut conn = redis.conn().await;
-    let _: i64 = redis::cmd("SADD")
-        .arg(key(window - 1))
+    let _: i64 = redis::cmd("ZADD")
+        .arg(&key)
+        .arg(window - 1)
         .arg("old-1")
+        .arg(window - 1)
         .arg("old-2")
         .query_async(&mut conn)
         .await
@@ -955,14 +957,17 @@ async fn the_per_address_counter_starts_afresh_each_minute() {
     );
     assert_eq!(p.enter("new-2").await.status, 200);
     limited(&p.enter("new-3").await, "this minute's counter is full");
-    let counted: Vec<String> = redis::cmd("SMEMBERS")
-        .arg(key(window))
+    let counted: Vec<String> = redis::cmd("ZRANGE")
+        .arg(&key)
+        .arg(window)
+        .arg(window)
+        .arg("BYSCORE")
         .query_async(&mut conn)
         .await
         .unwrap();
     assert_eq!(counted.len(), 2, "{counted:?}");
     let ttl: i64 = redis::cmd("TTL")
-        .arg(key(window))
+        .arg(&key)
         .query_async(&mut conn)
         .await
         .unwrap();

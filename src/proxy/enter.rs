@@ -42,7 +42,7 @@ pub async fn handle(
         per_address: address.as_deref().map(|a| (a, config.abuse.identities_per_address)),
         poll: pacing.poll_clock(),
     };
-    let (result, answer) = match room.enter_with(request, &policy.rules).await {
+    let (result, answer) = match room.enter(request, &policy.rules).await {
         Ok(entered) => {
             metrics::ABANDONED_TOTAL.inc_by(entered.abandoned);
             if let Some(line) = local {
