@@ -783,6 +783,7 @@ async fn requests_without_the_users_current_token_are_refused_and_never_forwarde
     wrong_token.replace_range(0..1, if erin.starts_with('0') { "1" } else { "0" });
     let made_up = uuid::Uuid::new_v4().to_string();
     let longer = format!("{erin}0");
+    let too_long = "e".repeat(257);
     let orders = "/api/orders";
     // (what, path, identity, token, expected status)
     type Case<'a> = (&'a str, &'a str, Option<&'a str>, Option<&'a str>, u16);
@@ -834,6 +835,9 @@ async fn requests_without_the_users_current_token_are_refused_and_never_forwarde
         ),
         ("no identity", orders, None, Some(&erin), 401),
         ("empty identity", orders, Some(""), Some(&erin), 401),
+        // Section 3: a bad identity is 400, before the token is even looked at.
+        ("identity of 257 bytes", orders, Some(&too_long), Some(&erin), 400),
+        ("identity with a tab", orders, Some("er\tin"), Some(&erin), 400),
     ];
     for (what, path, user, token, expected) in cases {
         let r = attempt(path, user, token).await;

@@ -16,138 +16,6 @@ use std::time::{Duration, Instant};
 
 // ---- helpers --------------------------------------------------------------------------------
 
-/// A room where nobody is admitted while the test runs.
-const NO_ADMISSION: &str = "admission: {interval: 1h, batch_size: 1}";
-
-/// Every answer the proxy writes itself: JSON, never cached (section 3, first paragraph).
-#[track_caller]
-fn assert_own_headers(ctx: &str, content_type: Option<&str>, cache_control: Option<&str>) {
-    let mime = content_type
-        .unwrap_or_else(|| panic!("{ctx}: no Content-Type"))
-        .split(';')
-        .next()
-        .unwrap()
-        .trim();
-    assert!(
-        mime.eq_ignore_ascii_case("application/json"),
-        "{ctx}: Content-Type {content_type:?}, want application/json"
-    );
-    let cc = cache_control.unwrap_or_else(|| panic!("{ctx}: no Cache-Control"));
-    assert!(
-        cc.split(',')
-            .any(|d| d.trim().eq_ignore_ascii_case("no-store")),
-        "{ctx}: Cache-Control {cc:?}, want no-store"
-    );
-}
-
-/// Status, the JSON headers and the exact body.
-#[track_caller]
-fn assert_answer(ctx: &str, r: &Resp, status: u16, body: Value) {
-    assert_eq!(r.status, status, "{ctx}: status; body {}", r.body);
-    assert_own_headers(ctx, r.header("content-type"), r.header("cache-control"));
-    assert_eq!(r.json(), body, "{ctx}: body");
-}
-
-/// An error answer: `{"error": "<reason>"}` and nothing else.
-#[track_caller]
-fn assert_error(ctx: &str, r: &Resp, status: u16) {
-    assert_eq!(r.status, status, "{ctx}: status; body {}", r.body);
-    assert_own_headers(ctx, r.header("content-type"), r.header("cache-control"));
-    assert_error_body(ctx, &r.json());
-}
-
-#[track_caller]
-fn assert_error_body(ctx: &str, body: &Value) {
-    let obj = body
-        .as_object()
-        .unwrap_or_else(|| panic!("{ctx}: body is not an object: {body}"));
-    assert_eq!(
-        obj.keys().collect::<Vec<_>>(),
-        vec!["error"],
-        "{ctx}: only `error`: {body}"
-    );
-    assert!(
-        obj["error"].as_str().is_some_and(|s| !s.is_empty()),
-        "{ctx}: `error` must be a non-empty string: {body}"
-    );
-}
-
-fn waiting(position: u64, eta: u64, poll_after: u64) -> Value {
-    json!({"status": "WAITING", "position": position, "estimatedWaitTime": eta, "pollAfter": poll_after})
-}
-
-fn not_in_queue() -> Value {
-    json!({"status": "NOT_IN_QUEUE", "pollAfter": null})
-}
-
-/// Canonical lowercase hyphenated UUID, version 4, RFC 4122 variant.
-#[track_caller]
-fn assert_uuid_v4(token: &str) {
-    let b = token.as_bytes();
-    let shape_ok = b.len() == 36
-        && b.iter().enumerate().all(|(i, c)| match i {
-            8 | 13 | 18 | 23 => *c == b'-',
-            _ => c.is_ascii_digit() || (b'a'..=b'f').contains(c),
-        });
-    assert!(shape_ok, "token {token:?} is not a canonical UUID");
-    assert_eq!(b[14], b'4', "token {token:?} is not version 4");
-    assert!(
-        matches!(b[19], b'8' | b'9' | b'a' | b'b'),
-        "token {token:?} is not RFC 4122 variant"
-    );
-    let parsed = uuid::Uuid::parse_str(token).expect("parses as a UUID");
-    assert_eq!(parsed.get_version_num(), 4);
-}
-
-/// A READY body: exactly these keys, a v4 token, `expiresIn` in 1..=ttl, `pollAfter` null.
-/// Returns the token.
-#[track_caller]
-fn assert_ready(ctx: &str, r: &Resp, ttl_secs: u64) -> String {
-    assert_eq!(r.status, 200, "{ctx}: status; body {}", r.body);
-    assert_own_headers(ctx, r.header("content-type"), r.header("cache-control"));
-    let body = r.json();
-    let obj = body.as_object().expect("READY body is an object");
-    let keys: BTreeSet<&str> = obj.keys().map(String::as_str).collect();
-    assert_eq!(
-        keys,
-        BTreeSet::from(["status", "token", "expiresIn", "pollAfter"]),
-        "{ctx}: READY keys: {body}"
-    );
-    assert_eq!(body["status"], "READY", "{ctx}: {body}");
-    assert_eq!(body["pollAfter"], Value::Null, "{ctx}: {body}");
-    let expires = body["expiresIn"]
-        .as_u64()
-        .unwrap_or_else(|| panic!("{ctx}: expiresIn not an integer: {body}"));
-    assert!(
-        (1..=ttl_secs).contains(&expires),
-        "{ctx}: expiresIn {expires} outside 1..={ttl_secs}"
-    );
-    let token = body["token"]
-        .as_str()
-        .expect("token is a string")
-        .to_owned();
-    assert_uuid_v4(&token);
-    token
-}
-
-fn redis_key(proxy: &Proxy, suffix: &str) -> String {
-    format!("{{{}}}:{suffix}", proxy.key_prefix())
-}
-
-/// How many users wait in the proxy's room, read straight from Redis (src/store.rs `Keys`).
-async fn zcard(redis: &RedisServer, proxy: &Proxy) -> u64 {
-    redis::cmd("ZCARD")
-        .arg(redis_key(proxy, "queue"))
-        .query_async(&mut redis.conn().await)
-        .await
-        .expect("ZCARD")
-}
-
-/// A proxy whose room has had its first admission tick (see `ProxyBuilder::start_settled`).
-async fn start_settled(redis: &RedisServer, builder: &ProxyBuilder) -> Proxy {
-    builder.start_settled(&redis.conn().await).await
-}
-
 /// A response read off a raw socket.
 #[derive(Debug)]
 struct RawResp {
@@ -295,7 +163,7 @@ async fn enter_numbers_arrivals_and_status_agrees() {
     .await;
     assert_answer("enter?x=1, new", &r, 200, waiting(11, 83, 10));
 
-    assert_eq!(zcard(&redis, &proxy).await, 11, "one place per user");
+    assert_eq!(queue_len(&redis, &proxy).await, 11, "one place per user");
     println!(
         "enter_numbers_arrivals_and_status_agrees: {:?}",
         t0.elapsed()
@@ -329,7 +197,7 @@ async fn admitted_users_get_ready_from_status_and_enter() {
     );
     assert_eq!(enter_token, token, "enter does not issue another token");
     assert_eq!(
-        zcard(&redis, &proxy).await,
+        queue_len(&redis, &proxy).await,
         0,
         "a READY user is not queued again"
     );
@@ -451,7 +319,7 @@ async fn wrong_methods_get_405_with_allow_whatever_the_headers() {
         200,
         not_in_queue(),
     );
-    assert_eq!(zcard(&redis, &proxy).await, 0);
+    assert_eq!(queue_len(&redis, &proxy).await, 0);
     println!(
         "wrong_methods_get_405_with_allow_whatever_the_headers: {:?}",
         t0.elapsed()
@@ -567,7 +435,7 @@ async fn identity_is_required_and_checked_on_both_endpoints() {
     );
 
     assert_eq!(
-        zcard(&redis, &proxy).await,
+        queue_len(&redis, &proxy).await,
         2,
         "refused identities queued nobody"
     );
@@ -628,7 +496,7 @@ async fn a_full_room_answers_429_with_retry_after() {
         200,
         not_in_queue(),
     );
-    assert_eq!(zcard(&redis, &proxy).await, 3);
+    assert_eq!(queue_len(&redis, &proxy).await, 3);
 
     // queue.retry_after sets R in both places.
     let builder7 = Proxy::builder(&redis.url(), api.addr())
@@ -657,26 +525,30 @@ async fn a_full_room_answers_429_with_retry_after() {
 
 // ---- concurrency --------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_burst_of_enters_never_exceeds_capacity_or_shares_a_number() {
-    let t0 = Instant::now();
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&[]);
-    let builder = Proxy::builder(&redis.url(), api.addr())
-        .yaml("admission: {interval: 1h, batch_size: 1}\nqueue: {capacity: 500}");
-    let proxy = start_settled(&redis, &builder).await;
-
-    let url = proxy.url("/queue/enter");
+/// `users` concurrent enters of distinct users, spread round-robin over `proxies` (all of one
+/// `NO_ADMISSION` room of `capacity`): exactly `capacity` places, numbered 1..=capacity with no
+/// number given twice, everyone else FULL, and the line in Redis holding exactly `capacity`.
+async fn assert_burst_fills_to_capacity(
+    redis: &RedisServer,
+    proxies: &[Proxy],
+    users: usize,
+    capacity: u64,
+) {
     let burst = Instant::now();
-    let answers = join_all((0..1000).map(|i| {
-        let c = proxy.client().clone();
-        let url = url.clone();
-        tokio::spawn(
-            async move { send(c.post(url).header("X-User-Id", format!("burst-{i}"))).await },
-        )
+    let answers = join_all((0..users).map(|i| {
+        let proxy = &proxies[i % proxies.len()];
+        let req = proxy
+            .client()
+            .post(proxy.url("/queue/enter"))
+            .header("X-User-Id", format!("burst-{i}"));
+        tokio::spawn(send(req))
     }))
     .await;
-    println!("1000 concurrent enters took {:?}", burst.elapsed());
+    println!(
+        "{users} concurrent enters through {} proxies took {:?}",
+        proxies.len(),
+        burst.elapsed()
+    );
 
     let mut positions = BTreeSet::new();
     let mut full = 0;
@@ -691,8 +563,7 @@ async fn a_burst_of_enters_never_exceeds_capacity_or_shares_a_number() {
                 );
                 let body = r.json();
                 let p = body["position"].as_u64().expect("position");
-                let eta = if p <= 1 { 0 } else { p * 3600 };
-                assert_eq!(body, waiting(p, eta, if p <= 1 { 2 } else { 10 }));
+                assert_eq!(body, waiting_no_admission(p, 2, 10));
                 assert!(positions.insert(p), "position {p} given twice");
             }
             429 => {
@@ -708,22 +579,44 @@ async fn a_burst_of_enters_never_exceeds_capacity_or_shares_a_number() {
             other => panic!("unexpected {other}: {}", r.body),
         }
     }
-    assert_eq!(positions.len(), 500, "exactly capacity users got a place");
-    assert_eq!(full, 500, "everyone else was told FULL");
     assert_eq!(
         positions,
-        (1..=500).collect::<BTreeSet<u64>>(),
-        "positions are 1..=500"
+        (1..=capacity).collect::<BTreeSet<u64>>(),
+        "exactly capacity users got a place, numbered 1..=capacity"
     );
+    assert_eq!(full, users - capacity as usize, "everyone else was told FULL");
     assert_eq!(
-        zcard(&redis, &proxy).await,
-        500,
+        queue_len(redis, &proxies[0]).await,
+        capacity,
         "the line in Redis holds capacity users"
     );
-    println!(
-        "a_burst_of_enters_never_exceeds_capacity_or_shares_a_number: {:?}",
-        t0.elapsed()
-    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_enters_never_exceeds_capacity_or_shares_a_number() {
+    let redis = RedisServer::start();
+    let api = DemoApi::start(&[]);
+    let builder = Proxy::builder(&redis.url(), api.addr())
+        .yaml(NO_ADMISSION)
+        .yaml("queue: {capacity: 500}");
+    let proxy = start_settled(&redis, &builder).await;
+    assert_burst_fills_to_capacity(&redis, &[proxy], 1000, 500).await;
+}
+
+/// The cap is the room's, not each proxy's (section 5): three proxies sharing one room, each
+/// taking a third of a concurrent burst, still give out exactly `capacity` places between them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_enters_through_three_proxies_never_exceed_the_rooms_capacity() {
+    let redis = RedisServer::start();
+    let api = DemoApi::start(&[]);
+    let room = Proxy::builder(&redis.url(), api.addr())
+        .yaml(NO_ADMISSION)
+        .yaml("queue: {capacity: 200}");
+    let mut proxies = Vec::new();
+    for _ in 0..3 {
+        proxies.push(start_settled(&redis, &room).await);
+    }
+    assert_burst_fills_to_capacity(&redis, &proxies, 600, 200).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -753,7 +646,7 @@ async fn concurrent_enters_by_one_user_make_one_place() {
             waiting(2, 7200, 10),
         );
     }
-    assert_eq!(zcard(&redis, &proxy).await, 2, "one place for dup");
+    assert_eq!(queue_len(&redis, &proxy).await, 2, "one place for dup");
     assert_answer(
         "status of dup",
         &proxy.status("dup").await,
@@ -775,8 +668,7 @@ async fn concurrent_enters_by_one_user_make_one_place() {
 // ---- Redis unavailable, health ----------------------------------------------------------------
 
 /// Enter and status of `user` while Redis is unreachable: 503, `{"error"}`, `Retry-After: R`, and
-/// within `timeout` + 1 s (the contract says + 100 ms; the slack keeps a loaded 2-core box green,
-/// and the printed times show the real margin).
+/// within `redis.timeout` + 100 ms (section 3), each call timed on its own.
 async fn assert_unavailable(
     proxy: &Proxy,
     user: &str,
@@ -804,26 +696,55 @@ async fn assert_unavailable(
                 "{what}: {name} Retry-After"
             );
             assert!(
-                took < timeout + Duration::from_secs(1),
-                "{what}: {name} took {took:?} (redis.timeout {timeout:?})"
+                took <= timeout + Duration::from_millis(100),
+                "{what}: {name} took {took:?} (contract: redis.timeout {timeout:?} + 100 ms)"
             );
         }
     }
 }
 
-/// Pass-through needs no Redis.
-async fn assert_passthrough(proxy: &Proxy, what: &str) {
+/// Everything a proxy must still do while its Redis is unreachable: 503 for a waiting user and
+/// a newcomer alike, pass-through untouched, /healthz 200.
+async fn assert_down(proxy: &Proxy, timeout: Duration, retry_after: &str, what: &str) {
+    assert_unavailable(proxy, "early", timeout, retry_after, what).await;
+    assert_unavailable(proxy, "newcomer", timeout, retry_after, what).await;
     let r = proxy.get("/hello?x=1").await;
     assert_eq!(r.status, 200, "{what}: pass-through: {}", r.body);
     let echo = r.json();
     assert_eq!(echo["path"], "/hello", "{what}: echo {echo}");
     assert_eq!(echo["query"], "x=1", "{what}: echo {echo}");
+    assert_eq!(healthz(proxy).await, 200, "{what}: healthz");
 }
 
 async fn healthz(proxy: &Proxy) -> u16 {
     send(proxy.client().get(proxy.metrics_url("/healthz")))
         .await
         .status
+}
+
+/// How long after `since` the first `/readyz` call that answered `want` was sent (a call sent
+/// before the change may answer after it, so the send time is the fair measure); None if none
+/// did within 3 s. Polls every 10 ms.
+async fn readyz_turns(proxy: &Proxy, want: u16, since: Instant) -> Option<Duration> {
+    while since.elapsed() < Duration::from_secs(3) {
+        let sent = since.elapsed();
+        if proxy.readyz().await == want {
+            return Some(sent);
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    None
+}
+
+/// `/readyz` follows Redis within 1 s (section 4).
+async fn assert_readyz_turns(proxy: &Proxy, want: u16, since: Instant, what: &str) {
+    let took = readyz_turns(proxy, want, since).await;
+    println!("readyz {want} {took:?} after {what}");
+    let took = took.unwrap_or_else(|| panic!("readyz not {want} within 3 s of {what}"));
+    assert!(
+        took <= Duration::from_secs(1),
+        "readyz {want} only {took:?} after {what} (contract: within 1 s)"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -848,39 +769,12 @@ async fn stopped_redis_gives_fast_503_and_readyz_follows() {
     assert_answer("before", &proxy.enter("early").await, 200, waiting(1, 0, 2));
 
     redis.stop();
-    let stopped = Instant::now();
-    let noticed = wait_until(
-        Duration::from_secs(3),
-        Duration::from_millis(10),
-        || async { proxy.readyz().await == 503 },
-    )
-    .await;
-    println!(
-        "readyz went 503 {:?} after Redis stopped",
-        stopped.elapsed()
-    );
-    assert!(noticed, "readyz still 200 3 s after Redis stopped");
-    assert!(
-        stopped.elapsed() < Duration::from_millis(1500),
-        "readyz noticed only after {:?} (contract: within 1 s)",
-        stopped.elapsed()
-    );
-
-    assert_unavailable(&proxy, "early", timeout, "30", "redis stopped").await;
-    assert_unavailable(&proxy, "newcomer", timeout, "30", "redis stopped").await;
-    assert_passthrough(&proxy, "redis stopped").await;
-    assert_eq!(healthz(&proxy).await, 200, "healthz while Redis is down");
+    assert_readyz_turns(&proxy, 503, Instant::now(), "Redis stopped").await;
+    assert_down(&proxy, timeout, "30", "redis stopped").await;
 
     redis.restart();
     let restarted = Instant::now();
-    let back = wait_until(
-        Duration::from_secs(3),
-        Duration::from_millis(10),
-        || async { proxy.readyz().await == 200 },
-    )
-    .await;
-    println!("readyz back to 200 {:?} after restart", restarted.elapsed());
-    assert!(back, "readyz not 200 within 3 s of Redis restarting");
+    assert_readyz_turns(&proxy, 200, restarted, "Redis restarted").await;
     let recovered = wait_until(
         Duration::from_secs(10),
         Duration::from_millis(50),
@@ -920,27 +814,12 @@ async fn frozen_redis_gives_503_within_timeout_and_the_proxy_recovers() {
     assert_answer("before", &proxy.enter("early").await, 200, waiting(1, 0, 2));
 
     redis.freeze();
-    let frozen = Instant::now();
-    let noticed = wait_until(
-        Duration::from_secs(3),
-        Duration::from_millis(10),
-        || async { proxy.readyz().await == 503 },
-    )
-    .await;
-    println!("readyz went 503 {:?} after the freeze", frozen.elapsed());
-    assert!(noticed, "readyz still 200 3 s into a frozen Redis");
-    assert!(
-        frozen.elapsed() < Duration::from_millis(1500),
-        "readyz noticed the hang only after {:?} (contract: within 1 s)",
-        frozen.elapsed()
-    );
-    assert_unavailable(&proxy, "early", timeout, "7", "redis frozen").await;
-    assert_unavailable(&proxy, "newcomer", timeout, "7", "redis frozen").await;
-    assert_passthrough(&proxy, "redis frozen").await;
-    assert_eq!(healthz(&proxy).await, 200, "healthz while Redis hangs");
+    assert_readyz_turns(&proxy, 503, Instant::now(), "Redis froze").await;
+    assert_down(&proxy, timeout, "7", "redis frozen").await;
 
     redis.thaw();
     let thawed = Instant::now();
+    assert_readyz_turns(&proxy, 200, thawed, "thaw").await;
     let recovered = wait_until(
         Duration::from_secs(10),
         Duration::from_millis(50),
@@ -980,13 +859,6 @@ async fn frozen_redis_gives_503_within_timeout_and_the_proxy_recovers() {
         200,
         waiting(late_at, late_at * 3600, 10),
     );
-    let back = wait_until(
-        Duration::from_secs(3),
-        Duration::from_millis(20),
-        || async { proxy.readyz().await == 200 },
-    )
-    .await;
-    assert!(back, "readyz not 200 again after thaw");
     println!(
         "frozen_redis_gives_503_within_timeout_and_the_proxy_recovers: {:?}",
         t0.elapsed()
@@ -1048,7 +920,7 @@ async fn prefix_tiers_and_identity_header_come_from_the_config() {
         assert_eq!(echo["path"], path, "echo {echo}");
     }
     assert_eq!(
-        zcard(&redis, &proxy).await,
+        queue_len(&redis, &proxy).await,
         2,
         "the pass-throughs queued nobody"
     );
@@ -1181,7 +1053,7 @@ async fn answers_to_requests_with_bodies_leave_the_connection_usable() {
         "connection reuse: {reconnects} reconnects over {} requests",
         requests.len()
     );
-    assert_eq!(zcard(&redis, &proxy).await, 2);
+    assert_eq!(queue_len(&redis, &proxy).await, 2);
     println!(
         "answers_to_requests_with_bodies_leave_the_connection_usable: {:?}",
         t0.elapsed()

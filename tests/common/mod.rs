@@ -16,11 +16,13 @@
 //! Every test binary compiles this module and uses only part of it, hence the allows.
 #![allow(dead_code, unused_imports)]
 
+mod answers;
 mod client;
 mod demo_api;
 mod process;
 mod proxy;
 mod redis_server;
+mod store;
 
 pub use client::{http_client, raw_request, send, try_send, Resp};
 pub use demo_api::DemoApi;
@@ -29,6 +31,8 @@ pub use proxy::{
     unique_prefix, Proxy, ProxyBuilder,
 };
 pub use redis_server::RedisServer;
+pub use answers::*;
+pub use store::*;
 
 use std::future::Future;
 use std::net::TcpListener;

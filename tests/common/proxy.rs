@@ -213,7 +213,7 @@ impl ProxyBuilder {
         C: redis::aio::ConnectionLike + Clone + Send,
     {
         let proxy = self.start().await;
-        let key = format!("{{{}}}:admission:next", proxy.key_prefix());
+        let key = super::store::keys(&proxy).next_admission;
         let ticked = super::wait_until(Duration::from_secs(10), Duration::from_millis(10), || {
             let mut conn = conn.clone();
             let key = key.clone();
@@ -477,6 +477,12 @@ impl Proxy {
     /// One series of `/metrics`, see `parse_metric`.
     pub async fn metric(&self, series: &str) -> Option<f64> {
         parse_metric(&self.metrics().await, series)
+    }
+
+    /// A counter's value, 0 while its series has not appeared yet (a labelled series may appear
+    /// only once it first occurs, contract section 4).
+    pub async fn counter(&self, series: &str) -> f64 {
+        self.metric(series).await.unwrap_or(0.0)
     }
 
     /// Status code of `GET /readyz`.

@@ -1,0 +1,68 @@
+//! Redis read (and seeded) the way the proxy writes it: key names come from the crate
+//! (`waitroom::store::Keys`), never spelled again here, so a renamed key breaks these helpers
+//! at compile time or fails the tests, instead of leaving them reading a key nobody writes.
+
+use super::proxy::Proxy;
+use super::redis_server::RedisServer;
+use redis::aio::ConnectionLike;
+use waitroom::config::Config;
+use waitroom::store::{EnterOutcome, EnterRequest, PollClock, Room, StoreError};
+
+pub use waitroom::store::Keys;
+
+/// The keys of the room `proxy` serves.
+pub fn keys(proxy: &Proxy) -> Keys {
+    Keys::new(&proxy.key_prefix())
+}
+
+/// `ZCARD key`: how many members a sorted set (the line, the live tokens, ...) holds.
+pub async fn zcard<C: ConnectionLike>(conn: &mut C, key: &str) -> u64 {
+    redis::cmd("ZCARD")
+        .arg(key)
+        .query_async(conn)
+        .await
+        .expect("ZCARD")
+}
+
+/// How many users wait in `proxy`'s room, read straight from Redis.
+pub async fn queue_len(redis: &RedisServer, proxy: &Proxy) -> u64 {
+    zcard(&mut redis.conn().await, &keys(proxy).queue).await
+}
+
+/// Redis's clock in milliseconds: admission, abuse windows and poll clocks follow it, not ours.
+pub async fn redis_now_ms<C: ConnectionLike>(conn: &mut C) -> i64 {
+    let (secs, micros): (i64, i64) = redis::cmd("TIME")
+        .query_async(conn)
+        .await
+        .expect("TIME");
+    secs * 1000 + micros / 1000
+}
+
+/// The room of `prefix` through the library, to seed or inspect a line as a proxy would.
+pub fn library_room(redis: &RedisServer, prefix: &str) -> Room {
+    let yaml = format!(
+        "upstream: 127.0.0.1:1\nredis: {{url: \"{}\", key_prefix: \"{prefix}\", timeout: 2s}}\n",
+        redis.url()
+    );
+    Room::new(&Config::parse(&yaml).expect("valid").redis).expect("room")
+}
+
+/// Queues `user` straight in Redis, as a proxy's enter would.
+pub async fn enter_room(
+    room: &Room,
+    user: &str,
+    capacity: u64,
+) -> Result<EnterOutcome, StoreError> {
+    room.enter(EnterRequest {
+        user,
+        capacity,
+        per_address: None,
+        poll: PollClock::OFF,
+    })
+    .await
+}
+
+/// A proxy whose room has had its first admission tick (see `ProxyBuilder::start_settled`).
+pub async fn start_settled(redis: &RedisServer, builder: &super::proxy::ProxyBuilder) -> Proxy {
+    builder.start_settled(&redis.conn().await).await
+}
