@@ -715,7 +715,7 @@ async fn the_adaptive_batch_follows_the_backend_identically_on_two_proxies() {
     // workers pause and the line drains, so that the probes' positions are small and known:
     // with batch_size (6) used instead, positions 2..=6 would be told no wait.
     pause.store(true, Ordering::Release);
-    let mut conn = redis.conn().await;
+    let conn = redis.conn().await;
     let queue = keys(&a).queue;
     let drained = wait_until(Duration::from_secs(10), Duration::from_millis(20), || {
         let mut conn = conn.clone();
