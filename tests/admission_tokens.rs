@@ -729,11 +729,11 @@ async fn an_unreachable_upstream_is_a_json_502_and_keeps_the_token() {
     let api = fast_api();
     let builder = Proxy::builder(&redis.url(), api.addr()).yaml(TOKENS_YAML);
     let good = builder.start().await;
-    // Same room, but its upstream is a port nobody listens on.
-    let closed = free_port();
+    // Same room, but its upstream is a port that refuses connections (checked, not assumed).
+    let closed = refused_addr();
     let broken = builder
         .clone()
-        .yaml(&format!("upstream: \"127.0.0.1:{closed}\""))
+        .yaml(&format!("upstream: \"{closed}\""))
         .start()
         .await;
 
@@ -749,6 +749,17 @@ async fn an_unreachable_upstream_is_a_json_502_and_keeps_the_token() {
     );
     let r = send(order(&broken, Some("dave"), Some(&token))).await;
     assert_error_answer(&r, 502);
+    // Both count as upstream responses of class "error" (section 4), and as nothing else.
+    let errors = "waitroom_upstream_responses_total{class=\"error\"}";
+    let counted = wait_until(Duration::from_secs(3), Duration::from_millis(20), || async {
+        broken.counter(errors).await == 2.0
+    })
+    .await;
+    assert!(counted, "{errors}:\n{}", broken.metrics().await);
+    for class in ["2xx", "3xx", "4xx", "5xx"] {
+        let series = format!("waitroom_upstream_responses_total{{class=\"{class}\"}}");
+        assert_eq!(broken.counter(&series).await, 0.0, "{series}");
+    }
 
     assert_eq!(orders_seen(&api).await, 0);
     let r = send(order(&good, Some("dave"), Some(&token))).await;

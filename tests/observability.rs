@@ -239,18 +239,6 @@ fn check_histogram(samples: &[Sample], family: &str, endpoint: &str, count: f64)
 
 // ---- the scripted session -----------------------------------------------------------------------
 
-async fn zcard(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> u64 {
-    redis::cmd("ZCARD")
-        .arg(key)
-        .query_async(conn)
-        .await
-        .expect("ZCARD")
-}
-
-fn body_status(resp: &Resp) -> String {
-    resp.json()["status"].as_str().unwrap_or("-").to_owned()
-}
-
 /// enters, a FULL, polls, admission, forbidden / unauthenticated / forwarded protected requests, a
 /// 4xx from upstream, a consumed token, a pass-through, reloads, and finally a dead Redis; then
 /// each counter must have moved by exactly its share.
@@ -262,9 +250,11 @@ async fn scripted_session_moves_each_counter_by_exactly_its_share() {
         .yaml("admission: {interval: 1h, batch_size: 2}\nqueue: {capacity: 2}\nredis: {timeout: 300ms}")
         .start()
         .await;
-    let prefix = proxy.key_prefix();
-    let queue_key = format!("{{{prefix}}}:queue");
-    let schedule_key = format!("{{{prefix}}}:admission:next");
+    let Keys {
+        queue: queue_key,
+        next_admission: schedule_key,
+        ..
+    } = keys(&proxy);
     let mut conn = redis.conn().await;
 
     // Hold admission so the line stays as scripted: the interval is an hour, so after the first
@@ -342,16 +332,16 @@ async fn scripted_session_moves_each_counter_by_exactly_its_share() {
     );
     let r = proxy.enter("carol").await;
     assert_eq!(
-        (r.status, body_status(&r).as_str()),
+        (r.status, status_of(&r).as_str()),
         (429, "FULL"),
         "{}",
         r.body
     );
     // polls: WAITING, NOT_IN_QUEUE
     let r = proxy.status("alice").await;
-    assert_eq!(body_status(&r), "WAITING", "{}", r.body);
+    assert_eq!(status_of(&r), "WAITING", "{}", r.body);
     let r = proxy.status("dave").await;
-    assert_eq!(body_status(&r), "NOT_IN_QUEUE", "{}", r.body);
+    assert_eq!(status_of(&r), "NOT_IN_QUEUE", "{}", r.body);
 
     // The room-wide gauges follow the real line within about a second.
     assert_eq!(zcard(&mut conn, &queue_key).await, 2, "the line in Redis");
@@ -426,14 +416,14 @@ async fn scripted_session_moves_each_counter_by_exactly_its_share() {
 
     // READY x2, and enter of a user holding a token
     let r = proxy.status("alice").await;
-    assert_eq!(body_status(&r), "READY", "{}", r.body);
+    assert_eq!(status_of(&r), "READY", "{}", r.body);
     let token_a = r.json()["token"].as_str().unwrap().to_owned();
     let r = proxy.status("bob").await;
-    assert_eq!(body_status(&r), "READY", "{}", r.body);
+    assert_eq!(status_of(&r), "READY", "{}", r.body);
     let token_b = r.json()["token"].as_str().unwrap().to_owned();
     let r = proxy.enter("alice").await;
     assert_eq!(
-        (r.status, body_status(&r).as_str()),
+        (r.status, status_of(&r).as_str()),
         (200, "READY"),
         "{}",
         r.body
@@ -470,7 +460,7 @@ async fn scripted_session_moves_each_counter_by_exactly_its_share() {
     );
     let r = proxy.status("alice").await;
     assert_eq!(
-        (body_status(&r).as_str(), r.json()["token"].as_str()),
+        (status_of(&r).as_str(), r.json()["token"].as_str()),
         ("READY", Some(token_a.as_str())),
         "a 4xx keeps the token: {}",
         r.body
@@ -486,7 +476,7 @@ async fn scripted_session_moves_each_counter_by_exactly_its_share() {
     let r = proxy.order("alice", Some(&token_a)).await;
     assert_eq!(r.status, 403, "a spent token: {}", r.body);
     let r = proxy.status("alice").await;
-    assert_eq!(body_status(&r), "NOT_IN_QUEUE", "{}", r.body);
+    assert_eq!(status_of(&r), "NOT_IN_QUEUE", "{}", r.body);
     // pass-through
     let r = proxy.get("/hello?x=1").await;
     assert_eq!(r.status, 200, "pass-through: {}", r.body);
@@ -724,6 +714,72 @@ async fn scripted_session_moves_each_counter_by_exactly_its_share() {
             "# TYPE of {family}"
         );
     }
+}
+
+// ---- upstream classes and the page, end to end ---------------------------------------------------
+
+/// Each class of `waitroom_upstream_responses_total` counts exactly the responses of its class,
+/// pass-through and protected alike (the demo API answers with the status asked for), and the
+/// waiting page is timed under `endpoint="page"` (section 4). The "error" class (upstream
+/// unreachable) is checked in admission_tokens.rs, where a proxy's upstream refuses connections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_classes_and_the_page_are_counted_end_to_end() {
+    let redis = RedisServer::start();
+    let api = DemoApi::start(&["--service-time-ms", "1"]);
+    let proxy = Proxy::builder(&redis.url(), api.addr()).start().await;
+    // Pass-through: the echo answers X-Echo-Status.
+    for (status, times) in [(200u16, 1), (302, 2), (404, 1), (503, 3)] {
+        for _ in 0..times {
+            let r = send(
+                proxy
+                    .client()
+                    .get(proxy.url("/echo-me"))
+                    .header("X-Echo-Status", status.to_string()),
+            )
+            .await;
+            assert_eq!(r.status, status, "pass-through {status}: {}", r.body);
+        }
+    }
+    // Protected: a forced 500 keeps the token, then a 201 spends it.
+    let token = proxy.until_ready("classy", Duration::from_secs(5)).await;
+    let r = send(
+        proxy
+            .client()
+            .post(proxy.url("/api/orders"))
+            .header("X-User-Id", "classy")
+            .header("X-Entry-Token", &token)
+            .header("X-Demo-Fail", "500")
+            .header("content-type", "application/json")
+            .body(r#"{"item":"widget","quantity":1}"#),
+    )
+    .await;
+    assert_eq!(r.status, 500, "{}", r.body);
+    assert_eq!(proxy.order("classy", Some(&token)).await.status, 201);
+    // The page, twice.
+    for _ in 0..2 {
+        let r = proxy.get("/queue/").await;
+        assert_eq!(r.status, 200);
+        assert!(r.header("content-type").unwrap_or("").starts_with("text/html"));
+    }
+
+    let expected = [
+        exp("waitroom_upstream_responses_total", &[("class", "2xx")], 2.0),
+        exp("waitroom_upstream_responses_total", &[("class", "3xx")], 2.0),
+        exp("waitroom_upstream_responses_total", &[("class", "4xx")], 1.0),
+        exp("waitroom_upstream_responses_total", &[("class", "5xx")], 4.0),
+        exp("waitroom_request_duration_seconds_count", &[("endpoint", "page")], 2.0),
+        exp("waitroom_request_duration_seconds_count", &[("endpoint", "passthrough")], 7.0),
+        exp("waitroom_request_duration_seconds_count", &[("endpoint", "protected")], 2.0),
+    ];
+    let text = scrape_until(&proxy, SETTLE, |s| mismatches(s, &expected).is_empty()).await;
+    let s = samples(&text);
+    let wrong = mismatches(&s, &expected);
+    assert!(wrong.is_empty(), "counters off:\n  {}\n\n{text}", wrong.join("\n  "));
+    let classes: Vec<String> = by_label(&s, "waitroom_upstream_responses_total", "class")
+        .into_keys()
+        .collect();
+    assert_eq!(classes, ["2xx", "3xx", "4xx", "5xx"], "no error class without an error:\n{text}");
+    check_histogram(&s, "waitroom_request_duration_seconds", "page", 2.0);
 }
 
 // ---- a proxy that has seen every kind of traffic ------------------------------------------------
@@ -1102,7 +1158,7 @@ async fn entry_tokens_never_appear_in_the_logs() {
         );
         let r = proxy.order(&user, Some(&token)).await;
         assert_eq!(r.status, 403, "spent token: {}", r.body);
-        assert_eq!(body_status(&proxy.status(&user).await), "NOT_IN_QUEUE");
+        assert_eq!(status_of(&proxy.status(&user).await), "NOT_IN_QUEUE");
 
         // Access lines are written after each response: a last pass-through marks the end.
         assert_eq!(proxy.get("/observability-marker").await.status, 200);

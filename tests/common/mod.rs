@@ -65,3 +65,17 @@ where
         tokio::time::sleep(every).await;
     }
 }
+
+/// An address where a connection is refused right now: a port that was just free, checked by
+/// connecting to it (a refused connect), not merely assumed. For "the upstream is unreachable".
+/// Another process could still bind it later; the check makes that a rare race, not the norm.
+pub fn refused_addr() -> std::net::SocketAddr {
+    for _ in 0..20 {
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], free_port()));
+        match std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)) {
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => return addr,
+            _ => continue, // someone listens there now, or it did not answer: try another
+        }
+    }
+    panic!("no refused port found on 127.0.0.1 in 20 tries");
+}
