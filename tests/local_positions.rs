@@ -70,7 +70,7 @@ async fn waiting_users_are_answered_locally_and_exactly() {
     let api = DemoApi::start(&[]);
     let proxy = Proxy::builder(&redis.url(), api.addr())
         .yaml(NO_ADMISSION)
-        .start()
+        .start_settled(&redis.conn().await)
         .await;
     let mut conn = redis.conn().await;
     let queue = format!("{{{}}}:queue", proxy.key_prefix());
@@ -151,7 +151,7 @@ async fn waiting_users_are_answered_locally_and_exactly() {
 async fn enter_teaches_the_number_and_entering_again_is_answered_locally() {
     let redis = RedisServer::start();
     let api = DemoApi::start(&[]);
-    let proxy = Proxy::builder(&redis.url(), api.addr()).yaml(NO_ADMISSION).start().await;
+    let proxy = Proxy::builder(&redis.url(), api.addr()).yaml(NO_ADMISSION).start_settled(&redis.conn().await).await;
     let mut conn = redis.conn().await;
     let queue = format!("{{{}}}:queue", proxy.key_prefix());
     // The room gets its epoch from the line watcher before the first enter.
@@ -187,7 +187,7 @@ async fn known_waiting_user(redis: &RedisServer, api: &DemoApi) -> Proxy {
     let proxy = Proxy::builder(&redis.url(), api.addr())
         .yaml(NO_ADMISSION)
         .yaml("redis: {timeout: 300ms}")
-        .start()
+        .start_settled(&redis.conn().await)
         .await;
     assert_eq!(proxy.enter("u1").await.status, 200);
     tokio::time::sleep(SETTLE).await;
@@ -254,7 +254,7 @@ async fn with_abandonment_every_poll_reaches_redis() {
     let proxy = Proxy::builder(&redis.url(), api.addr())
         .yaml(NO_ADMISSION)
         .yaml("queue: {abandon_after: 60s}")
-        .start()
+        .start_settled(&redis.conn().await)
         .await;
     let mut conn = redis.conn().await;
     for i in 1..=5 {

@@ -449,11 +449,7 @@ async fn live_page_repolls_on_time_and_shows_each_state() {
             "LIMITED" => {
                 // Another identity from this address uses up the minute's one; the page's enter
                 // must land in the same window, so start with at least 20 s of it left.
-                let mut conn = redis.conn().await;
-                let into = redis_now_ms(&mut conn).await % 60_000;
-                if into > 40_000 {
-                    tokio::time::sleep(Duration::from_millis(60_000 - into as u64 + 50)).await;
-                }
+                minute_left(&mut redis.conn().await, 20).await;
                 assert_eq!(proxy.enter("other-identity").await.status, 200);
             }
             _ => {}

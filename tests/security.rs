@@ -28,8 +28,6 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 // ---- helpers --------------------------------------------------------------------------------
 
-/// A room where nobody is admitted while the test runs.
-const NO_ADMISSION: &str = "admission: {interval: 1h, batch_size: 1}";
 const SECRET: &str = "a-test-secret-of-at-least-32-bytes!!";
 
 fn now() -> i64 {
@@ -153,35 +151,9 @@ async fn status_bearer(p: &Proxy, token: &str) -> Resp {
     send(p.client().get(p.url("/queue/status")).bearer_auth(token)).await
 }
 
-/// Status and the exact JSON body; the proxy's own answers are JSON and never cached.
-#[track_caller]
-fn assert_answer(ctx: &str, r: &Resp, status: u16, body: Value) {
-    assert_eq!(r.status, status, "{ctx}: status; body {}", r.body);
-    assert_eq!(r.header("content-type"), Some("application/json"), "{ctx}");
-    assert_eq!(r.header("cache-control"), Some("no-store"), "{ctx}");
-    assert_eq!(r.json(), body, "{ctx}: body");
-}
-
-/// `{"error": "<non-empty>"}` and nothing else.
-#[track_caller]
-fn assert_error(ctx: &str, r: &Resp, status: u16) {
-    assert_eq!(r.status, status, "{ctx}: status; body {}", r.body);
-    assert_eq!(r.header("content-type"), Some("application/json"), "{ctx}");
-    let body = r.json();
-    let obj = body
-        .as_object()
-        .unwrap_or_else(|| panic!("{ctx}: not an object: {body}"));
-    assert_eq!(obj.keys().collect::<Vec<_>>(), vec!["error"], "{ctx}: {body}");
-    assert!(
-        obj["error"].as_str().is_some_and(|s| !s.is_empty()),
-        "{ctx}: {body}"
-    );
-}
-
 /// WAITING in a room that admits one user an hour (NO_ADMISSION) with one 2 s poll tier.
 fn waiting(position: u64) -> Value {
-    let eta = if position <= 1 { 0 } else { position * 3600 };
-    json!({"status": "WAITING", "position": position, "estimatedWaitTime": eta, "pollAfter": 2})
+    waiting_no_admission(position, 2, 2)
 }
 
 /// `waitroom --config <dir>/conf/proxy.yaml --check` run from another working directory, so a
@@ -211,22 +183,14 @@ fn check_in_folder(yaml: &str, files: &[(&str, &str)], env: &[(&str, &str)]) -> 
     )
 }
 
-/// Redis's clock in milliseconds: the abuse windows and poll clocks follow it, not ours.
-async fn redis_now_ms(redis: &RedisServer) -> u64 {
-    let (secs, micros): (u64, u64) = redis::cmd("TIME")
-        .query_async(&mut redis.conn().await)
-        .await
-        .unwrap();
-    secs * 1000 + micros / 1000
-}
-
 /// Waits, if needed, until the current one-minute window has at least `need` seconds left, so
 /// a test that counts within one window never straddles two.
 async fn with_window_left(redis: &RedisServer, need: u64) {
-    let into = redis_now_ms(redis).await % 60_000;
-    if 60_000 - into < need * 1000 {
-        tokio::time::sleep(Duration::from_millis(60_000 - into + 50)).await;
-    }
+    minute_left(&mut redis.conn().await, need).await;
+}
+
+async fn now_ms(redis: &RedisServer) -> u64 {
+    redis_now_ms(&mut redis.conn().await).await as u64
 }
 
 // ---- verified identity (section 8) ----------------------------------------------------------
@@ -250,7 +214,7 @@ fn claims(sub: Value) -> Value {
 async fn hs256_jwts_are_verified() {
     let redis = RedisServer::start();
     let api = DemoApi::start(&[]);
-    let p = hs256_room(&redis, &api).start().await;
+    let p = hs256_room(&redis, &api).start_settled(&redis.conn().await).await;
 
     let alice = hs256(&claims(json!("alice")));
     assert_answer("valid token", &enter_bearer(&p, &alice).await, 200, waiting(1));
@@ -374,7 +338,7 @@ async fn the_jwt_can_come_in_a_cookie() {
         .yaml("poll_after: [{min_wait: 0s, poll_after: 2s}]")
         .yaml("identity: {jwt: {from: 'cookie:wr_id', secret_env: SHOP_JWT_KEY}}")
         .env("SHOP_JWT_KEY", SECRET)
-        .start()
+        .start_settled(&redis.conn().await)
         .await;
     let token = hs256(&json!({"sub": "alice", "exp": now() + 300}));
     let enter = |cookie: String| send(p.client().post(p.url("/queue/enter")).header("Cookie", cookie));
@@ -420,7 +384,7 @@ async fn rs256_accepts_only_tokens_signed_by_the_private_key() {
         .yaml("poll_after: [{min_wait: 0s, poll_after: 2s}]")
         .yaml("identity: {jwt: {algorithms: [RS256], public_key_file: keys/jwt.pem, claim: uid}}")
         .file("keys/jwt.pem", &keys.public)
-        .start()
+        .start_settled(&redis.conn().await)
         .await;
     let rsa = |pem: &str, c: &Value| {
         sign(
@@ -491,7 +455,7 @@ async fn es256_accepts_only_tokens_signed_by_the_private_key() {
         .yaml("poll_after: [{min_wait: 0s, poll_after: 2s}]")
         .yaml("identity: {jwt: {algorithms: [ES256], public_key_file: jwt-ec.pem, audience: shop}}")
         .file("jwt-ec.pem", &keys.public)
-        .start()
+        .start_settled(&redis.conn().await)
         .await;
     let es = |pem: &str, c: &Value| {
         sign(
@@ -677,7 +641,7 @@ async fn trusted_header_mode_warns_on_a_non_loopback_listener() {
     let redis = RedisServer::start();
     let api = DemoApi::start(&[]);
     let open = Proxy::builder(&redis.url(), api.addr())
-        .yaml(&format!("listen: '0.0.0.0:{}'", free_port()))
+        .listen_ip([0, 0, 0, 0].into())
         .start()
         .await;
     let warning = |logs: &str| {
@@ -699,7 +663,7 @@ async fn a_duplicated_identity_header_is_refused() {
     let api = DemoApi::start(&[]);
     let p = Proxy::builder(&redis.url(), api.addr())
         .yaml(NO_ADMISSION)
-        .start()
+        .start_settled(&redis.conn().await)
         .await;
     let r = send(
         p.client()
@@ -724,7 +688,7 @@ fn polling_room(redis: &RedisServer, api: &DemoApi, admission: &str) -> ProxyBui
 async fn early_polls_are_refused_and_on_time_polls_are_not() {
     let redis = RedisServer::start();
     let api = DemoApi::start(&[]);
-    let p = polling_room(&redis, &api, NO_ADMISSION).start().await;
+    let p = polling_room(&redis, &api, NO_ADMISSION).start_settled(&redis.conn().await).await;
     let too_early = |r: u64| json!({"status": "TOO_EARLY", "retryAfter": r});
 
     // pollAfter 2 s, grace 20 %: on time 1.6 s after the answer that set the clock.
@@ -844,7 +808,7 @@ async fn commands_naming<F: std::future::Future<Output = ()>>(
 async fn enforcement_costs_no_redis_round_trip() {
     let redis = RedisServer::start();
     let api = DemoApi::start(&[]);
-    let p = polling_room(&redis, &api, NO_ADMISSION).start().await;
+    let p = polling_room(&redis, &api, NO_ADMISSION).start_settled(&redis.conn().await).await;
     // Load the scripts into Redis first, so no NOSCRIPT retry is counted.
     p.enter("warm-up").await;
     p.status("warm-up").await;
@@ -886,13 +850,13 @@ async fn the_per_address_limit_counts_distinct_identities_per_minute() {
     let p = Proxy::builder(&redis.url(), api.addr())
         .yaml(NO_ADMISSION)
         .yaml("abuse: {identities_per_address: 3}")
-        .start()
+        .start_settled(&redis.conn().await)
         .await;
     with_window_left(&redis, 20).await;
     for (i, user) in ["u1", "u2", "u3"].iter().enumerate() {
         assert_eq!(p.enter(user).await.status, 200, "{user} is identity #{}", i + 1);
     }
-    let before_ms = redis_now_ms(&redis).await;
+    let before_ms = now_ms(&redis).await;
     let secs = limited(&p.enter("u4").await, "the 4th identity");
     // Seconds to the end of Redis's current minute, rounded up.
     let left = (60_000 - before_ms % 60_000).div_ceil(1000);
@@ -902,9 +866,8 @@ async fn the_per_address_limit_counts_distinct_identities_per_minute() {
     );
     limited(&p.enter("u5").await, "the 5th identity");
     // Identities already counted still enter, even once they have left the line.
-    let prefix = p.key_prefix();
     let _: i64 = redis::cmd("ZREM")
-        .arg(format!("{{{prefix}}}:queue"))
+        .arg(keys(&p).queue)
         .arg("u1")
         .query_async(&mut redis.conn().await)
         .await
@@ -935,11 +898,12 @@ async fn the_per_address_counter_starts_afresh_each_minute() {
     let p = Proxy::builder(&redis.url(), api.addr())
         .yaml(NO_ADMISSION)
         .yaml("abuse: {identities_per_address: 2}")
-        .start()
+        .start_settled(&redis.conn().await)
         .await;
     with_window_left(&redis, 10).await;
-    let window = redis_now_ms(&redis).await / 60_000;
-    let key = |w: u64| format!("{{{}}}:abuse:127.0.0.1:{w}", p.key_prefix());
+    let window = now_ms(&redis).await / 60_000;
+    let counter = keys(&p).abuse_counter("127.0.0.1");
+    let key = |w: u64| format!("{counter}:{w}");
     let mut conn = redis.conn().await;
     let _: i64 = redis::cmd("SADD")
         .arg(key(window - 1))
@@ -986,7 +950,7 @@ async fn x_forwarded_for_is_believed_only_from_trusted_proxies() {
     let trusted = Proxy::builder(&redis.url(), api.addr())
         .yaml(NO_ADMISSION)
         .yaml("abuse: {identities_per_address: 2, trusted_proxies: ['127.0.0.1/32']}")
-        .start()
+        .start_settled(&redis.conn().await)
         .await;
     assert_eq!(enter_from(&trusted, "a1", Some("203.0.113.5")).await.status, 200);
     assert_eq!(enter_from(&trusted, "a2", Some("203.0.113.5")).await.status, 200);
@@ -1018,7 +982,7 @@ async fn x_forwarded_for_is_believed_only_from_trusted_proxies() {
     let untrusted = Proxy::builder(&redis.url(), api.addr())
         .yaml(NO_ADMISSION)
         .yaml("abuse: {identities_per_address: 2}")
-        .start()
+        .start_settled(&redis.conn().await)
         .await;
     assert_eq!(enter_from(&untrusted, "b1", Some("192.0.2.1")).await.status, 200);
     assert_eq!(enter_from(&untrusted, "b2", Some("192.0.2.2")).await.status, 200);
@@ -1117,7 +1081,7 @@ async fn entry_tokens_are_bound_to_their_user_and_never_logged() {
 async fn bearer_jwts_are_never_logged() {
     let redis = RedisServer::start();
     let api = DemoApi::start(&[]);
-    let p = hs256_room(&redis, &api).env("RUST_LOG", "debug").start().await;
+    let p = hs256_room(&redis, &api).env("RUST_LOG", "debug").start_settled(&redis.conn().await).await;
     let good = hs256(&claims(json!("alice")));
     let bad = hs256(&json!({"sub": "bob", "iss": "https://id.example", "aud": "shop", "exp": now() - 999}));
     assert_eq!(enter_bearer(&p, &good).await.status, 200);
@@ -1138,7 +1102,7 @@ async fn the_proxys_own_endpoints_refuse_large_bodies() {
     let api = DemoApi::start(&[]);
     let p = Proxy::builder(&redis.url(), api.addr())
         .yaml(NO_ADMISSION)
-        .start()
+        .start_settled(&redis.conn().await)
         .await;
     let enter = |body: Vec<u8>| {
         send(
@@ -1183,7 +1147,7 @@ async fn a_request_body_that_stalls_is_cut_off() {
     let api = DemoApi::start(&[]);
     let p = Proxy::builder(&redis.url(), api.addr())
         .yaml(NO_ADMISSION)
-        .start()
+        .start_settled(&redis.conn().await)
         .await;
     let mut s = tokio::net::TcpStream::connect(p.addr()).await.unwrap();
     let started = Instant::now();

@@ -114,9 +114,17 @@ pub struct ProxyBuilder {
     overlays: Vec<String>,
     env: Vec<(String, String)>,
     files: Vec<(PathBuf, String)>,
+    listen_ip: std::net::IpAddr,
 }
 
 impl ProxyBuilder {
+    /// Listen on `ip` (e.g. 0.0.0.0) instead of 127.0.0.1, on a port the harness picks afresh at
+    /// each start attempt (a port written into the YAML would be reused by a retry).
+    pub fn listen_ip(mut self, ip: std::net::IpAddr) -> Self {
+        self.listen_ip = ip;
+        self
+    }
+
     /// Merged over the base, in call order; may override anything, `listen` included.
     pub fn yaml(mut self, yaml: &str) -> Self {
         self.overlays.push(yaml.to_owned());
@@ -168,7 +176,7 @@ impl ProxyBuilder {
             std::fs::create_dir_all(path.parent().unwrap()).expect("create file dir");
             std::fs::write(&path, contents).expect("write file");
         }
-        let listen = SocketAddr::from(([127, 0, 0, 1], free_port()));
+        let listen = SocketAddr::new(self.listen_ip, free_port());
         let metrics = SocketAddr::from(([127, 0, 0, 1], free_port()));
         let config = self.config(listen, metrics);
         // Report the addresses the proxy will really use, should the test have overridden them.
@@ -269,6 +277,7 @@ impl Proxy {
             overlays: Vec::new(),
             env: Vec::new(),
             files: Vec::new(),
+            listen_ip: [127, 0, 0, 1].into(),
         }
     }
 

@@ -66,3 +66,13 @@ pub async fn enter_room(
 pub async fn start_settled(redis: &RedisServer, builder: &super::proxy::ProxyBuilder) -> Proxy {
     builder.start_settled(&redis.conn().await).await
 }
+
+/// Returns once Redis's current one-minute window (the per-address abuse windows follow Redis's
+/// clock) has at least `need` seconds left, sleeping into the next window if it has not: a test
+/// that counts within one window then never straddles two.
+pub async fn minute_left<C: ConnectionLike>(conn: &mut C, need: u64) {
+    let into = redis_now_ms(conn).await as u64 % 60_000;
+    if 60_000 - into < need * 1000 {
+        tokio::time::sleep(std::time::Duration::from_millis(60_000 - into + 50)).await;
+    }
+}
