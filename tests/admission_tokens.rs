@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use serde_json::Value;
-use waitroom::config::Config;
-use waitroom::store::{EnterOutcome, EnterRequest, Keys, PollClock, Room, StoreError};
+
+
 
 const LONG_TTL_MS: i64 = 300_000;
 
@@ -26,35 +26,6 @@ const LONG_TTL_MS: i64 = 300_000;
 
 fn users(tag: &str, n: usize) -> Vec<String> {
     (0..n).map(|i| format!("{tag}-{i:03}")).collect()
-}
-
-/// The room of `prefix` through the library, to seed a line before any proxy runs.
-fn library_room(redis: &RedisServer, prefix: &str) -> Room {
-    let yaml = format!(
-        "upstream: 127.0.0.1:1\nredis: {{url: \"{}\", key_prefix: \"{prefix}\", timeout: 2s}}\n",
-        redis.url()
-    );
-    Room::new(&Config::parse(&yaml).expect("valid").redis).expect("room")
-}
-
-/// Queues `user` straight in Redis, as a proxy's enter would.
-async fn enter_room(room: &Room, user: &str, capacity: u64) -> Result<EnterOutcome, StoreError> {
-    room.enter(EnterRequest {
-        user,
-        capacity,
-        per_address: None,
-        poll: PollClock::OFF,
-    })
-    .await
-}
-
-/// Redis's clock in milliseconds.
-async fn redis_now_ms(redis: &RedisServer) -> i64 {
-    let (secs, micros): (i64, i64) = redis::cmd("TIME")
-        .query_async(&mut redis.conn().await)
-        .await
-        .expect("TIME");
-    secs * 1000 + micros / 1000
 }
 
 /// For each user, when (Redis ms) their live token was issued; None without a token.
@@ -118,11 +89,25 @@ fn max_in_window(times: &[i64], window_ms: i64) -> usize {
         .unwrap_or(0)
 }
 
+/// No batch over `batch`, and never more than two batches' worth within any 100 ms (the
+/// interval in these tests): admission never bursts, not even to catch up.
+#[track_caller]
+fn assert_paced(times: &[i64], groups: &[(i64, usize)], batch: usize) {
+    assert!(
+        groups.iter().all(|g| g.1 <= batch),
+        "a batch over {batch}: {groups:?}"
+    );
+    assert!(
+        max_in_window(times, 100) <= 2 * batch,
+        "more than two batches within 100 ms: {groups:?}"
+    );
+}
+
 fn gaps(batches: &[(i64, usize)]) -> Vec<i64> {
     batches.windows(2).map(|w| w[1].0 - w[0].0).collect()
 }
 
-async fn status_of(proxy: &Proxy, user: &str) -> Value {
+async fn polled(proxy: &Proxy, user: &str) -> Value {
     let r = proxy.status(user).await;
     assert_eq!(r.status, 200, "status {user}: {}", r.body);
     r.json()
@@ -132,7 +117,7 @@ async fn status_of(proxy: &Proxy, user: &str) -> Value {
 async fn await_ready(proxy: &Proxy, user: &str, timeout: Duration) -> (Value, Instant) {
     let deadline = Instant::now() + timeout;
     loop {
-        let body = status_of(proxy, user).await;
+        let body = polled(proxy, user).await;
         if body["status"] == "READY" {
             return (body, Instant::now());
         }
@@ -176,19 +161,6 @@ fn order(proxy: &Proxy, user: Option<&str>, token: Option<&str>) -> reqwest::Req
         .body(r#"{"item":"widget","quantity":1}"#)
 }
 
-/// A response the proxy wrote itself: JSON, not cached, with exactly an `error` string.
-fn assert_error_answer(r: &Resp, status: u16) {
-    assert_eq!(r.status, status, "{}", r.body);
-    assert_eq!(r.header("content-type"), Some("application/json"), "{r:?}");
-    assert_eq!(r.header("cache-control"), Some("no-store"), "{r:?}");
-    let body = r.json();
-    let obj = body
-        .as_object()
-        .unwrap_or_else(|| panic!("not an object: {body}"));
-    assert_eq!(obj.len(), 1, "exactly one key: {body}");
-    assert!(obj["error"].is_string(), "{body}");
-}
-
 /// Orders the demo API has seen (completed + failed).
 async fn orders_seen(api: &DemoApi) -> u64 {
     let s = api.stats().await;
@@ -201,6 +173,31 @@ fn fast_api() -> DemoApi {
     DemoApi::start(&["--service-time-ms", "20"])
 }
 
+/// A running proxy configured with `yaml`, on a fresh Redis, in front of `fast_api`.
+async fn room_with(yaml: &str) -> (RedisServer, DemoApi, Proxy) {
+    let redis = RedisServer::start();
+    let api = fast_api();
+    let proxy = Proxy::builder(&redis.url(), api.addr())
+        .yaml(yaml)
+        .start()
+        .await;
+    (redis, api, proxy)
+}
+
+async fn tokens_room() -> (RedisServer, DemoApi, Proxy) {
+    room_with(TOKENS_YAML).await
+}
+
+/// When (Redis ms) each of `users` was admitted; every one of them must hold a token.
+async fn issued_times(redis: &RedisServer, prefix: &str, users: &[String]) -> Vec<i64> {
+    admission_times(redis, prefix, users, LONG_TTL_MS)
+        .await
+        .into_iter()
+        .zip(users)
+        .map(|(t, u)| t.unwrap_or_else(|| panic!("{u} holds no token")))
+        .collect()
+}
+
 /// Protected: the orders route, and an echoing one so that a test can see what reached the API.
 const TOKENS_YAML: &str = "admission: {interval: 50ms, batch_size: 10}\n\
     protected: [{method: POST, path: /api/orders}, {method: POST, path: /api/checkout}]";
@@ -209,12 +206,7 @@ const TOKENS_YAML: &str = "admission: {interval: 50ms, batch_size: 10}\n\
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admission_is_fifo_at_the_configured_rate() {
-    let redis = RedisServer::start();
-    let api = fast_api();
-    let proxy = Proxy::builder(&redis.url(), api.addr())
-        .yaml("admission: {interval: 100ms, batch_size: 5}\ntoken: {ttl: 5m}")
-        .start()
-        .await;
+    let (redis, _api, proxy) = room_with("admission: {interval: 100ms, batch_size: 5}\ntoken: {ttl: 5m}").await;
     let line = users("fifo", 60);
 
     let t0 = Instant::now();
@@ -238,7 +230,7 @@ async fn admission_is_fifo_at_the_configured_rate() {
         let mut ready_later: Option<usize> = None;
         let mut waiting_later: Option<(usize, u64)> = None;
         for i in (0..line.len()).rev() {
-            let body = status_of(&proxy, &line[i]).await;
+            let body = polled(&proxy, &line[i]).await;
             match body["status"].as_str() {
                 Some("READY") => {
                     first_ready[i].get_or_insert(t0.elapsed());
@@ -268,11 +260,7 @@ async fn admission_is_fifo_at_the_configured_rate() {
     );
     let drained = first_ready.iter().flatten().max().copied().unwrap();
 
-    let times: Vec<i64> = admission_times(&redis, &proxy.key_prefix(), &line, LONG_TTL_MS)
-        .await
-        .into_iter()
-        .map(|t| t.expect("every user holds a token"))
-        .collect();
+    let times: Vec<i64> = issued_times(&redis, &proxy.key_prefix(), &line).await;
     // Batches are ~100 ms apart; 2 ms of slack absorbs the PTTL rounding within one batch.
     for i in 1..times.len() {
         assert!(
@@ -292,15 +280,8 @@ async fn admission_is_fifo_at_the_configured_rate() {
         groups.iter().map(|g| g.1).collect::<Vec<_>>(),
         gaps(&groups)
     );
-    assert!(
-        groups.iter().all(|g| g.1 <= 5),
-        "a batch over 5: {groups:?}"
-    );
+    assert_paced(&times, &groups, 5);
     assert!(groups.len() >= 12, "{groups:?}");
-    assert!(
-        max_in_window(&times, 100) <= 10,
-        "more than two batches within 100 ms: {groups:?}"
-    );
     // 60 users at 50/s: twelve batches, eleven intervals at least between the first and the last.
     assert!(
         drained >= Duration::from_millis(1100),
@@ -314,12 +295,7 @@ async fn admission_is_fifo_at_the_configured_rate() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn batches_are_evenly_spaced_never_a_burst() {
-    let redis = RedisServer::start();
-    let api = fast_api();
-    let proxy = Proxy::builder(&redis.url(), api.addr())
-        .yaml("admission: {interval: 100ms, batch_size: 10}\ntoken: {ttl: 5m}")
-        .start()
-        .await;
+    let (redis, _api, proxy) = room_with("admission: {interval: 100ms, batch_size: 10}\ntoken: {ttl: 5m}").await;
     let line = users("even", 100);
     let t0 = Instant::now();
     for u in &line {
@@ -328,11 +304,7 @@ async fn batches_are_evenly_spaced_never_a_burst() {
     let (_, last_ready) = await_ready(&proxy, &line[99], Duration::from_secs(20)).await;
     let drained = last_ready - t0;
 
-    let times: Vec<i64> = admission_times(&redis, &proxy.key_prefix(), &line, LONG_TTL_MS)
-        .await
-        .into_iter()
-        .map(|t| t.expect("every user holds a token"))
-        .collect();
+    let times: Vec<i64> = issued_times(&redis, &proxy.key_prefix(), &line).await;
     let groups = batches(&times);
     let g = gaps(&groups);
     let mut sorted = g.clone();
@@ -343,14 +315,7 @@ async fn batches_are_evenly_spaced_never_a_burst() {
         groups.len(),
         groups.iter().map(|g| g.1).collect::<Vec<_>>()
     );
-    assert!(
-        groups.iter().all(|g| g.1 <= 10),
-        "a batch over 10: {groups:?}"
-    );
-    assert!(
-        max_in_window(&times, 100) <= 20,
-        "over 10 + 10 in 100 ms: {groups:?}"
-    );
+    assert_paced(&times, &groups, 10);
     assert!(
         (80..=150).contains(&median),
         "batches not ~100 ms apart: {g:?}"
@@ -391,22 +356,14 @@ async fn intervals_missed_while_no_proxy_ran_are_not_made_up() {
 
     let second = builder.start().await;
     await_ready(&second, &line[39], Duration::from_secs(20)).await;
-    let times: Vec<i64> = admission_times(&redis, &prefix, &line, LONG_TTL_MS)
-        .await
-        .into_iter()
-        .map(|t| t.expect("every user holds a token"))
-        .collect();
+    let times: Vec<i64> = issued_times(&redis, &prefix, &line).await;
     let groups = batches(&times);
     println!(
         "resume: sizes {:?}, gaps {:?}",
         groups.iter().map(|g| g.1).collect::<Vec<_>>(),
         gaps(&groups)
     );
-    assert!(
-        groups.iter().all(|g| g.1 <= 5),
-        "a catch-up burst: {groups:?}"
-    );
-    assert!(max_in_window(&times, 100) <= 10, "{groups:?}");
+    assert_paced(&times, &groups, 5);
     let span = times[39] - times[0];
     assert!(
         span >= 690,
@@ -435,7 +392,7 @@ async fn the_first_batch_leaves_within_one_interval_of_start() {
     let ready = Instant::now();
     let (_, first) = await_ready(&proxy, "pre-1", Duration::from_secs(5)).await;
     assert_eq!(
-        status_of(&proxy, "pre-2").await["status"],
+        polled(&proxy, "pre-2").await["status"],
         "WAITING",
         "batch_size is 1"
     );
@@ -509,7 +466,7 @@ async fn a_proxy_restarted_with_a_shorter_interval_admits_within_it() {
     enter_waiting(&fast, "eager").await;
     let deadline = started + Duration::from_secs(3);
     let (admitted, last) = loop {
-        let body = status_of(&fast, "eager").await;
+        let body = polled(&fast, "eager").await;
         if body["status"] == "READY" || Instant::now() >= deadline {
             break (body["status"] == "READY", body);
         }
@@ -545,15 +502,11 @@ async fn two_proxies_admit_at_the_rate_of_one_room_and_go_on_when_one_dies() {
     }
     let (_, hundredth) = await_ready(&b, &line[99], Duration::from_secs(20)).await;
     a.kill();
-    let killed_at = redis_now_ms(&redis).await;
+    let killed_at = redis_now_ms(&mut redis.conn().await).await;
     let after_kill = Instant::now();
     let (_, last) = await_ready(&b, &line[149], Duration::from_secs(20)).await;
 
-    let times: Vec<i64> = admission_times(&redis, &prefix, &line, LONG_TTL_MS)
-        .await
-        .into_iter()
-        .map(|t| t.expect("every user holds a token"))
-        .collect();
+    let times: Vec<i64> = issued_times(&redis, &prefix, &line).await;
     // Both proxies: from the first batch to the batch of user 100.
     let both: Vec<i64> = times.iter().copied().filter(|&t| t <= times[99]).collect();
     let first_batch = batches(&both)[0].1;
@@ -596,12 +549,7 @@ async fn two_proxies_admit_at_the_rate_of_one_room_and_go_on_when_one_dies() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_valid_token_passes_the_request_through_unchanged_and_is_spent_on_2xx() {
-    let redis = RedisServer::start();
-    let api = fast_api();
-    let proxy = Proxy::builder(&redis.url(), api.addr())
-        .yaml(TOKENS_YAML)
-        .start()
-        .await;
+    let (_redis, api, proxy) = tokens_room().await;
 
     // The echoing protected route shows what reached the API: exactly what the API would have
     // seen without the proxy.
@@ -645,8 +593,8 @@ async fn a_valid_token_passes_the_request_through_unchanged_and_is_spent_on_2xx(
     }
     // Spent on the 2xx, before the client got it.
     let again = send(order(&proxy, Some("alice"), Some(&token))).await;
-    assert_error_answer(&again, 403);
-    assert_eq!(status_of(&proxy, "alice").await["status"], "NOT_IN_QUEUE");
+    assert_error("403", &again, 403);
+    assert_eq!(polled(&proxy, "alice").await["status"], "NOT_IN_QUEUE");
 
     // The orders route: 201 and the API's body, unchanged.
     let token = proxy.until_ready("bob", Duration::from_secs(5)).await;
@@ -661,7 +609,7 @@ async fn a_valid_token_passes_the_request_through_unchanged_and_is_spent_on_2xx(
     assert_eq!(api.stats().await["completed"].as_u64().unwrap(), before + 1);
 
     let again = send(order(&proxy, Some("bob"), Some(&token))).await;
-    assert_error_answer(&again, 403);
+    assert_error("403", &again, 403);
     assert_eq!(
         api.stats().await["completed"].as_u64().unwrap(),
         before + 1,
@@ -671,12 +619,7 @@ async fn a_valid_token_passes_the_request_through_unchanged_and_is_spent_on_2xx(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_errors_keep_the_token_for_a_retry() {
-    let redis = RedisServer::start();
-    let api = fast_api();
-    let proxy = Proxy::builder(&redis.url(), api.addr())
-        .yaml(TOKENS_YAML)
-        .start()
-        .await;
+    let (_redis, api, proxy) = tokens_room().await;
     let token = proxy.until_ready("carol", Duration::from_secs(5)).await;
 
     for fail in ["409", "500", "503"] {
@@ -687,7 +630,7 @@ async fn upstream_errors_keep_the_token_for_a_retry() {
             serde_json::json!({"error": "forced failure"}),
             "the API's body"
         );
-        let s = status_of(&proxy, "carol").await;
+        let s = polled(&proxy, "carol").await;
         assert_eq!(
             (s["status"].as_str(), s["token"].as_str()),
             (Some("READY"), Some(&*token)),
@@ -709,7 +652,7 @@ async fn upstream_errors_keep_the_token_for_a_retry() {
         assert_eq!(r.status.to_string(), echo_status, "{}", r.body);
         assert_eq!(r.header("x-echo"), Some("yes"));
         assert_eq!(
-            status_of(&proxy, "carol").await["token"],
+            polled(&proxy, "carol").await["token"],
             token,
             "after echo {echo_status}"
         );
@@ -720,7 +663,7 @@ async fn upstream_errors_keep_the_token_for_a_retry() {
     // The retry goes through, and spends it.
     let r = send(order(&proxy, Some("carol"), Some(&token))).await;
     assert_eq!(r.status, 201, "{}", r.body);
-    assert_error_answer(&send(order(&proxy, Some("carol"), Some(&token))).await, 403);
+    assert_error("403", &send(order(&proxy, Some("carol"), Some(&token))).await, 403);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -741,14 +684,14 @@ async fn an_unreachable_upstream_is_a_json_502_and_keeps_the_token() {
     let started = Instant::now();
     let r = send(order(&broken, Some("dave"), Some(&token))).await;
     println!("502 after {:?}", started.elapsed());
-    assert_error_answer(&r, 502);
+    assert_error("502", &r, 502);
     assert_eq!(
-        status_of(&good, "dave").await["token"],
+        polled(&good, "dave").await["token"],
         token,
         "token kept after 502"
     );
     let r = send(order(&broken, Some("dave"), Some(&token))).await;
-    assert_error_answer(&r, 502);
+    assert_error("502", &r, 502);
     // Both count as upstream responses of class "error" (section 4), and as nothing else.
     let errors = "waitroom_upstream_responses_total{class=\"error\"}";
     let counted = wait_until(Duration::from_secs(3), Duration::from_millis(20), || async {
@@ -772,12 +715,7 @@ async fn an_unreachable_upstream_is_a_json_502_and_keeps_the_token() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_without_the_users_current_token_are_refused_and_never_forwarded() {
-    let redis = RedisServer::start();
-    let api = fast_api();
-    let proxy = Proxy::builder(&redis.url(), api.addr())
-        .yaml(TOKENS_YAML)
-        .start()
-        .await;
+    let (_redis, api, proxy) = tokens_room().await;
     let erin = proxy.until_ready("erin", Duration::from_secs(5)).await;
     let frank = proxy.until_ready("frank", Duration::from_secs(5)).await;
     assert_ne!(erin, frank);
@@ -853,7 +791,7 @@ async fn requests_without_the_users_current_token_are_refused_and_never_forwarde
     for (what, path, user, token, expected) in cases {
         let r = attempt(path, user, token).await;
         assert_eq!(r.status, expected, "{what}: {}", r.body);
-        assert_error_answer(&r, expected);
+        assert_error(what, &r, expected);
     }
     let stats = api.stats().await;
     assert_eq!(
@@ -863,7 +801,7 @@ async fn requests_without_the_users_current_token_are_refused_and_never_forwarde
     );
 
     // The refusals spent nothing.
-    assert_eq!(status_of(&proxy, "erin").await["token"], erin);
+    assert_eq!(polled(&proxy, "erin").await["token"], erin);
     assert_eq!(
         send(order(&proxy, Some("erin"), Some(&erin))).await.status,
         201
@@ -893,14 +831,14 @@ async fn protected_requests_fail_closed_while_redis_is_down() {
     let started = Instant::now();
     let r = send(order(&proxy, Some("gina"), Some(&token))).await;
     let hung = started.elapsed();
-    assert_error_answer(&r, 503);
+    assert_error("503", &r, 503);
     assert_eq!(r.header("retry-after"), Some("30"));
     // Gone Redis.
     redis.stop();
     let started = Instant::now();
     let r = send(order(&proxy, Some("gina"), Some(&token))).await;
     let gone = started.elapsed();
-    assert_error_answer(&r, 503);
+    assert_error("503", &r, 503);
     assert_eq!(r.header("retry-after"), Some("30"));
     println!("503 after {hung:?} (frozen), {gone:?} (stopped)");
     assert!(hung < Duration::from_millis(1500), "{hung:?}");
@@ -949,9 +887,9 @@ async fn a_user_whose_token_was_used_enters_again_at_the_back() {
     let back = enter_waiting(&proxy, "alice").await;
     let mut positions = Vec::new();
     for u in &others {
-        positions.push(status_of(&proxy, u).await["position"].as_u64());
+        positions.push(polled(&proxy, u).await["position"].as_u64());
     }
-    let alice = status_of(&proxy, "alice").await;
+    let alice = polled(&proxy, "alice").await;
     assert_eq!(
         positions,
         (1..=5).map(Some).collect::<Vec<_>>(),
@@ -960,17 +898,12 @@ async fn a_user_whose_token_was_used_enters_again_at_the_back() {
     assert_eq!(back["position"], 6, "alice re-entered at the back: {back}");
     assert_eq!(alice["position"], 6, "{alice}");
     // The old token is gone for good.
-    assert_error_answer(&send(order(&proxy, Some("alice"), Some(&token))).await, 403);
+    assert_error("403", &send(order(&proxy, Some("alice"), Some(&token))).await, 403);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spending_an_expired_token_never_deletes_the_users_newer_one() {
-    let redis = RedisServer::start();
-    let api = fast_api();
-    let proxy = Proxy::builder(&redis.url(), api.addr())
-        .yaml("admission: {interval: 50ms, batch_size: 10}\ntoken: {ttl: 2s}")
-        .start()
-        .await;
+    let (_redis, _api, proxy) = room_with("admission: {interval: 50ms, batch_size: 10}\ntoken: {ttl: 2s}").await;
     let old = proxy.until_ready("ines", Duration::from_secs(5)).await;
     let started = Instant::now();
     // A slow order with the old token: checked now, answered (201) after the token expired and
@@ -981,7 +914,7 @@ async fn spending_an_expired_token_never_deletes_the_users_newer_one() {
     let expired = wait_until(
         Duration::from_secs(4),
         Duration::from_millis(20),
-        || async { status_of(&proxy, "ines").await["status"] == "NOT_IN_QUEUE" },
+        || async { polled(&proxy, "ines").await["status"] == "NOT_IN_QUEUE" },
     )
     .await;
     assert!(expired, "the old token never expired");
@@ -996,7 +929,7 @@ async fn spending_an_expired_token_never_deletes_the_users_newer_one() {
 
     let r = slow.await.unwrap();
     assert_eq!(r.status, 201, "the slow order: {}", r.body);
-    let after = status_of(&proxy, "ines").await;
+    let after = polled(&proxy, "ines").await;
     assert_eq!(
         after["token"], newer,
         "the old order's success deleted the newer token: {after}"
@@ -1009,12 +942,7 @@ async fn spending_an_expired_token_never_deletes_the_users_newer_one() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokens_expire_after_their_ttl() {
-    let redis = RedisServer::start();
-    let api = fast_api();
-    let proxy = Proxy::builder(&redis.url(), api.addr())
-        .yaml("admission: {interval: 50ms, batch_size: 10}\ntoken: {ttl: 2s}")
-        .start()
-        .await;
+    let (_redis, api, proxy) = room_with("admission: {interval: 50ms, batch_size: 10}\ntoken: {ttl: 2s}").await;
     enter_waiting(&proxy, "hank").await;
     let (first, admitted) = await_ready(&proxy, "hank", Duration::from_secs(5)).await;
     let token = first["token"].as_str().unwrap().to_owned();
@@ -1035,7 +963,7 @@ async fn tokens_expire_after_their_ttl() {
 
     let mut seen = vec![first_expires];
     let gone = loop {
-        let body = status_of(&proxy, "hank").await;
+        let body = polled(&proxy, "hank").await;
         match body["status"].as_str() {
             Some("READY") => {
                 assert_eq!(body["token"], token);
@@ -1066,7 +994,7 @@ async fn tokens_expire_after_their_ttl() {
         "{gone:?}"
     );
 
-    assert_error_answer(&send(order(&proxy, Some("hank"), Some(&token))).await, 403);
+    assert_error("403", &send(order(&proxy, Some("hank"), Some(&token))).await, 403);
     assert_eq!(orders_seen(&api).await, 0);
     // An expired user may queue again.
     enter_waiting(&proxy, "hank").await;
@@ -1157,6 +1085,25 @@ fn pass_through_requests(
     ]
 }
 
+/// Every pass-through request reaches the upstream, answered in under 500 ms whatever Redis does.
+async fn assert_passes_quickly(proxy: &Proxy, redis_state: &str) {
+    for (what, req) in pass_through_requests(proxy.client(), &proxy.url("")) {
+        let started = Instant::now();
+        let r = send(req).await;
+        assert_eq!(
+            r.header("x-echo"),
+            Some("yes"),
+            "{what} with {redis_state}: {}",
+            r.body
+        );
+        assert!(
+            started.elapsed() < Duration::from_millis(500),
+            "{what} with {redis_state}: {:?}",
+            started.elapsed()
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn everything_else_passes_through_unchanged_without_redis() {
     let mut redis = RedisServer::start();
@@ -1189,21 +1136,7 @@ async fn everything_else_passes_through_unchanged_without_redis() {
 
     // No Redis call on the way: a hanging Redis (1 s timeout) does not slow pass-through down...
     redis.freeze();
-    for (what, req) in pass_through_requests(proxy.client(), &proxy.url("")) {
-        let started = Instant::now();
-        let r = send(req).await;
-        assert_eq!(
-            r.header("x-echo"),
-            Some("yes"),
-            "{what} with Redis frozen: {}",
-            r.body
-        );
-        assert!(
-            started.elapsed() < Duration::from_millis(500),
-            "{what}: {:?}",
-            started.elapsed()
-        );
-    }
+    assert_passes_quickly(&proxy, "Redis frozen").await;
     // ...while a request that needs Redis does wait for it.
     let started = Instant::now();
     assert_eq!(proxy.enter("ivy").await.status, 503);
@@ -1213,24 +1146,23 @@ async fn everything_else_passes_through_unchanged_without_redis() {
     );
     // ...and a stopped one does not break it.
     redis.stop();
-    for (what, req) in pass_through_requests(proxy.client(), &proxy.url("")) {
-        let started = Instant::now();
-        let r = send(req).await;
-        assert_eq!(
-            r.header("x-echo"),
-            Some("yes"),
-            "{what} with Redis stopped: {}",
-            r.body
-        );
-        assert!(
-            started.elapsed() < Duration::from_millis(500),
-            "{what}: {:?}",
-            started.elapsed()
-        );
-    }
+    assert_passes_quickly(&proxy, "Redis stopped").await;
 }
 
 // ---- a crash loses nothing --------------------------------------------------------------------
+
+/// Each user's (status, position, token) as `proxy` answers them.
+async fn room_as_seen<'a>(
+    proxy: &Proxy,
+    users: &[&'a str],
+) -> BTreeMap<&'a str, (Value, Value, Value)> {
+    let mut seen = BTreeMap::new();
+    for &u in users {
+        let s = polled(proxy, u).await;
+        seen.insert(u, (s["status"].clone(), s["position"].clone(), s["token"].clone()));
+    }
+    seen
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_proxy_loses_no_queued_user_and_no_token() {
@@ -1251,36 +1183,14 @@ async fn a_killed_proxy_loses_no_queued_user_and_no_token() {
         enter_waiting(&first, u).await;
     }
     let all = ["k1", "k2", "k3", "k4", "k5", "k6"];
-    let mut before = BTreeMap::new();
-    for u in all {
-        let s = status_of(&first, u).await;
-        before.insert(
-            u,
-            (
-                s["status"].clone(),
-                s["position"].clone(),
-                s["token"].clone(),
-            ),
-        );
-    }
+    let before = room_as_seen(&first, &all).await;
     assert_eq!(before["k1"].0, "READY");
     assert_eq!(before["k3"].1, 1);
     assert_eq!(before["k6"].1, 4);
 
     first.kill();
     let second = builder.start().await;
-    let mut after = BTreeMap::new();
-    for u in all {
-        let s = status_of(&second, u).await;
-        after.insert(
-            u,
-            (
-                s["status"].clone(),
-                s["position"].clone(),
-                s["token"].clone(),
-            ),
-        );
-    }
+    let after = room_as_seen(&second, &all).await;
     assert_eq!(after, before, "the room changed across a crash");
     let again = enter_waiting(&second, "k3").await;
     assert_eq!(again["position"], 1, "k3 kept the place");
