@@ -71,7 +71,12 @@ async fn early_in_an_interval(conn: &mut MultiplexedConnection, keys: &Keys, lef
 /// 502 here is a proxy bug (a broken upstream connection pool, say) the test must show.
 async fn assert_ordered(proxy: &Proxy, user: &str, token: &str) {
     let r = proxy.order(user, Some(token)).await;
-    assert!((200..300).contains(&r.status), "{user}: {} {}", r.status, r.body);
+    assert!(
+        (200..300).contains(&r.status),
+        "{user}: {} {}",
+        r.status,
+        r.body
+    );
 }
 
 async fn put_service_time(api: &DemoApi, ms: u64) {
@@ -125,11 +130,15 @@ async fn instant_passes_only_when_nobody_waits_and_the_interval_has_room() {
     // A user already admitted is answered READY again, not counted as a pass.
     assert_eq!(status_of(&proxy.enter("a").await), "READY");
     assert_eq!(
-        proxy.counter("waitroom_enter_total{result=\"instant\"}").await,
+        proxy
+            .counter("waitroom_enter_total{result=\"instant\"}")
+            .await,
         2.0
     );
     assert_eq!(
-        proxy.counter("waitroom_enter_total{result=\"ready\"}").await,
+        proxy
+            .counter("waitroom_enter_total{result=\"ready\"}")
+            .await,
         1.0
     );
 
@@ -162,7 +171,9 @@ async fn instant_passes_only_when_nobody_waits_and_the_interval_has_room() {
     assert_eq!(status_of(&r), "WAITING", "{}", r.body);
 
     assert_eq!(
-        proxy.counter("waitroom_enter_total{result=\"instant\"}").await,
+        proxy
+            .counter("waitroom_enter_total{result=\"instant\"}")
+            .await,
         3.0
     );
     // 3 passes + c, d, e by ticks.
@@ -205,7 +216,9 @@ async fn instant_never_exceeds_the_rate_under_a_burst() {
     assert_eq!(ready, 5, "exactly the interval's batch passes at once");
     assert_eq!(positions.len(), 195);
     assert_eq!(
-        proxy.counter("waitroom_enter_total{result=\"instant\"}").await,
+        proxy
+            .counter("waitroom_enter_total{result=\"instant\"}")
+            .await,
         5.0
     );
 
@@ -352,7 +365,9 @@ async fn nobody_passes_while_someone_waits() {
         r.body
     );
     assert_eq!(
-        proxy.counter("waitroom_enter_total{result=\"instant\"}").await,
+        proxy
+            .counter("waitroom_enter_total{result=\"instant\"}")
+            .await,
         1.0
     );
 }
@@ -426,7 +441,11 @@ async fn abandoned_places_move_the_line_up_and_are_never_admitted() {
         let p4 = b.status("poller-4").await.json()["position"].clone();
         // Both answers came back before quiet-1 could have been abandoned: Redis read them then.
         if Instant::now() < quiet_1_sent + abandon_after {
-            assert_eq!((&p2, &p4), (&2.into(), &4.into()), "the line moved before abandon_after");
+            assert_eq!(
+                (&p2, &p4),
+                (&2.into(), &4.into()),
+                "the line moved before abandon_after"
+            );
         }
         if p2 == 1 && p4 == 2 {
             break;
@@ -633,8 +652,13 @@ async fn the_adaptive_batch_follows_the_backend_identically_on_two_proxies() {
     let orders = Arc::new(AtomicU64::new(0));
     let workers: Vec<_> = (0..12)
         .map(|w| {
-            let (a, b, stop, pause, orders) =
-                (a.clone(), b.clone(), stop.clone(), pause.clone(), orders.clone());
+            let (a, b, stop, pause, orders) = (
+                a.clone(),
+                b.clone(),
+                stop.clone(),
+                pause.clone(),
+                orders.clone(),
+            );
             tokio::spawn(async move {
                 let mut n = 0;
                 while !stop.load(Ordering::Acquire) {
@@ -724,16 +748,27 @@ async fn the_adaptive_batch_follows_the_backend_identically_on_two_proxies() {
     })
     .await;
     assert!(drained, "the line did not drain with the workers paused");
-    assert_eq!(both().await, (1.0, 1.0), "the batch moved with no protected traffic");
+    assert_eq!(
+        both().await,
+        (1.0, 1.0),
+        "the batch moved with no protected traffic"
+    );
     let mut probed = Vec::new();
     for i in 0..6 {
         let r = a.enter(&format!("probe-{i}")).await;
         let body = r.json();
         assert_eq!(status_of(&r), "WAITING", "{body}");
-        probed.push((body["position"].as_u64().unwrap(), body["estimatedWaitTime"].as_u64().unwrap()));
+        probed.push((
+            body["position"].as_u64().unwrap(),
+            body["estimatedWaitTime"].as_u64().unwrap(),
+        ));
     }
     for &(position, eta) in &probed {
-        assert_eq!(eta == 0, position <= 1, "position {position}, eta {eta}: {probed:?}");
+        assert_eq!(
+            eta == 0,
+            position <= 1,
+            "position {position}, eta {eta}: {probed:?}"
+        );
     }
     assert!(
         probed.iter().any(|&(p, _)| (2..=6).contains(&p)),
@@ -911,7 +946,9 @@ async fn estimates_use_the_floor_when_the_room_admits_almost_nobody() {
     }
     assert!(ok);
     assert_eq!(
-        proxy.counter("waitroom_admission_estimate_rate_per_second").await,
+        proxy
+            .counter("waitroom_admission_estimate_rate_per_second")
+            .await,
         10.0
     );
     // The tail's wait, at most a second old: 60 waiting at 10/s.
@@ -948,7 +985,9 @@ async fn estimates_follow_the_measured_rate() {
         "position {position}: eta {eta}, expected {fastest}..={slowest} (configured rate: {})",
         position.div_ceil(5)
     );
-    let rate = proxy.counter("waitroom_admission_estimate_rate_per_second").await;
+    let rate = proxy
+        .counter("waitroom_admission_estimate_rate_per_second")
+        .await;
     assert!((2.4..=3.0).contains(&rate), "measured rate {rate}");
 }
 
@@ -962,20 +1001,41 @@ fn the_switches_are_validated() {
         "{base}admission: {{interval: 100ms, batch_size: 10, instant: true, max_active: 50, \
          adaptive: {{target_p95: 250ms, min_batch: 2}}}}\nqueue: {{abandon_after: 30s}}\n"
     ));
-    assert_eq!(ok.status.code(), Some(0), "{}", String::from_utf8_lossy(&ok.stderr));
+    assert_eq!(
+        ok.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
     let defaults = run_check(&format!("{base}admission: {{adaptive: {{}}}}\n"));
-    assert_eq!(defaults.status.code(), Some(0), "{}", String::from_utf8_lossy(&defaults.stderr));
+    assert_eq!(
+        defaults.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&defaults.stderr)
+    );
     // Exactly twice the largest poll_after is the floor, and accepted.
     for floor in [
         "queue: {abandon_after: 20s}",
         "poll_after: [{min_wait: 0s, poll_after: 3s}]\nqueue: {abandon_after: 6s}",
     ] {
         let out = run_check(&format!("{base}{floor}\n"));
-        assert_eq!(out.status.code(), Some(0), "{floor}: {}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{floor}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     for (yaml, key) in [
-        ("admission: {batch_size: 3, adaptive: {min_batch: 4}}", "admission.adaptive.min_batch"),
-        ("admission: {adaptive: {target_p95: 0s}}", "admission.adaptive.target_p95"),
+        (
+            "admission: {batch_size: 3, adaptive: {min_batch: 4}}",
+            "admission.adaptive.min_batch",
+        ),
+        (
+            "admission: {adaptive: {target_p95: 0s}}",
+            "admission.adaptive.target_p95",
+        ),
         ("admission: {max_active: -1}", "admission.max_active"),
         // Section 11: shorter than twice the largest poll_after (10 s by default) is an error,
         // so 1x (10 s) and 1.5x (15 s) are refused, not only values under 1x.
@@ -990,6 +1050,9 @@ fn the_switches_are_validated() {
         let out = run_check(&format!("{base}{yaml}\n"));
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{yaml}: {stderr}");
-        assert!(stderr.lines().any(|l| l.starts_with(key)), "{yaml}: {stderr}");
+        assert!(
+            stderr.lines().any(|l| l.starts_with(key)),
+            "{yaml}: {stderr}"
+        );
     }
 }

@@ -18,8 +18,6 @@ use std::time::{Duration, Instant};
 use common::*;
 use serde_json::Value;
 
-
-
 const LONG_TTL_MS: i64 = 300_000;
 
 // ---- helpers ----------------------------------------------------------------------------------
@@ -206,7 +204,8 @@ const TOKENS_YAML: &str = "admission: {interval: 50ms, batch_size: 10}\n\
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admission_is_fifo_at_the_configured_rate() {
-    let (redis, _api, proxy) = room_with("admission: {interval: 100ms, batch_size: 5}\ntoken: {ttl: 5m}").await;
+    let (redis, _api, proxy) =
+        room_with("admission: {interval: 100ms, batch_size: 5}\ntoken: {ttl: 5m}").await;
     let line = users("fifo", 60);
 
     let t0 = Instant::now();
@@ -295,7 +294,8 @@ async fn admission_is_fifo_at_the_configured_rate() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn batches_are_evenly_spaced_never_a_burst() {
-    let (redis, _api, proxy) = room_with("admission: {interval: 100ms, batch_size: 10}\ntoken: {ttl: 5m}").await;
+    let (redis, _api, proxy) =
+        room_with("admission: {interval: 100ms, batch_size: 10}\ntoken: {ttl: 5m}").await;
     let line = users("even", 100);
     let t0 = Instant::now();
     for u in &line {
@@ -663,7 +663,11 @@ async fn upstream_errors_keep_the_token_for_a_retry() {
     // The retry goes through, and spends it.
     let r = send(order(&proxy, Some("carol"), Some(&token))).await;
     assert_eq!(r.status, 201, "{}", r.body);
-    assert_error("403", &send(order(&proxy, Some("carol"), Some(&token))).await, 403);
+    assert_error(
+        "403",
+        &send(order(&proxy, Some("carol"), Some(&token))).await,
+        403,
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -694,9 +698,11 @@ async fn an_unreachable_upstream_is_a_json_502_and_keeps_the_token() {
     assert_error("502", &r, 502);
     // Both count as upstream responses of class "error" (section 4), and as nothing else.
     let errors = "waitroom_upstream_responses_total{class=\"error\"}";
-    let counted = wait_until(Duration::from_secs(3), Duration::from_millis(20), || async {
-        broken.counter(errors).await == 2.0
-    })
+    let counted = wait_until(
+        Duration::from_secs(3),
+        Duration::from_millis(20),
+        || async { broken.counter(errors).await == 2.0 },
+    )
     .await;
     assert!(counted, "{errors}:\n{}", broken.metrics().await);
     for class in ["2xx", "3xx", "4xx", "5xx"] {
@@ -785,8 +791,20 @@ async fn requests_without_the_users_current_token_are_refused_and_never_forwarde
         ("no identity", orders, None, Some(&erin), 401),
         ("empty identity", orders, Some(""), Some(&erin), 401),
         // Section 3: a bad identity is 400, before the token is even looked at.
-        ("identity of 257 bytes", orders, Some(&too_long), Some(&erin), 400),
-        ("identity with a tab", orders, Some("er\tin"), Some(&erin), 400),
+        (
+            "identity of 257 bytes",
+            orders,
+            Some(&too_long),
+            Some(&erin),
+            400,
+        ),
+        (
+            "identity with a tab",
+            orders,
+            Some("er\tin"),
+            Some(&erin),
+            400,
+        ),
     ];
     for (what, path, user, token, expected) in cases {
         let r = attempt(path, user, token).await;
@@ -898,12 +916,17 @@ async fn a_user_whose_token_was_used_enters_again_at_the_back() {
     assert_eq!(back["position"], 6, "alice re-entered at the back: {back}");
     assert_eq!(alice["position"], 6, "{alice}");
     // The old token is gone for good.
-    assert_error("403", &send(order(&proxy, Some("alice"), Some(&token))).await, 403);
+    assert_error(
+        "403",
+        &send(order(&proxy, Some("alice"), Some(&token))).await,
+        403,
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spending_an_expired_token_never_deletes_the_users_newer_one() {
-    let (_redis, _api, proxy) = room_with("admission: {interval: 50ms, batch_size: 10}\ntoken: {ttl: 2s}").await;
+    let (_redis, _api, proxy) =
+        room_with("admission: {interval: 50ms, batch_size: 10}\ntoken: {ttl: 2s}").await;
     let old = proxy.until_ready("ines", Duration::from_secs(5)).await;
     let started = Instant::now();
     // A slow order with the old token: checked now, answered (201) after the token expired and
@@ -942,7 +965,8 @@ async fn spending_an_expired_token_never_deletes_the_users_newer_one() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokens_expire_after_their_ttl() {
-    let (_redis, api, proxy) = room_with("admission: {interval: 50ms, batch_size: 10}\ntoken: {ttl: 2s}").await;
+    let (_redis, api, proxy) =
+        room_with("admission: {interval: 50ms, batch_size: 10}\ntoken: {ttl: 2s}").await;
     enter_waiting(&proxy, "hank").await;
     let (first, admitted) = await_ready(&proxy, "hank", Duration::from_secs(5)).await;
     let token = first["token"].as_str().unwrap().to_owned();
@@ -994,7 +1018,11 @@ async fn tokens_expire_after_their_ttl() {
         "{gone:?}"
     );
 
-    assert_error("403", &send(order(&proxy, Some("hank"), Some(&token))).await, 403);
+    assert_error(
+        "403",
+        &send(order(&proxy, Some("hank"), Some(&token))).await,
+        403,
+    );
     assert_eq!(orders_seen(&api).await, 0);
     // An expired user may queue again.
     enter_waiting(&proxy, "hank").await;
@@ -1159,7 +1187,14 @@ async fn room_as_seen<'a>(
     let mut seen = BTreeMap::new();
     for &u in users {
         let s = polled(proxy, u).await;
-        seen.insert(u, (s["status"].clone(), s["position"].clone(), s["token"].clone()));
+        seen.insert(
+            u,
+            (
+                s["status"].clone(),
+                s["position"].clone(),
+                s["token"].clone(),
+            ),
+        );
     }
     seen
 }

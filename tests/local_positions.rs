@@ -92,7 +92,11 @@ async fn waiting_users_are_answered_locally_and_exactly() {
     let after = command_calls(&mut conn, "zrank").await;
     // A poll falls back to Redis when the line watcher was starved of CPU for 50 ms (the tests
     // of this file run side by side on two cores): allow a few, never most.
-    assert!(after - before <= 3, "{} of 30 second polls reached Redis", after - before);
+    assert!(
+        after - before <= 3,
+        "{} of 30 second polls reached Redis",
+        after - before
+    );
 
     // Another proxy admits five: ZPOPMIN, as the admit script does.
     let _: Vec<(String, f64)> = redis::cmd("ZPOPMIN")
@@ -135,7 +139,10 @@ async fn waiting_users_are_answered_locally_and_exactly() {
         assert_eq!(body["position"], 14, "{body}");
     }
     let fallbacks = command_calls(&mut conn, "zrank").await - before;
-    assert!(fallbacks <= 2, "local again once the gap is gone: {fallbacks} of 5 reached Redis");
+    assert!(
+        fallbacks <= 2,
+        "local again once the gap is gone: {fallbacks} of 5 reached Redis"
+    );
 
     // The room reset (Redis flushed), then refilled past the old numbers by other users: the
     // old users are not in line, whatever their old numbers say.
@@ -151,7 +158,10 @@ async fn waiting_users_are_answered_locally_and_exactly() {
 async fn enter_teaches_the_number_and_entering_again_is_answered_locally() {
     let redis = RedisServer::start();
     let api = DemoApi::start(&[]);
-    let proxy = Proxy::builder(&redis.url(), api.addr()).yaml(NO_ADMISSION).start_settled(&redis.conn().await).await;
+    let proxy = Proxy::builder(&redis.url(), api.addr())
+        .yaml(NO_ADMISSION)
+        .start_settled(&redis.conn().await)
+        .await;
     let mut conn = redis.conn().await;
     let queue = format!("{{{}}}:queue", proxy.key_prefix());
     // The room gets its epoch from the line watcher before the first enter.
@@ -161,7 +171,10 @@ async fn enter_teaches_the_number_and_entering_again_is_answered_locally() {
         assert_eq!(proxy.enter(user).await.status, 200);
     }
     tokio::time::sleep(SETTLE).await;
-    let (zrank, evalsha) = (command_calls(&mut conn, "zrank").await, command_calls(&mut conn, "evalsha").await);
+    let (zrank, evalsha) = (
+        command_calls(&mut conn, "zrank").await,
+        command_calls(&mut conn, "evalsha").await,
+    );
     for (i, user) in users.iter().enumerate() {
         for answer in [proxy.enter(user).await, proxy.status(user).await] {
             let body: Value = answer.json();
@@ -172,9 +185,17 @@ async fn enter_teaches_the_number_and_entering_again_is_answered_locally() {
     // 20 calls; a few may fall back when the watcher was starved of CPU (see above).
     let zrank = command_calls(&mut conn, "zrank").await - zrank;
     let evalsha = command_calls(&mut conn, "evalsha").await - evalsha;
-    assert!(zrank <= 3 && evalsha <= 3, "{zrank} ZRANK and {evalsha} script calls for 20 answers");
+    assert!(
+        zrank <= 3 && evalsha <= 3,
+        "{zrank} ZRANK and {evalsha} script calls for 20 answers"
+    );
     // Admitted meanwhile (by hand): entering again is Redis's answer, never a stale place.
-    let _: Vec<(String, f64)> = redis::cmd("ZPOPMIN").arg(&queue).arg(3).query_async(&mut conn).await.unwrap();
+    let _: Vec<(String, f64)> = redis::cmd("ZPOPMIN")
+        .arg(&queue)
+        .arg(3)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
     tokio::time::sleep(SETTLE).await;
     let again: Value = proxy.enter("u1").await.json();
     assert_eq!(again["position"], 8, "u1 re-queued at the back: {again}");
@@ -200,9 +221,17 @@ async fn known_waiting_user(redis: &RedisServer, api: &DemoApi) -> Proxy {
 async fn assert_unavailable_for_u1(proxy: &Proxy) {
     for call in ["status", "enter"] {
         let started = std::time::Instant::now();
-        let r = if call == "status" { proxy.status("u1").await } else { proxy.enter("u1").await };
+        let r = if call == "status" {
+            proxy.status("u1").await
+        } else {
+            proxy.enter("u1").await
+        };
         assert_eq!(r.status, 503, "{call}: {}", r.body);
-        assert!(started.elapsed() < Duration::from_millis(400), "{call} took {:?}", started.elapsed());
+        assert!(
+            started.elapsed() < Duration::from_millis(400),
+            "{call} took {:?}",
+            started.elapsed()
+        );
     }
 }
 
@@ -234,7 +263,13 @@ async fn a_redis_that_refuses_the_watch_subscription_still_gets_local_answers() 
     let redis = RedisServer::start();
     let mut conn = redis.conn().await;
     // An ACL without channel rights: SUBSCRIBE answers NOPERM.
-    let _: () = redis::cmd("ACL").arg("SETUSER").arg("default").arg("resetchannels").query_async(&mut conn).await.unwrap();
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("default")
+        .arg("resetchannels")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
     let api = DemoApi::start(&[]);
     let proxy = known_waiting_user(&redis, &api).await;
     let before = command_calls(&mut conn, "zrank").await;
@@ -244,7 +279,10 @@ async fn a_redis_that_refuses_the_watch_subscription_still_gets_local_answers() 
     let fallbacks = command_calls(&mut conn, "zrank").await - before;
     assert!(fallbacks <= 2, "{fallbacks} of 5 polls reached Redis");
     let logs = proxy.logs();
-    assert!(logs.contains("refused the line watcher's subscription"), "{logs}");
+    assert!(
+        logs.contains("refused the line watcher's subscription"),
+        "{logs}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -759,26 +759,65 @@ async fn upstream_classes_and_the_page_are_counted_end_to_end() {
     for _ in 0..2 {
         let r = proxy.get("/queue/").await;
         assert_eq!(r.status, 200);
-        assert!(r.header("content-type").unwrap_or("").starts_with("text/html"));
+        assert!(r
+            .header("content-type")
+            .unwrap_or("")
+            .starts_with("text/html"));
     }
 
     let expected = [
-        exp("waitroom_upstream_responses_total", &[("class", "2xx")], 2.0),
-        exp("waitroom_upstream_responses_total", &[("class", "3xx")], 2.0),
-        exp("waitroom_upstream_responses_total", &[("class", "4xx")], 1.0),
-        exp("waitroom_upstream_responses_total", &[("class", "5xx")], 4.0),
-        exp("waitroom_request_duration_seconds_count", &[("endpoint", "page")], 2.0),
-        exp("waitroom_request_duration_seconds_count", &[("endpoint", "passthrough")], 7.0),
-        exp("waitroom_request_duration_seconds_count", &[("endpoint", "protected")], 2.0),
+        exp(
+            "waitroom_upstream_responses_total",
+            &[("class", "2xx")],
+            2.0,
+        ),
+        exp(
+            "waitroom_upstream_responses_total",
+            &[("class", "3xx")],
+            2.0,
+        ),
+        exp(
+            "waitroom_upstream_responses_total",
+            &[("class", "4xx")],
+            1.0,
+        ),
+        exp(
+            "waitroom_upstream_responses_total",
+            &[("class", "5xx")],
+            4.0,
+        ),
+        exp(
+            "waitroom_request_duration_seconds_count",
+            &[("endpoint", "page")],
+            2.0,
+        ),
+        exp(
+            "waitroom_request_duration_seconds_count",
+            &[("endpoint", "passthrough")],
+            7.0,
+        ),
+        exp(
+            "waitroom_request_duration_seconds_count",
+            &[("endpoint", "protected")],
+            2.0,
+        ),
     ];
     let text = scrape_until(&proxy, SETTLE, |s| mismatches(s, &expected).is_empty()).await;
     let s = samples(&text);
     let wrong = mismatches(&s, &expected);
-    assert!(wrong.is_empty(), "counters off:\n  {}\n\n{text}", wrong.join("\n  "));
+    assert!(
+        wrong.is_empty(),
+        "counters off:\n  {}\n\n{text}",
+        wrong.join("\n  ")
+    );
     let classes: Vec<String> = by_label(&s, "waitroom_upstream_responses_total", "class")
         .into_keys()
         .collect();
-    assert_eq!(classes, ["2xx", "3xx", "4xx", "5xx"], "no error class without an error:\n{text}");
+    assert_eq!(
+        classes,
+        ["2xx", "3xx", "4xx", "5xx"],
+        "no error class without an error:\n{text}"
+    );
     check_histogram(&s, "waitroom_request_duration_seconds", "page", 2.0);
 }
 

@@ -125,7 +125,11 @@ async fn poll_logic_passes_its_node_unit_tests() {
     };
     assert_eq!(count("fail"), 0, "node --test report:\n{out}");
     assert!(count("pass") > 0, "node --test ran no test:\n{out}");
-    assert_eq!(count("pass"), count("tests"), "skipped or cancelled tests:\n{out}");
+    assert_eq!(
+        count("pass"),
+        count("tests"),
+        "skipped or cancelled tests:\n{out}"
+    );
 }
 
 #[tokio::test]
@@ -394,13 +398,25 @@ async fn live_page_repolls_on_time_and_shows_each_state() {
 
     let visits: Vec<(Visit, Box<dyn Fn(&RedisServer) -> ProxyBuilder>)> = vec![
         (
-            Visit { expect: "WAITING", calls: 4, waits: &[(200, 1)], steal_clock_after: None },
+            Visit {
+                expect: "WAITING",
+                calls: 4,
+                waits: &[(200, 1)],
+                steal_clock_after: None,
+            },
             Box::new(|r: &RedisServer| {
-                Proxy::builder(&r.url(), api.addr()).yaml(NO_ADMISSION).yaml(one_second_polls)
+                Proxy::builder(&r.url(), api.addr())
+                    .yaml(NO_ADMISSION)
+                    .yaml(one_second_polls)
             }),
         ),
         (
-            Visit { expect: "FULL", calls: 3, waits: &[(429, 1)], steal_clock_after: None },
+            Visit {
+                expect: "FULL",
+                calls: 3,
+                waits: &[(429, 1)],
+                steal_clock_after: None,
+            },
             Box::new(|r: &RedisServer| {
                 Proxy::builder(&r.url(), api.addr())
                     .yaml(NO_ADMISSION)
@@ -408,7 +424,12 @@ async fn live_page_repolls_on_time_and_shows_each_state() {
             }),
         ),
         (
-            Visit { expect: "UNAVAILABLE", calls: 3, waits: &[(503, 1)], steal_clock_after: None },
+            Visit {
+                expect: "UNAVAILABLE",
+                calls: 3,
+                waits: &[(503, 1)],
+                steal_clock_after: None,
+            },
             Box::new(|r: &RedisServer| {
                 Proxy::builder(&r.url(), api.addr())
                     .yaml(NO_ADMISSION)
@@ -432,7 +453,12 @@ async fn live_page_repolls_on_time_and_shows_each_state() {
             }),
         ),
         (
-            Visit { expect: "LIMITED", calls: 1, waits: &[], steal_clock_after: None },
+            Visit {
+                expect: "LIMITED",
+                calls: 1,
+                waits: &[],
+                steal_clock_after: None,
+            },
             Box::new(|r: &RedisServer| {
                 Proxy::builder(&r.url(), api.addr())
                     .yaml(NO_ADMISSION)

@@ -62,7 +62,11 @@ mod base64_url {
         const ABC: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
         let mut out = String::new();
         for chunk in bytes.chunks(3) {
-            let b = [chunk[0], *chunk.get(1).unwrap_or(&0), *chunk.get(2).unwrap_or(&0)];
+            let b = [
+                chunk[0],
+                *chunk.get(1).unwrap_or(&0),
+                *chunk.get(2).unwrap_or(&0),
+            ];
             let n = (b[0] as u32) << 16 | (b[1] as u32) << 8 | b[2] as u32;
             for i in 0..=chunk.len() {
                 out.push(ABC[(n >> (18 - 6 * i) & 63) as usize] as char);
@@ -138,7 +142,14 @@ fn rsa_pkcs1_public(private_pem: &str) -> String {
     std::fs::write(dir.path().join("key.pem"), private_pem).unwrap();
     openssl(
         dir.path(),
-        &["rsa", "-in", "key.pem", "-RSAPublicKey_out", "-out", "pub1.pem"],
+        &[
+            "rsa",
+            "-in",
+            "key.pem",
+            "-RSAPublicKey_out",
+            "-out",
+            "pub1.pem",
+        ],
     );
     std::fs::read_to_string(dir.path().join("pub1.pem")).unwrap()
 }
@@ -214,10 +225,17 @@ fn claims(sub: Value) -> Value {
 async fn hs256_jwts_are_verified() {
     let redis = RedisServer::start();
     let api = DemoApi::start(&[]);
-    let p = hs256_room(&redis, &api).start_settled(&redis.conn().await).await;
+    let p = hs256_room(&redis, &api)
+        .start_settled(&redis.conn().await)
+        .await;
 
     let alice = hs256(&claims(json!("alice")));
-    assert_answer("valid token", &enter_bearer(&p, &alice).await, 200, waiting(1));
+    assert_answer(
+        "valid token",
+        &enter_bearer(&p, &alice).await,
+        200,
+        waiting(1),
+    );
     assert_answer(
         "same user again",
         &enter_bearer(&p, &alice).await,
@@ -225,7 +243,12 @@ async fn hs256_jwts_are_verified() {
         waiting(1),
     );
     let bob = hs256(&claims(json!("bob")));
-    assert_answer("another user", &enter_bearer(&p, &bob).await, 200, waiting(2));
+    assert_answer(
+        "another user",
+        &enter_bearer(&p, &bob).await,
+        200,
+        waiting(2),
+    );
     // The X-User-Id header means nothing in JWT mode.
     let r = send(
         p.client()
@@ -258,7 +281,10 @@ async fn hs256_jwts_are_verified() {
     );
     let refused: Vec<(&str, String)> = vec![
         ("forged signature", forged),
-        ("payload swapped under alice's signature", tampered.join(".")),
+        (
+            "payload swapped under alice's signature",
+            tampered.join("."),
+        ),
         (
             "expired beyond the leeway",
             hs256(&with("exp", json!(now() - 120))),
@@ -268,14 +294,20 @@ async fn hs256_jwts_are_verified() {
             hs256(&with("nbf", json!(now() + 120))),
         ),
         ("wrong audience", hs256(&with("aud", json!("another-shop")))),
-        ("wrong issuer", hs256(&with("iss", json!("https://evil.example")))),
+        (
+            "wrong issuer",
+            hs256(&with("iss", json!("https://evil.example"))),
+        ),
         ("no issuer", hs256(&with("iss", Value::Null))),
         ("no audience", hs256(&with("aud", Value::Null))),
         ("alg none", unsigned(&claims(json!("carol")))),
         ("alg HS384 (not configured)", hs384),
         ("claim missing", hs256(&with("sub", Value::Null))),
         ("claim a number", hs256(&with("sub", json!(42)))),
-        ("claim an object", hs256(&with("sub", json!({"id": "carol"})))),
+        (
+            "claim an object",
+            hs256(&with("sub", json!({"id": "carol"}))),
+        ),
         ("claim empty", hs256(&with("sub", json!("")))),
         ("exp not a number", hs256(&with("exp", json!("tomorrow")))),
         ("not a JWT", "hello".to_string()),
@@ -283,7 +315,11 @@ async fn hs256_jwts_are_verified() {
     ];
     for (what, token) in &refused {
         assert_error(what, &enter_bearer(&p, token).await, 401);
-        assert_error(&format!("{what} (status)"), &status_bearer(&p, token).await, 401);
+        assert_error(
+            &format!("{what} (status)"),
+            &status_bearer(&p, token).await,
+            401,
+        );
     }
     for (what, auth) in [
         ("Basic scheme", format!("Basic {alice}")),
@@ -341,7 +377,13 @@ async fn the_jwt_can_come_in_a_cookie() {
         .start_settled(&redis.conn().await)
         .await;
     let token = hs256(&json!({"sub": "alice", "exp": now() + 300}));
-    let enter = |cookie: String| send(p.client().post(p.url("/queue/enter")).header("Cookie", cookie));
+    let enter = |cookie: String| {
+        send(
+            p.client()
+                .post(p.url("/queue/enter"))
+                .header("Cookie", cookie),
+        )
+    };
     assert_answer(
         "cookie",
         &enter(format!("theme=dark; wr_id={token}; lang=en")).await,
@@ -370,7 +412,11 @@ async fn the_jwt_can_come_in_a_cookie() {
         &EncodingKey::from_secret(b"x".repeat(40).as_slice()).unwrap(),
         &json!({"sub": "alice"}),
     );
-    assert_error("forged cookie", &enter(format!("wr_id={forged}")).await, 401);
+    assert_error(
+        "forged cookie",
+        &enter(format!("wr_id={forged}")).await,
+        401,
+    );
 }
 
 #[tokio::test]
@@ -509,7 +555,12 @@ async fn jwt_configuration_errors_exit_2_naming_the_key() {
     let ec = key_pair("ec");
     let base = "upstream: 127.0.0.1:1\n";
     /// (what, proxy.yaml, files next to it, environment)
-    type Case<'a> = (&'a str, String, Vec<(&'a str, &'a str)>, Vec<(&'a str, &'a str)>);
+    type Case<'a> = (
+        &'a str,
+        String,
+        Vec<(&'a str, &'a str)>,
+        Vec<(&'a str, &'a str)>,
+    );
     let cases: Vec<Case> = vec![
         (
             "secret_env unset",
@@ -688,7 +739,9 @@ fn polling_room(redis: &RedisServer, api: &DemoApi, admission: &str) -> ProxyBui
 async fn early_polls_are_refused_and_on_time_polls_are_not() {
     let redis = RedisServer::start();
     let api = DemoApi::start(&[]);
-    let p = polling_room(&redis, &api, NO_ADMISSION).start_settled(&redis.conn().await).await;
+    let p = polling_room(&redis, &api, NO_ADMISSION)
+        .start_settled(&redis.conn().await)
+        .await;
     let too_early = |r: u64| json!({"status": "TOO_EARLY", "retryAfter": r});
 
     // pollAfter 2 s, grace 20 %: on time 1.6 s after the answer that set the clock.
@@ -722,7 +775,9 @@ async fn early_polls_are_refused_and_on_time_polls_are_not() {
     );
     assert_answer("enter again", &p.enter("alice").await, 200, waiting(1));
 
-    let too_early_count = p.metric(r#"waitroom_status_total{status="TOO_EARLY"}"#).await;
+    let too_early_count = p
+        .metric(r#"waitroom_status_total{status="TOO_EARLY"}"#)
+        .await;
     assert_eq!(too_early_count, Some(3.0), "{}", p.metrics().await);
 }
 
@@ -769,11 +824,15 @@ async fn commands_naming<F: std::future::Future<Output = ()>>(
         .stderr(Stdio::null())
         .spawn()
         .expect("run redis-cli monitor");
-    let started = wait_until(Duration::from_secs(5), Duration::from_millis(10), || async {
-        std::fs::read_to_string(log.path())
-            .unwrap_or_default()
-            .starts_with("OK")
-    })
+    let started = wait_until(
+        Duration::from_secs(5),
+        Duration::from_millis(10),
+        || async {
+            std::fs::read_to_string(log.path())
+                .unwrap_or_default()
+                .starts_with("OK")
+        },
+    )
     .await;
     assert!(started, "redis-cli monitor did not start");
     work.await;
@@ -784,11 +843,15 @@ async fn commands_naming<F: std::future::Future<Output = ()>>(
         .query_async(&mut redis.conn().await)
         .await
         .unwrap();
-    let ended = wait_until(Duration::from_secs(5), Duration::from_millis(10), || async {
-        std::fs::read_to_string(log.path())
-            .unwrap_or_default()
-            .contains(&marker)
-    })
+    let ended = wait_until(
+        Duration::from_secs(5),
+        Duration::from_millis(10),
+        || async {
+            std::fs::read_to_string(log.path())
+                .unwrap_or_default()
+                .contains(&marker)
+        },
+    )
     .await;
     let _ = monitor.kill();
     let _ = monitor.wait();
@@ -808,7 +871,9 @@ async fn commands_naming<F: std::future::Future<Output = ()>>(
 async fn enforcement_costs_no_redis_round_trip() {
     let redis = RedisServer::start();
     let api = DemoApi::start(&[]);
-    let p = polling_room(&redis, &api, NO_ADMISSION).start_settled(&redis.conn().await).await;
+    let p = polling_room(&redis, &api, NO_ADMISSION)
+        .start_settled(&redis.conn().await)
+        .await;
     // Load the scripts into Redis first, so no NOSCRIPT retry is counted.
     p.enter("warm-up").await;
     p.status("warm-up").await;
@@ -837,8 +902,16 @@ fn limited(r: &Resp, ctx: &str) -> u64 {
     let secs = body["retryAfter"]
         .as_u64()
         .unwrap_or_else(|| panic!("{ctx}: {body}"));
-    assert_eq!(body, json!({"status": "LIMITED", "retryAfter": secs}), "{ctx}");
-    assert_eq!(r.header("retry-after"), Some(secs.to_string().as_str()), "{ctx}");
+    assert_eq!(
+        body,
+        json!({"status": "LIMITED", "retryAfter": secs}),
+        "{ctx}"
+    );
+    assert_eq!(
+        r.header("retry-after"),
+        Some(secs.to_string().as_str()),
+        "{ctx}"
+    );
     assert!((1..=60).contains(&secs), "{ctx}: retryAfter {secs}");
     secs
 }
@@ -854,7 +927,12 @@ async fn the_per_address_limit_counts_distinct_identities_per_minute() {
         .await;
     with_window_left(&redis, 20).await;
     for (i, user) in ["u1", "u2", "u3"].iter().enumerate() {
-        assert_eq!(p.enter(user).await.status, 200, "{user} is identity #{}", i + 1);
+        assert_eq!(
+            p.enter(user).await.status,
+            200,
+            "{user} is identity #{}",
+            i + 1
+        );
     }
     let before_ms = now_ms(&redis).await;
     let secs = limited(&p.enter("u4").await, "the 4th identity");
@@ -930,7 +1008,10 @@ async fn the_per_address_counter_starts_afresh_each_minute() {
         .query_async(&mut conn)
         .await
         .unwrap();
-    assert!((1..=120).contains(&ttl), "the counter goes by itself: ttl {ttl}");
+    assert!(
+        (1..=120).contains(&ttl),
+        "the counter goes by itself: ttl {ttl}"
+    );
 }
 
 #[tokio::test]
@@ -938,7 +1019,10 @@ async fn x_forwarded_for_is_believed_only_from_trusted_proxies() {
     let redis = RedisServer::start();
     let api = DemoApi::start(&[]);
     let enter_from = |p: &Proxy, user: &str, xff: Option<&str>| {
-        let mut req = p.client().post(p.url("/queue/enter")).header("X-User-Id", user);
+        let mut req = p
+            .client()
+            .post(p.url("/queue/enter"))
+            .header("X-User-Id", user);
         if let Some(xff) = xff {
             req = req.header("X-Forwarded-For", xff);
         }
@@ -952,8 +1036,14 @@ async fn x_forwarded_for_is_believed_only_from_trusted_proxies() {
         .yaml("abuse: {identities_per_address: 2, trusted_proxies: ['127.0.0.1/32']}")
         .start_settled(&redis.conn().await)
         .await;
-    assert_eq!(enter_from(&trusted, "a1", Some("203.0.113.5")).await.status, 200);
-    assert_eq!(enter_from(&trusted, "a2", Some("203.0.113.5")).await.status, 200);
+    assert_eq!(
+        enter_from(&trusted, "a1", Some("203.0.113.5")).await.status,
+        200
+    );
+    assert_eq!(
+        enter_from(&trusted, "a2", Some("203.0.113.5")).await.status,
+        200
+    );
     limited(
         &enter_from(&trusted, "a3", Some("203.0.113.5")).await,
         "3rd identity from 203.0.113.5",
@@ -964,7 +1054,10 @@ async fn x_forwarded_for_is_believed_only_from_trusted_proxies() {
         "prepended address",
     );
     // Another address is not affected, nor the proxy's own.
-    assert_eq!(enter_from(&trusted, "a3", Some("203.0.113.6")).await.status, 200);
+    assert_eq!(
+        enter_from(&trusted, "a3", Some("203.0.113.6")).await.status,
+        200
+    );
     assert_eq!(enter_from(&trusted, "a4", None).await.status, 200);
     assert_eq!(
         enter_from(&trusted, "a5", Some("203.0.113.6, 127.0.0.1"))
@@ -984,8 +1077,14 @@ async fn x_forwarded_for_is_believed_only_from_trusted_proxies() {
         .yaml("abuse: {identities_per_address: 2}")
         .start_settled(&redis.conn().await)
         .await;
-    assert_eq!(enter_from(&untrusted, "b1", Some("192.0.2.1")).await.status, 200);
-    assert_eq!(enter_from(&untrusted, "b2", Some("192.0.2.2")).await.status, 200);
+    assert_eq!(
+        enter_from(&untrusted, "b1", Some("192.0.2.1")).await.status,
+        200
+    );
+    assert_eq!(
+        enter_from(&untrusted, "b2", Some("192.0.2.2")).await.status,
+        200
+    );
     limited(
         &enter_from(&untrusted, "b3", Some("192.0.2.3")).await,
         "XFF from an untrusted peer",
@@ -1052,19 +1151,29 @@ async fn entry_tokens_are_bound_to_their_user_and_never_logged() {
     // A request that fails (the client hangs up mid-body) gets an error line from pingora: the
     // URL it names carries no query string.
     let mut s = tokio::net::TcpStream::connect(p.addr()).await.unwrap();
-    let request =
-        format!("POST /echo?entry_token={bob} HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nabc");
+    let request = format!(
+        "POST /echo?entry_token={bob} HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nabc"
+    );
     s.write_all(request.as_bytes()).await.unwrap();
     drop(s);
-    let failed = wait_until(Duration::from_secs(10), Duration::from_millis(20), || async {
-        p.logs().contains("Fail to proxy")
-    })
+    let failed = wait_until(
+        Duration::from_secs(10),
+        Duration::from_millis(20),
+        || async { p.logs().contains("Fail to proxy") },
+    )
     .await;
-    assert!(failed, "no error line for the broken request:\n{}", p.logs());
+    assert!(
+        failed,
+        "no error line for the broken request:\n{}",
+        p.logs()
+    );
 
     // Everything the proxy said, at debug level, mentions neither token.
     let logs = p.logs();
-    assert!(logs.contains("/api/orders"), "the access log is there:\n{logs}");
+    assert!(
+        logs.contains("/api/orders"),
+        "the access log is there:\n{logs}"
+    );
     for (who, token) in [("alice", &alice), ("bob", &bob)] {
         assert!(
             !logs.contains(token.as_str()),
@@ -1081,9 +1190,14 @@ async fn entry_tokens_are_bound_to_their_user_and_never_logged() {
 async fn bearer_jwts_are_never_logged() {
     let redis = RedisServer::start();
     let api = DemoApi::start(&[]);
-    let p = hs256_room(&redis, &api).env("RUST_LOG", "debug").start_settled(&redis.conn().await).await;
+    let p = hs256_room(&redis, &api)
+        .env("RUST_LOG", "debug")
+        .start_settled(&redis.conn().await)
+        .await;
     let good = hs256(&claims(json!("alice")));
-    let bad = hs256(&json!({"sub": "bob", "iss": "https://id.example", "aud": "shop", "exp": now() - 999}));
+    let bad = hs256(
+        &json!({"sub": "bob", "iss": "https://id.example", "aud": "shop", "exp": now() - 999}),
+    );
     assert_eq!(enter_bearer(&p, &good).await.status, 200);
     assert_eq!(enter_bearer(&p, &bad).await.status, 401);
     let logs = p.logs();
@@ -1114,8 +1228,16 @@ async fn the_proxys_own_endpoints_refuse_large_bodies() {
     };
 
     assert_error("9000-byte enter", &enter(vec![b'x'; 9000]).await, 413);
-    assert_eq!(enter(vec![b'x'; 8192]).await.status, 200, "8 KiB is still fine");
-    assert_eq!(enter(b"{}".to_vec()).await.status, 200, "a small body is ignored");
+    assert_eq!(
+        enter(vec![b'x'; 8192]).await.status,
+        200,
+        "8 KiB is still fine"
+    );
+    assert_eq!(
+        enter(b"{}".to_vec()).await.status,
+        200,
+        "a small body is ignored"
+    );
     // A chunked body is counted as it comes.
     let chunk = "1000\r\n".to_string() + &"y".repeat(0x1000) + "\r\n";
     let raw = format!(
@@ -1166,6 +1288,10 @@ async fn a_request_body_that_stalls_is_cut_off() {
     assert!(waited < Duration::from_secs(20), "cut off after {waited:?}");
     let answer = String::from_utf8_lossy(&buf);
     assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
-    assert!(p.logs().contains("reading body, timeout: 10s"), "{}", p.logs());
+    assert!(
+        p.logs().contains("reading body, timeout: 10s"),
+        "{}",
+        p.logs()
+    );
     assert!(p.is_running());
 }

@@ -24,6 +24,7 @@ mod proxy;
 mod redis_server;
 mod store;
 
+pub use answers::*;
 pub use client::{http_client, raw_request, send, try_send, Resp};
 pub use demo_api::DemoApi;
 pub use proxy::{
@@ -31,7 +32,6 @@ pub use proxy::{
     unique_prefix, Proxy, ProxyBuilder,
 };
 pub use redis_server::RedisServer;
-pub use answers::*;
 pub use store::*;
 
 use std::future::Future;

@@ -234,7 +234,11 @@ impl ProxyBuilder {
             }
         })
         .await;
-        assert!(ticked, "no first admission tick within 10 s:\n{}", proxy.logs());
+        assert!(
+            ticked,
+            "no first admission tick within 10 s:\n{}",
+            proxy.logs()
+        );
         proxy
     }
 

@@ -31,10 +31,7 @@ pub async fn queue_len(redis: &RedisServer, proxy: &Proxy) -> u64 {
 
 /// Redis's clock in milliseconds: admission, abuse windows and poll clocks follow it, not ours.
 pub async fn redis_now_ms<C: ConnectionLike>(conn: &mut C) -> i64 {
-    let (secs, micros): (i64, i64) = redis::cmd("TIME")
-        .query_async(conn)
-        .await
-        .expect("TIME");
+    let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(conn).await.expect("TIME");
     secs * 1000 + micros / 1000
 }
 
