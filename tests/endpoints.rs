@@ -87,7 +87,6 @@ async fn raw_with_identity(proxy: &Proxy, method: &str, path: &str, identity: &[
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn enter_numbers_arrivals_and_status_agrees() {
-    let t0 = Instant::now();
     let redis = RedisServer::start();
     let api = DemoApi::start(&[]);
     // rate = 4 / 30 s. Positions 1..=4 are the first batch (eta 0 -> pollAfter 2); beyond it
@@ -177,17 +176,12 @@ async fn enter_numbers_arrivals_and_status_agrees() {
     assert_answer("enter?x=1, new", &r, 200, waiting(11, 83, 10));
 
     assert_eq!(queue_len(&redis, &proxy).await, 11, "one place per user");
-    println!(
-        "enter_numbers_arrivals_and_status_agrees: {:?}",
-        t0.elapsed()
-    );
 }
 
 // ---- READY ------------------------------------------------------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admitted_users_get_ready_from_status_and_enter() {
-    let t0 = Instant::now();
     let redis = RedisServer::start();
     let api = DemoApi::start(&[]);
     let builder = Proxy::builder(&redis.url(), api.addr())
@@ -247,24 +241,13 @@ async fn admitted_users_get_ready_from_status_and_enter() {
         ],
     )
     .await;
-    println!(
-        "admitted_users_get_ready_from_status_and_enter: {:?}",
-        t0.elapsed()
-    );
 }
 
 // ---- 405 ----------------------------------------------------------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wrong_methods_get_405_with_allow_whatever_the_headers() {
-    let t0 = Instant::now();
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&[]);
-    let proxy = start_settled(
-        &redis,
-        &Proxy::builder(&redis.url(), api.addr()).yaml(NO_ADMISSION),
-    )
-    .await;
+    let (redis, _api, proxy) = quiet_room("{}").await;
     let c = proxy.client();
     let long = "a".repeat(257);
 
@@ -323,24 +306,13 @@ async fn wrong_methods_get_405_with_allow_whatever_the_headers() {
     )
     .await;
     assert_eq!(queue_len(&redis, &proxy).await, 0);
-    println!(
-        "wrong_methods_get_405_with_allow_whatever_the_headers: {:?}",
-        t0.elapsed()
-    );
 }
 
 // ---- identity: 401 / 400 ------------------------------------------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn identity_is_required_and_checked_on_both_endpoints() {
-    let t0 = Instant::now();
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&[]);
-    let proxy = start_settled(
-        &redis,
-        &Proxy::builder(&redis.url(), api.addr()).yaml(NO_ADMISSION),
-    )
-    .await;
+    let (redis, _api, proxy) = quiet_room("{}").await;
     let c = proxy.client();
     let endpoints = [("POST", "/queue/enter"), ("GET", "/queue/status")];
 
@@ -436,23 +408,13 @@ async fn identity_is_required_and_checked_on_both_endpoints() {
         2,
         "refused identities queued nobody"
     );
-    println!(
-        "identity_is_required_and_checked_on_both_endpoints: {:?}",
-        t0.elapsed()
-    );
 }
 
 // ---- FULL -------------------------------------------------------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_room_answers_429_with_retry_after() {
-    let t0 = Instant::now();
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&[]);
-    let builder = Proxy::builder(&redis.url(), api.addr())
-        .yaml(NO_ADMISSION)
-        .yaml("queue: {capacity: 3}");
-    let proxy = start_settled(&redis, &builder).await;
+    let (redis, api, proxy) = quiet_room("queue: {capacity: 3}").await;
 
     for (i, user) in ["a", "b", "c"].iter().enumerate() {
         let p = i as u64 + 1;
@@ -500,10 +462,6 @@ async fn a_full_room_answers_429_with_retry_after() {
         json!({"status": "FULL", "retryAfter": 7}),
     );
     assert_eq!(r.header("retry-after"), Some("7"));
-    println!(
-        "a_full_room_answers_429_with_retry_after: {:?}",
-        t0.elapsed()
-    );
 }
 
 // ---- concurrency --------------------------------------------------------------------------------
@@ -581,12 +539,7 @@ async fn assert_burst_fills_to_capacity(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_of_enters_never_exceeds_capacity_or_shares_a_number() {
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&[]);
-    let builder = Proxy::builder(&redis.url(), api.addr())
-        .yaml(NO_ADMISSION)
-        .yaml("queue: {capacity: 500}");
-    let proxy = start_settled(&redis, &builder).await;
+    let (redis, _api, proxy) = quiet_room("queue: {capacity: 500}").await;
     assert_burst_fills_to_capacity(&redis, &[proxy], 1000, 500).await;
 }
 
@@ -608,14 +561,7 @@ async fn concurrent_enters_through_three_proxies_never_exceed_the_rooms_capacity
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_enters_by_one_user_make_one_place() {
-    let t0 = Instant::now();
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&[]);
-    let proxy = start_settled(
-        &redis,
-        &Proxy::builder(&redis.url(), api.addr()).yaml(NO_ADMISSION),
-    )
-    .await;
+    let (redis, _api, proxy) = quiet_room("{}").await;
 
     assert_answers(&proxy, &[("first", "enter", "first", waiting(1, 0, 2))]).await;
     let url = proxy.url("/queue/enter");
@@ -642,10 +588,6 @@ async fn concurrent_enters_by_one_user_make_one_place() {
         ],
     )
     .await;
-    println!(
-        "concurrent_enters_by_one_user_make_one_place: {:?}",
-        t0.elapsed()
-    );
 }
 
 // ---- Redis unavailable, health ----------------------------------------------------------------
@@ -775,7 +717,6 @@ async fn assert_recovers(proxy: &Proxy, since: Instant, what: &str, user: &str) 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stopped_redis_gives_fast_503_and_readyz_follows() {
-    let t0 = Instant::now();
     let mut redis = RedisServer::start();
     let api = DemoApi::start(&[]);
     let timeout = Duration::from_millis(500);
@@ -793,15 +734,10 @@ async fn stopped_redis_gives_fast_503_and_readyz_follows() {
         &[("status after restart", "status", "after", waiting(1, 0, 2))],
     )
     .await;
-    println!(
-        "stopped_redis_gives_fast_503_and_readyz_follows: {:?}",
-        t0.elapsed()
-    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn frozen_redis_gives_503_within_timeout_and_the_proxy_recovers() {
-    let t0 = Instant::now();
     let redis = RedisServer::start();
     let api = DemoApi::start(&[]);
     let timeout = Duration::from_millis(300);
@@ -849,17 +785,12 @@ async fn frozen_redis_gives_503_within_timeout_and_the_proxy_recovers() {
         )],
     )
     .await;
-    println!(
-        "frozen_redis_gives_503_within_timeout_and_the_proxy_recovers: {:?}",
-        t0.elapsed()
-    );
 }
 
 // ---- endpoints.prefix, poll_after, identity.header -------------------------------------------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prefix_tiers_and_identity_header_come_from_the_config() {
-    let t0 = Instant::now();
     let redis = RedisServer::start();
     let api = DemoApi::start(&[]);
     let builder = Proxy::builder(&redis.url(), api.addr())
@@ -913,10 +844,6 @@ async fn prefix_tiers_and_identity_header_come_from_the_config() {
         queue_len(&redis, &proxy).await,
         2,
         "the pass-throughs queued nobody"
-    );
-    println!(
-        "prefix_tiers_and_identity_header_come_from_the_config: {:?}",
-        t0.elapsed()
     );
 }
 
@@ -972,14 +899,7 @@ async fn read_one_response(s: &mut tokio::net::TcpStream, buf: &mut Vec<u8>) -> 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn answers_to_requests_with_bodies_leave_the_connection_usable() {
     use tokio::io::AsyncWriteExt;
-    let t0 = Instant::now();
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&[]);
-    let proxy = start_settled(
-        &redis,
-        &Proxy::builder(&redis.url(), api.addr()).yaml(NO_ADMISSION),
-    )
-    .await;
+    let (redis, _api, proxy) = quiet_room("{}").await;
 
     // Each request in turn on one keep-alive connection: a request body the proxy did not need
     // must not be read as the next request. Ending the connection instead is fine when the
@@ -1044,8 +964,4 @@ async fn answers_to_requests_with_bodies_leave_the_connection_usable() {
         requests.len()
     );
     assert_eq!(queue_len(&redis, &proxy).await, 2);
-    println!(
-        "answers_to_requests_with_bodies_leave_the_connection_usable: {:?}",
-        t0.elapsed()
-    );
 }

@@ -66,12 +66,7 @@ async fn assert_all_exact(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiting_users_are_answered_locally_and_exactly() {
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&[]);
-    let proxy = Proxy::builder(&redis.url(), api.addr())
-        .yaml(NO_ADMISSION)
-        .start_settled(&redis.conn().await)
-        .await;
+    let (redis, _api, proxy) = quiet_room("{}").await;
     let mut conn = redis.conn().await;
     let queue = format!("{{{}}}:queue", proxy.key_prefix());
     let users: Vec<String> = (1..=30).map(|i| format!("u{i}")).collect();
@@ -156,12 +151,7 @@ async fn waiting_users_are_answered_locally_and_exactly() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn enter_teaches_the_number_and_entering_again_is_answered_locally() {
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&[]);
-    let proxy = Proxy::builder(&redis.url(), api.addr())
-        .yaml(NO_ADMISSION)
-        .start_settled(&redis.conn().await)
-        .await;
+    let (redis, _api, proxy) = quiet_room("{}").await;
     let mut conn = redis.conn().await;
     let queue = format!("{{{}}}:queue", proxy.key_prefix());
     // The room gets its epoch from the line watcher before the first enter.
@@ -287,13 +277,7 @@ async fn a_redis_that_refuses_the_watch_subscription_still_gets_local_answers() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_abandonment_every_poll_reaches_redis() {
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&[]);
-    let proxy = Proxy::builder(&redis.url(), api.addr())
-        .yaml(NO_ADMISSION)
-        .yaml("queue: {abandon_after: 60s}")
-        .start_settled(&redis.conn().await)
-        .await;
+    let (redis, _api, proxy) = quiet_room("queue: {abandon_after: 60s}").await;
     let mut conn = redis.conn().await;
     for i in 1..=5 {
         assert_eq!(proxy.enter(&format!("u{i}")).await.status, 200);

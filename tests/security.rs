@@ -710,12 +710,7 @@ async fn trusted_header_mode_warns_on_a_non_loopback_listener() {
 
 #[tokio::test]
 async fn a_duplicated_identity_header_is_refused() {
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&[]);
-    let p = Proxy::builder(&redis.url(), api.addr())
-        .yaml(NO_ADMISSION)
-        .start_settled(&redis.conn().await)
-        .await;
+    let (_redis, _api, p) = quiet_room("{}").await;
     let r = send(
         p.client()
             .post(p.url("/queue/enter"))
@@ -918,13 +913,7 @@ fn limited(r: &Resp, ctx: &str) -> u64 {
 
 #[tokio::test]
 async fn the_per_address_limit_counts_distinct_identities_per_minute() {
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&[]);
-    let p = Proxy::builder(&redis.url(), api.addr())
-        .yaml(NO_ADMISSION)
-        .yaml("abuse: {identities_per_address: 3}")
-        .start_settled(&redis.conn().await)
-        .await;
+    let (redis, _api, p) = quiet_room("abuse: {identities_per_address: 3}").await;
     with_window_left(&redis, 20).await;
     for (i, user) in ["u1", "u2", "u3"].iter().enumerate() {
         assert_eq!(
@@ -971,13 +960,7 @@ async fn the_per_address_limit_counts_distinct_identities_per_minute() {
 /// and the same counter seeded for the current minute does.
 #[tokio::test]
 async fn the_per_address_counter_starts_afresh_each_minute() {
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&[]);
-    let p = Proxy::builder(&redis.url(), api.addr())
-        .yaml(NO_ADMISSION)
-        .yaml("abuse: {identities_per_address: 2}")
-        .start_settled(&redis.conn().await)
-        .await;
+    let (redis, _api, p) = quiet_room("abuse: {identities_per_address: 2}").await;
     with_window_left(&redis, 10).await;
     let window = now_ms(&redis).await / 60_000;
     let counter = keys(&p).abuse_counter("127.0.0.1");
@@ -1212,12 +1195,7 @@ async fn bearer_jwts_are_never_logged() {
 
 #[tokio::test]
 async fn the_proxys_own_endpoints_refuse_large_bodies() {
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&[]);
-    let p = Proxy::builder(&redis.url(), api.addr())
-        .yaml(NO_ADMISSION)
-        .start_settled(&redis.conn().await)
-        .await;
+    let (_redis, _api, p) = quiet_room("{}").await;
     let enter = |body: Vec<u8>| {
         send(
             p.client()
@@ -1265,12 +1243,7 @@ async fn the_proxys_own_endpoints_refuse_large_bodies() {
 
 #[tokio::test]
 async fn a_request_body_that_stalls_is_cut_off() {
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&[]);
-    let p = Proxy::builder(&redis.url(), api.addr())
-        .yaml(NO_ADMISSION)
-        .start_settled(&redis.conn().await)
-        .await;
+    let (_redis, _api, p) = quiet_room("{}").await;
     let mut s = tokio::net::TcpStream::connect(p.addr()).await.unwrap();
     let started = Instant::now();
     s.write_all(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n0123456789")

@@ -73,3 +73,15 @@ pub async fn minute_left<C: ConnectionLike>(conn: &mut C, need: u64) {
         tokio::time::sleep(std::time::Duration::from_millis(60_000 - into + 50)).await;
     }
 }
+
+/// A fresh Redis and demo API, and a proxy on them in a `NO_ADMISSION` room with `yaml` merged
+/// in, started once its first (empty) admission tick has passed: nobody it queues is admitted.
+pub async fn quiet_room(yaml: &str) -> (RedisServer, super::DemoApi, Proxy) {
+    let redis = RedisServer::start();
+    let api = super::DemoApi::start(&[]);
+    let builder = Proxy::builder(&redis.url(), api.addr())
+        .yaml(super::NO_ADMISSION)
+        .yaml(yaml);
+    let proxy = start_settled(&redis, &builder).await;
+    (redis, api, proxy)
+}
