@@ -171,6 +171,19 @@ fn mismatches(samples: &[Sample], expected: &[Expect]) -> Vec<String> {
         .collect()
 }
 
+/// Scrapes until every expected value holds, within `timeout`; fails naming those that do not.
+/// Returns the last scrape.
+async fn assert_metrics(proxy: &Proxy, timeout: Duration, expected: &[Expect]) -> String {
+    let text = scrape_until(proxy, timeout, |s| mismatches(s, expected).is_empty()).await;
+    let wrong = mismatches(&samples(&text), expected);
+    assert!(
+        wrong.is_empty(),
+        "off after {timeout:?}:\n  {}\n\n{text}",
+        wrong.join("\n  ")
+    );
+    text
+}
+
 /// Checks one histogram family for one `endpoint`: cumulative `_bucket` series with `le` labels
 /// ending in `+Inf`, `_sum` and `_count`, count == `count`.
 fn check_histogram(samples: &[Sample], family: &str, endpoint: &str, count: f64) {
@@ -293,13 +306,7 @@ async fn scripted_session_moves_each_counter_by_exactly_its_share() {
         exp("waitroom_redis_errors_total", &[], 0.0),
     ];
     // The room watcher's first probe may still be on its way.
-    let text = scrape_until(&proxy, GAUGE_FRESH, |s| mismatches(s, &fixed).is_empty()).await;
-    let s = samples(&text);
-    assert!(
-        mismatches(&s, &fixed).is_empty(),
-        "{:?}\n{text}",
-        mismatches(&s, &fixed)
-    );
+    assert_metrics(&proxy, GAUGE_FRESH, &fixed).await;
     assert_eq!(proxy.readyz().await, 200);
     assert_eq!(
         send(proxy.client().get(proxy.metrics_url("/healthz")))
@@ -345,28 +352,17 @@ async fn scripted_session_moves_each_counter_by_exactly_its_share() {
 
     // The room-wide gauges follow the real line within about a second.
     assert_eq!(zcard(&mut conn, &queue_key).await, 2, "the line in Redis");
-    let text = scrape_until(&proxy, GAUGE_FRESH, |s| {
-        value(s, "waitroom_queue_length", &[]) == 2.0
-            && value(s, "waitroom_queue_tail_wait_seconds", &[]) == 0.0
-    })
+    // 2 waiting with a batch of 2: the tail is within the first batch, so 0 s; no token yet.
+    assert_metrics(
+        &proxy,
+        GAUGE_FRESH,
+        &[
+            exp("waitroom_queue_length", &[], 2.0),
+            exp("waitroom_queue_tail_wait_seconds", &[], 0.0),
+            exp("waitroom_active_tokens", &[], 0.0),
+        ],
+    )
     .await;
-    let s = samples(&text);
-    assert_eq!(
-        value(&s, "waitroom_queue_length", &[]),
-        2.0,
-        "queue length after 2 enters:\n{text}"
-    );
-    // 2 waiting with a batch of 2: the tail is within the first batch, so 0 s.
-    assert_eq!(
-        value(&s, "waitroom_queue_tail_wait_seconds", &[]),
-        0.0,
-        "tail wait:\n{text}"
-    );
-    assert_eq!(
-        value(&s, "waitroom_active_tokens", &[]),
-        0.0,
-        "no token yet:\n{text}"
-    );
 
     // Release admission: with the schedule gone the ticker (which wakes at least once a second)
     // finds a batch due and admits both.
@@ -375,36 +371,27 @@ async fn scripted_session_moves_each_counter_by_exactly_its_share() {
         .query_async(&mut conn)
         .await
         .expect("DEL");
-    let text = scrape_until(&proxy, Duration::from_secs(5), |s| {
-        value(s, "waitroom_admitted_total", &[]) >= 2.0
-    })
+    assert_metrics(
+        &proxy,
+        Duration::from_secs(5),
+        &[exp("waitroom_admitted_total", &[], 2.0)],
+    )
     .await;
-    assert_eq!(
-        value(&samples(&text), "waitroom_admitted_total", &[]),
-        2.0,
-        "both admitted:\n{text}"
-    );
     assert_eq!(
         zcard(&mut conn, &queue_key).await,
         0,
         "the line in Redis after admission"
     );
-    let text = scrape_until(&proxy, GAUGE_FRESH, |s| {
-        value(s, "waitroom_queue_length", &[]) == 0.0
-            && value(s, "waitroom_active_tokens", &[]) == 2.0
-    })
+    let text = assert_metrics(
+        &proxy,
+        GAUGE_FRESH,
+        &[
+            exp("waitroom_queue_length", &[], 0.0),
+            exp("waitroom_active_tokens", &[], 2.0),
+        ],
+    )
     .await;
     let s = samples(&text);
-    assert_eq!(
-        value(&s, "waitroom_queue_length", &[]),
-        0.0,
-        "queue length after admission:\n{text}"
-    );
-    assert_eq!(
-        value(&s, "waitroom_active_tokens", &[]),
-        2.0,
-        "live tokens after admission:\n{text}"
-    );
     assert!(
         value(
             &s,
@@ -480,64 +467,48 @@ async fn scripted_session_moves_each_counter_by_exactly_its_share() {
     // pass-through
     let r = proxy.get("/hello?x=1").await;
     assert_eq!(r.status, 200, "pass-through: {}", r.body);
-    let text = scrape_until(&proxy, GAUGE_FRESH, |s| {
-        value(s, "waitroom_active_tokens", &[]) == 1.0
-    })
+    // bob's token is live.
+    assert_metrics(
+        &proxy,
+        GAUGE_FRESH,
+        &[exp("waitroom_active_tokens", &[], 1.0)],
+    )
     .await;
-    assert_eq!(
-        value(&samples(&text), "waitroom_active_tokens", &[]),
-        1.0,
-        "bob's token is live:\n{text}"
-    );
 
     // reloads: one accepted, one refused
     proxy.rewrite_config("queue: {retry_after: 20s}");
     proxy.signal("HUP");
-    let text = scrape_until(&proxy, Duration::from_secs(5), |s| {
-        value(s, "waitroom_config_reloads_total", &[("result", "ok")]) >= 1.0
-    })
-    .await;
-    assert_eq!(
-        value(
-            &samples(&text),
+    assert_metrics(
+        &proxy,
+        Duration::from_secs(5),
+        &[exp(
             "waitroom_config_reloads_total",
-            &[("result", "ok")]
-        ),
-        1.0,
-        "{text}"
-    );
+            &[("result", "ok")],
+            1.0,
+        )],
+    )
+    .await;
     proxy.write_config_raw("admission: [this, is, not, a, mapping]\n");
     proxy.signal("HUP");
-    let text = scrape_until(&proxy, Duration::from_secs(5), |s| {
-        value(s, "waitroom_config_reloads_total", &[("result", "error")]) >= 1.0
-    })
+    // And no Redis error while Redis runs.
+    assert_metrics(
+        &proxy,
+        Duration::from_secs(5),
+        &[
+            exp("waitroom_config_reloads_total", &[("result", "error")], 1.0),
+            exp("waitroom_redis_errors_total", &[], 0.0),
+        ],
+    )
     .await;
-    assert_eq!(
-        value(
-            &samples(&text),
-            "waitroom_config_reloads_total",
-            &[("result", "error")]
-        ),
-        1.0,
-        "{text}"
-    );
-    assert_eq!(
-        value(&samples(&text), "waitroom_redis_errors_total", &[]),
-        0.0,
-        "no Redis error while Redis runs:\n{text}"
-    );
 
     // Redis goes away: readiness, the up gauge, and one error of each request kind.
     redis.stop();
-    let text = scrape_until(&proxy, Duration::from_secs(2), |s| {
-        value(s, "waitroom_redis_up", &[]) == 0.0
-    })
+    assert_metrics(
+        &proxy,
+        Duration::from_secs(2),
+        &[exp("waitroom_redis_up", &[], 0.0)],
+    )
     .await;
-    assert_eq!(
-        value(&samples(&text), "waitroom_redis_up", &[]),
-        0.0,
-        "redis_up after stop:\n{text}"
-    );
     assert_eq!(proxy.readyz().await, 503);
     let r = proxy.enter("erin").await;
     assert_eq!(r.status, 503, "enter without Redis: {}", r.body);
@@ -630,14 +601,8 @@ async fn scripted_session_moves_each_counter_by_exactly_its_share() {
             1.0,
         ),
     ];
-    let text = scrape_until(&proxy, SETTLE, |s| mismatches(s, &expected).is_empty()).await;
+    let text = assert_metrics(&proxy, SETTLE, &expected).await;
     let s = samples(&text);
-    let wrong = mismatches(&s, &expected);
-    assert!(
-        wrong.is_empty(),
-        "counters off:\n  {}\n\n{text}",
-        wrong.join("\n  ")
-    );
 
     // No other label value moved (e.g. no "limited", no upstream "error" class).
     let labelled = [
@@ -802,14 +767,8 @@ async fn upstream_classes_and_the_page_are_counted_end_to_end() {
             2.0,
         ),
     ];
-    let text = scrape_until(&proxy, SETTLE, |s| mismatches(s, &expected).is_empty()).await;
+    let text = assert_metrics(&proxy, SETTLE, &expected).await;
     let s = samples(&text);
-    let wrong = mismatches(&s, &expected);
-    assert!(
-        wrong.is_empty(),
-        "counters off:\n  {}\n\n{text}",
-        wrong.join("\n  ")
-    );
     let classes: Vec<String> = by_label(&s, "waitroom_upstream_responses_total", "class")
         .into_keys()
         .collect();
