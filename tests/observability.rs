@@ -171,6 +171,21 @@ fn mismatches(samples: &[Sample], expected: &[Expect]) -> Vec<String> {
         .collect()
 }
 
+/// A protected order as `user` with `token` that the demo API answers with `status`.
+async fn order_failing(proxy: &Proxy, user: &str, token: &str, status: u16) -> Resp {
+    send(
+        proxy
+            .client()
+            .post(proxy.url("/api/orders"))
+            .header("X-User-Id", user)
+            .header("X-Entry-Token", token)
+            .header("X-Demo-Fail", status.to_string())
+            .header("content-type", "application/json")
+            .body(r#"{"item":"widget","quantity":1}"#),
+    )
+    .await
+}
+
 /// Scrapes until every expected value holds, within `timeout`; fails naming those that do not.
 /// Returns the last scrape.
 async fn assert_metrics(proxy: &Proxy, timeout: Duration, expected: &[Expect]) -> String {
@@ -316,27 +331,15 @@ async fn scripted_session_moves_each_counter_by_exactly_its_share() {
     );
 
     // enters: queued x2, already_waiting, full
-    let r = proxy.enter("alice").await;
-    assert_eq!(
-        (r.status, r.json()["position"].as_u64()),
-        (200, Some(1)),
-        "{}",
-        r.body
-    );
-    let r = proxy.enter("bob").await;
-    assert_eq!(
-        (r.status, r.json()["position"].as_u64()),
-        (200, Some(2)),
-        "{}",
-        r.body
-    );
-    let r = proxy.enter("alice").await;
-    assert_eq!(
-        (r.status, r.json()["position"].as_u64()),
-        (200, Some(1)),
-        "{}",
-        r.body
-    );
+    for (user, position) in [("alice", 1), ("bob", 2), ("alice", 1)] {
+        let r = proxy.enter(user).await;
+        assert_eq!(
+            (r.status, r.json()["position"].as_u64()),
+            (200, Some(position)),
+            "{user}: {}",
+            r.body
+        );
+    }
     let r = proxy.enter("carol").await;
     assert_eq!(
         (r.status, status_of(&r).as_str()),
@@ -429,17 +432,7 @@ async fn scripted_session_moves_each_counter_by_exactly_its_share() {
     .await;
     assert_eq!(r.status, 401, "no identity: {}", r.body);
     // forwarded, upstream 409: token kept
-    let r = send(
-        proxy
-            .client()
-            .post(proxy.url("/api/orders"))
-            .header("X-User-Id", "alice")
-            .header("X-Entry-Token", &token_a)
-            .header("X-Demo-Fail", "409")
-            .header("content-type", "application/json")
-            .body(r#"{"item":"widget","quantity":1}"#),
-    )
-    .await;
+    let r = order_failing(&proxy, "alice", &token_a, 409).await;
     assert_eq!(
         r.status, 409,
         "the upstream's 409 passes through: {}",
@@ -707,17 +700,7 @@ async fn upstream_classes_and_the_page_are_counted_end_to_end() {
     }
     // Protected: a forced 500 keeps the token, then a 201 spends it.
     let token = proxy.until_ready("classy", Duration::from_secs(5)).await;
-    let r = send(
-        proxy
-            .client()
-            .post(proxy.url("/api/orders"))
-            .header("X-User-Id", "classy")
-            .header("X-Entry-Token", &token)
-            .header("X-Demo-Fail", "500")
-            .header("content-type", "application/json")
-            .body(r#"{"item":"widget","quantity":1}"#),
-    )
-    .await;
+    let r = order_failing(&proxy, "classy", &token, 500).await;
     assert_eq!(r.status, 500, "{}", r.body);
     assert_eq!(proxy.order("classy", Some(&token)).await.status, 201);
     // The page, twice.

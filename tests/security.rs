@@ -158,6 +158,13 @@ async fn enter_bearer(p: &Proxy, token: &str) -> Resp {
     send(p.client().post(p.url("/queue/enter")).bearer_auth(token)).await
 }
 
+/// Each `(what, jwt)`, presented as a bearer token to enter, is refused: 401 and an error body.
+async fn assert_refused_bearers(p: &Proxy, cases: &[(&str, String)]) {
+    for (what, jwt) in cases {
+        assert_error(what, &enter_bearer(p, jwt).await, 401);
+    }
+}
+
 async fn status_bearer(p: &Proxy, token: &str) -> Resp {
     send(p.client().get(p.url("/queue/status")).bearer_auth(token)).await
 }
@@ -402,11 +409,7 @@ async fn the_jwt_can_come_in_a_cookie() {
         &enter(format!("wr_idx={token}")).await,
         401,
     );
-    assert_error(
-        "bearer instead of the cookie",
-        &enter_bearer(&p, &token).await,
-        401,
-    );
+    assert_refused_bearers(&p, &[("bearer instead of the cookie", token.clone())]).await;
     let forged = sign(
         Algorithm::HS256,
         &EncodingKey::from_secret(b"x".repeat(40).as_slice()).unwrap(),
@@ -419,26 +422,56 @@ async fn the_jwt_can_come_in_a_cookie() {
     );
 }
 
+/// `claims` signed with `alg` by the PEM private key `pem` (RSA for RS256, EC for ES256).
+fn sign_pem(alg: Algorithm, pem: &str, claims: &Value) -> String {
+    let key = match alg {
+        Algorithm::ES256 => EncodingKey::from_ec_pem(pem.as_bytes()),
+        _ => EncodingKey::from_rsa_pem(pem.as_bytes()),
+    };
+    sign(alg, &key.unwrap(), claims)
+}
+
+/// Algorithm confusion: an HS256 token whose HMAC key is the public key the proxy holds.
+fn keyed_with_public(public_pem: &str, claims: &Value) -> String {
+    sign(
+        Algorithm::HS256,
+        &EncodingKey::from_secret(public_pem.as_bytes()).unwrap(),
+        claims,
+    )
+}
+
+/// A settled NO_ADMISSION room (one 2 s poll tier) verifying JWTs by `jwt_yaml`, with `public`
+/// written at `key_file` next to its config.
+async fn key_room(
+    redis: &RedisServer,
+    api: &DemoApi,
+    jwt_yaml: &str,
+    key_file: &str,
+    public: &str,
+) -> Proxy {
+    let builder = Proxy::builder(&redis.url(), api.addr())
+        .yaml(NO_ADMISSION)
+        .yaml("poll_after: [{min_wait: 0s, poll_after: 2s}]")
+        .yaml(&format!("identity: {{jwt: {jwt_yaml}}}"))
+        .file(key_file, public);
+    start_settled(redis, &builder).await
+}
+
 #[tokio::test]
 async fn rs256_accepts_only_tokens_signed_by_the_private_key() {
     let redis = RedisServer::start();
     let api = DemoApi::start(&[]);
     let keys = key_pair("rsa");
     let other = key_pair("rsa");
-    let p = Proxy::builder(&redis.url(), api.addr())
-        .yaml(NO_ADMISSION)
-        .yaml("poll_after: [{min_wait: 0s, poll_after: 2s}]")
-        .yaml("identity: {jwt: {algorithms: [RS256], public_key_file: keys/jwt.pem, claim: uid}}")
-        .file("keys/jwt.pem", &keys.public)
-        .start_settled(&redis.conn().await)
-        .await;
-    let rsa = |pem: &str, c: &Value| {
-        sign(
-            Algorithm::RS256,
-            &EncodingKey::from_rsa_pem(pem.as_bytes()).unwrap(),
-            c,
-        )
-    };
+    let p = key_room(
+        &redis,
+        &api,
+        "{algorithms: [RS256], public_key_file: keys/jwt.pem, claim: uid}",
+        "keys/jwt.pem",
+        &keys.public,
+    )
+    .await;
+    let rsa = |pem: &str, c: &Value| sign_pem(Algorithm::RS256, pem, c);
     let c = json!({"uid": "alice", "sub": "ignored", "exp": now() + 300});
     assert_answer(
         "RS256",
@@ -446,36 +479,27 @@ async fn rs256_accepts_only_tokens_signed_by_the_private_key() {
         200,
         waiting(1),
     );
-    assert_error(
-        "another key pair",
-        &enter_bearer(&p, &rsa(&other.private, &c)).await,
-        401,
-    );
-    // Algorithm confusion: an HS256 token whose HMAC key is the public key the proxy holds.
-    let confused = sign(
-        Algorithm::HS256,
-        &EncodingKey::from_secret(keys.public.as_bytes()).unwrap(),
-        &c,
-    );
-    assert_error(
-        "HS256 keyed with the RSA public key",
-        &enter_bearer(&p, &confused).await,
-        401,
-    );
-    assert_error(
-        "HS256 when only RS256 is configured",
-        &enter_bearer(&p, &hs256(&c)).await,
-        401,
-    );
-    assert_error("alg none", &enter_bearer(&p, &unsigned(&c)).await, 401);
-    let no_uid = rsa(&keys.private, &json!({"sub": "alice", "exp": now() + 300}));
-    assert_error(
-        "the configured claim is missing",
-        &enter_bearer(&p, &no_uid).await,
-        401,
-    );
-    let expired = rsa(&keys.private, &json!({"uid": "bob", "exp": now() - 120}));
-    assert_error("expired", &enter_bearer(&p, &expired).await, 401);
+    assert_refused_bearers(
+        &p,
+        &[
+            ("another key pair", rsa(&other.private, &c)),
+            (
+                "HS256 keyed with the RSA public key",
+                keyed_with_public(&keys.public, &c),
+            ),
+            ("HS256 when only RS256 is configured", hs256(&c)),
+            ("alg none", unsigned(&c)),
+            (
+                "the configured claim is missing",
+                rsa(&keys.private, &json!({"sub": "alice", "exp": now() + 300})),
+            ),
+            (
+                "expired",
+                rsa(&keys.private, &json!({"uid": "bob", "exp": now() - 120})),
+            ),
+        ],
+    )
+    .await;
     // No exp at all: section 8 does not require one.
     let forever = rsa(&keys.private, &json!({"uid": "bob"}));
     assert_answer("no exp", &enter_bearer(&p, &forever).await, 200, waiting(2));
@@ -496,20 +520,15 @@ async fn es256_accepts_only_tokens_signed_by_the_private_key() {
     let keys = key_pair("ec");
     let other = key_pair("ec");
     let rsa = key_pair("rsa");
-    let p = Proxy::builder(&redis.url(), api.addr())
-        .yaml(NO_ADMISSION)
-        .yaml("poll_after: [{min_wait: 0s, poll_after: 2s}]")
-        .yaml("identity: {jwt: {algorithms: [ES256], public_key_file: jwt-ec.pem, audience: shop}}")
-        .file("jwt-ec.pem", &keys.public)
-        .start_settled(&redis.conn().await)
-        .await;
-    let es = |pem: &str, c: &Value| {
-        sign(
-            Algorithm::ES256,
-            &EncodingKey::from_ec_pem(pem.as_bytes()).unwrap(),
-            c,
-        )
-    };
+    let p = key_room(
+        &redis,
+        &api,
+        "{algorithms: [ES256], public_key_file: jwt-ec.pem, audience: shop}",
+        "jwt-ec.pem",
+        &keys.public,
+    )
+    .await;
+    let es = |pem: &str, c: &Value| sign_pem(Algorithm::ES256, pem, c);
     let c = json!({"sub": "alice", "aud": ["shop", "other"], "exp": now() + 300});
     assert_answer(
         "ES256",
@@ -517,36 +536,28 @@ async fn es256_accepts_only_tokens_signed_by_the_private_key() {
         200,
         waiting(1),
     );
-    assert_error(
-        "another key pair",
-        &enter_bearer(&p, &es(&other.private, &c)).await,
-        401,
-    );
-    let rs = sign(
-        Algorithm::RS256,
-        &EncodingKey::from_rsa_pem(rsa.private.as_bytes()).unwrap(),
-        &c,
-    );
-    assert_error(
-        "RS256 when only ES256 is configured",
-        &enter_bearer(&p, &rs).await,
-        401,
-    );
-    let confused = sign(
-        Algorithm::HS256,
-        &EncodingKey::from_secret(keys.public.as_bytes()).unwrap(),
-        &c,
-    );
-    assert_error(
-        "HS256 keyed with the EC public key",
-        &enter_bearer(&p, &confused).await,
-        401,
-    );
-    let wrong_aud = es(
-        &keys.private,
-        &json!({"sub": "bob", "aud": "elsewhere", "exp": now() + 300}),
-    );
-    assert_error("wrong audience", &enter_bearer(&p, &wrong_aud).await, 401);
+    assert_refused_bearers(
+        &p,
+        &[
+            ("another key pair", es(&other.private, &c)),
+            (
+                "RS256 when only ES256 is configured",
+                sign_pem(Algorithm::RS256, &rsa.private, &c),
+            ),
+            (
+                "HS256 keyed with the EC public key",
+                keyed_with_public(&keys.public, &c),
+            ),
+            (
+                "wrong audience",
+                es(
+                    &keys.private,
+                    &json!({"sub": "bob", "aud": "elsewhere", "exp": now() + 300}),
+                ),
+            ),
+        ],
+    )
+    .await;
 }
 
 #[tokio::test]
