@@ -96,12 +96,11 @@ async fn put_service_time(api: &DemoApi, ms: u64) {
 /// and of instant passes share the interval's batch.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn instant_passes_only_when_nobody_waits_and_the_interval_has_room() {
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&["--service-time-ms", "1"]);
-    let proxy = Proxy::builder(&redis.url(), api.addr())
-        .yaml("admission: {interval: 1s, batch_size: 2, instant: true}")
-        .start()
-        .await;
+    let (redis, _api, proxy) = room(
+        &["--service-time-ms", "1"],
+        "admission: {interval: 1s, batch_size: 2, instant: true}",
+    )
+    .await;
     let mut conn = redis.conn().await;
     early_in_an_interval(&mut conn, &keys(&proxy), Duration::from_millis(700)).await;
 
@@ -184,14 +183,12 @@ async fn instant_passes_only_when_nobody_waits_and_the_interval_has_room() {
 /// the room never admits more than 5 in any interval (from the tokens' issue times in Redis).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn instant_never_exceeds_the_rate_under_a_burst() {
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&["--service-time-ms", "1"]);
-    let proxy = Arc::new(
-        Proxy::builder(&redis.url(), api.addr())
-            .yaml("admission: {interval: 1s, batch_size: 5, instant: true}")
-            .start()
-            .await,
-    );
+    let (redis, _api, proxy) = room(
+        &["--service-time-ms", "1"],
+        "admission: {interval: 1s, batch_size: 5, instant: true}",
+    )
+    .await;
+    let proxy = Arc::new(proxy);
     let keys = keys(&proxy);
     let mut conn = redis.conn().await;
     early_in_an_interval(&mut conn, &keys, Duration::from_millis(500)).await;
@@ -252,14 +249,12 @@ async fn instant_never_exceeds_the_rate_under_a_burst() {
 /// the gauge), while everyone gets through as tokens are spent. Instant passes respect it too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_active_cap_holds_under_a_burst() {
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&["--service-time-ms", "30"]);
-    let proxy = Arc::new(
-        Proxy::builder(&redis.url(), api.addr())
-            .yaml("admission: {interval: 50ms, batch_size: 10, instant: true, max_active: 7}")
-            .start()
-            .await,
-    );
+    let (redis, _api, proxy) = room(
+        &["--service-time-ms", "30"],
+        "admission: {interval: 50ms, batch_size: 10, instant: true, max_active: 7}",
+    )
+    .await;
+    let proxy = Arc::new(proxy);
     let keys = keys(&proxy);
 
     let done = Arc::new(AtomicBool::new(false));
@@ -341,12 +336,11 @@ async fn the_active_cap_holds_under_a_burst() {
 /// allows: the instant pass never jumps the line.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nobody_passes_while_someone_waits() {
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&["--service-time-ms", "1"]);
-    let proxy = Proxy::builder(&redis.url(), api.addr())
-        .yaml("admission: {interval: 10s, batch_size: 5, instant: true, max_active: 1}")
-        .start()
-        .await;
+    let (_redis, _api, proxy) = room(
+        &["--service-time-ms", "1"],
+        "admission: {interval: 10s, batch_size: 5, instant: true, max_active: 1}",
+    )
+    .await;
     let first = proxy.enter("holder").await;
     assert_eq!(status_of(&first), "READY", "{}", first.body);
     let r = proxy.enter("waiter").await;
@@ -911,12 +905,11 @@ fn adaptive_rules() -> RoomRules {
 /// so estimates use the floor, min_batch (1) / interval = 10 users/s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn estimates_use_the_floor_when_the_room_admits_almost_nobody() {
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&["--service-time-ms", "1"]);
-    let proxy = Proxy::builder(&redis.url(), api.addr())
-        .yaml("admission: {interval: 100ms, batch_size: 10, max_active: 2}")
-        .start()
-        .await;
+    let (_redis, _api, proxy) = room(
+        &["--service-time-ms", "1"],
+        "admission: {interval: 100ms, batch_size: 10, max_active: 2}",
+    )
+    .await;
     proxy.until_ready("h1", Duration::from_secs(5)).await;
     proxy.until_ready("h2", Duration::from_secs(5)).await;
     for i in 0..60 {
@@ -965,12 +958,11 @@ async fn estimates_use_the_floor_when_the_room_admits_almost_nobody() {
 /// a second: estimates follow the measured 3 a second.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn estimates_follow_the_measured_rate() {
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&["--service-time-ms", "1"]);
-    let proxy = Proxy::builder(&redis.url(), api.addr())
-        .yaml("admission: {interval: 1s, batch_size: 5, max_active: 3}\ntoken: {ttl: 800ms}")
-        .start()
-        .await;
+    let (_redis, _api, proxy) = room(
+        &["--service-time-ms", "1"],
+        "admission: {interval: 1s, batch_size: 5, max_active: 3}\ntoken: {ttl: 800ms}",
+    )
+    .await;
     for i in 0..80 {
         proxy.enter(&format!("m{i:02}")).await;
     }

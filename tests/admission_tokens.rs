@@ -173,13 +173,7 @@ fn fast_api() -> DemoApi {
 
 /// A running proxy configured with `yaml`, on a fresh Redis, in front of `fast_api`.
 async fn room_with(yaml: &str) -> (RedisServer, DemoApi, Proxy) {
-    let redis = RedisServer::start();
-    let api = fast_api();
-    let proxy = Proxy::builder(&redis.url(), api.addr())
-        .yaml(yaml)
-        .start()
-        .await;
-    (redis, api, proxy)
+    room(&["--service-time-ms", "20"], yaml).await
 }
 
 async fn tokens_room() -> (RedisServer, DemoApi, Proxy) {

@@ -272,12 +272,11 @@ fn check_histogram(samples: &[Sample], family: &str, endpoint: &str, count: f64)
 /// each counter must have moved by exactly its share.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scripted_session_moves_each_counter_by_exactly_its_share() {
-    let mut redis = RedisServer::start();
-    let api = DemoApi::start(&["--service-time-ms", "1"]);
-    let proxy = Proxy::builder(&redis.url(), api.addr())
-        .yaml("admission: {interval: 1h, batch_size: 2}\nqueue: {capacity: 2}\nredis: {timeout: 300ms}")
-        .start()
-        .await;
+    let (mut redis, _api, proxy) = room(
+        &["--service-time-ms", "1"],
+        "admission: {interval: 1h, batch_size: 2}\nqueue: {capacity: 2}\nredis: {timeout: 300ms}",
+    )
+    .await;
     let Keys {
         queue: queue_key,
         next_admission: schedule_key,

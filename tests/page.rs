@@ -93,13 +93,7 @@ fn chromium_path() -> PathBuf {
 }
 
 async fn start_room(yaml: &str) -> (RedisServer, DemoApi, Proxy) {
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&[]);
-    let proxy = Proxy::builder(&redis.url(), api.addr())
-        .yaml(yaml)
-        .start()
-        .await;
-    (redis, api, proxy)
+    room(&[], yaml).await
 }
 
 #[tokio::test]

@@ -85,3 +85,15 @@ pub async fn quiet_room(yaml: &str) -> (RedisServer, super::DemoApi, Proxy) {
     let proxy = start_settled(&redis, &builder).await;
     (redis, api, proxy)
 }
+
+/// A fresh Redis, a demo API started with `api_args`, and a ready proxy on them with `yaml`
+/// merged in (not waiting for the first admission tick: see `quiet_room` for that).
+pub async fn room(api_args: &[&str], yaml: &str) -> (RedisServer, super::DemoApi, Proxy) {
+    let redis = RedisServer::start();
+    let api = super::DemoApi::start(api_args);
+    let proxy = Proxy::builder(&redis.url(), api.addr())
+        .yaml(yaml)
+        .start()
+        .await;
+    (redis, api, proxy)
+}
