@@ -79,6 +79,11 @@ async fn assert_ordered(proxy: &Proxy, user: &str, token: &str) {
     );
 }
 
+/// `room` in front of a demo API that answers orders in 1 ms.
+async fn quick_room(yaml: &str) -> (RedisServer, DemoApi, Proxy) {
+    room(&["--service-time-ms", "1"], yaml).await
+}
+
 async fn put_service_time(api: &DemoApi, ms: u64) {
     let r = send(
         http_client()
@@ -96,11 +101,8 @@ async fn put_service_time(api: &DemoApi, ms: u64) {
 /// and of instant passes share the interval's batch.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn instant_passes_only_when_nobody_waits_and_the_interval_has_room() {
-    let (redis, _api, proxy) = room(
-        &["--service-time-ms", "1"],
-        "admission: {interval: 1s, batch_size: 2, instant: true}",
-    )
-    .await;
+    let (redis, _api, proxy) =
+        quick_room("admission: {interval: 1s, batch_size: 2, instant: true}").await;
     let mut conn = redis.conn().await;
     early_in_an_interval(&mut conn, &keys(&proxy), Duration::from_millis(700)).await;
 
@@ -148,12 +150,7 @@ async fn instant_passes_only_when_nobody_waits_and_the_interval_has_room() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let r = proxy.enter("e").await;
-    assert_eq!(
-        (status_of(&r), r.json()["position"].clone()),
-        ("WAITING".into(), 1.into()),
-        "{}",
-        r.body
-    );
+    assert_waiting_at(&r, 1);
 
     // The tick after admits e alone: one place of its interval is left, and nobody waits.
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -183,11 +180,8 @@ async fn instant_passes_only_when_nobody_waits_and_the_interval_has_room() {
 /// the room never admits more than 5 in any interval (from the tokens' issue times in Redis).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn instant_never_exceeds_the_rate_under_a_burst() {
-    let (redis, _api, proxy) = room(
-        &["--service-time-ms", "1"],
-        "admission: {interval: 1s, batch_size: 5, instant: true}",
-    )
-    .await;
+    let (redis, _api, proxy) =
+        quick_room("admission: {interval: 1s, batch_size: 5, instant: true}").await;
     let proxy = Arc::new(proxy);
     let keys = keys(&proxy);
     let mut conn = redis.conn().await;
@@ -336,28 +330,17 @@ async fn the_active_cap_holds_under_a_burst() {
 /// allows: the instant pass never jumps the line.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nobody_passes_while_someone_waits() {
-    let (_redis, _api, proxy) = room(
-        &["--service-time-ms", "1"],
-        "admission: {interval: 10s, batch_size: 5, instant: true, max_active: 1}",
-    )
-    .await;
+    let (_redis, _api, proxy) =
+        quick_room("admission: {interval: 10s, batch_size: 5, instant: true, max_active: 1}").await;
     let first = proxy.enter("holder").await;
     assert_eq!(status_of(&first), "READY", "{}", first.body);
     let r = proxy.enter("waiter").await;
-    assert_eq!(
-        (status_of(&r), r.json()["position"].clone()),
-        ("WAITING".into(), 1.into())
-    );
+    assert_waiting_at(&r, 1);
     // The holder spends the token: the cap and the interval have room now, but waiter waits.
     let token = first.json()["token"].as_str().unwrap().to_owned();
     assert!((200..300).contains(&proxy.order("holder", Some(&token)).await.status));
     let r = proxy.enter("newcomer").await;
-    assert_eq!(
-        (status_of(&r), r.json()["position"].clone()),
-        ("WAITING".into(), 2.into()),
-        "{}",
-        r.body
-    );
+    assert_waiting_at(&r, 2);
     assert_eq!(
         proxy
             .counter("waitroom_enter_total{result=\"instant\"}")
@@ -483,12 +466,7 @@ async fn abandoned_places_move_the_line_up_and_are_never_admitted() {
     }
     // A quitter who comes back queues at the back.
     let r = a.enter("quiet-1").await;
-    assert_eq!(
-        (status_of(&r), r.json()["position"].clone()),
-        ("WAITING".into(), 2.into()),
-        "{}",
-        r.body
-    );
+    assert_waiting_at(&r, 2);
 }
 
 /// A status call refused as TOO_EARLY still counts as heard from. pollAfter 2 s, abandon_after
@@ -522,12 +500,7 @@ async fn a_refused_early_poll_still_counts_as_heard_from() {
     );
     tokio::time::sleep_until((entered + Duration::from_millis(4_750)).into()).await;
     let r = proxy.status("eager").await;
-    assert_eq!(
-        (status_of(&r), r.json()["position"].clone()),
-        ("WAITING".into(), 1.into()),
-        "{}",
-        r.body
-    );
+    assert_waiting_at(&r, 1);
     assert_eq!(status_of(&proxy.status("gone").await), "NOT_IN_QUEUE");
 }
 
@@ -905,11 +878,8 @@ fn adaptive_rules() -> RoomRules {
 /// so estimates use the floor, min_batch (1) / interval = 10 users/s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn estimates_use_the_floor_when_the_room_admits_almost_nobody() {
-    let (_redis, _api, proxy) = room(
-        &["--service-time-ms", "1"],
-        "admission: {interval: 100ms, batch_size: 10, max_active: 2}",
-    )
-    .await;
+    let (_redis, _api, proxy) =
+        quick_room("admission: {interval: 100ms, batch_size: 10, max_active: 2}").await;
     proxy.until_ready("h1", Duration::from_secs(5)).await;
     proxy.until_ready("h2", Duration::from_secs(5)).await;
     for i in 0..60 {
@@ -958,11 +928,9 @@ async fn estimates_use_the_floor_when_the_room_admits_almost_nobody() {
 /// a second: estimates follow the measured 3 a second.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn estimates_follow_the_measured_rate() {
-    let (_redis, _api, proxy) = room(
-        &["--service-time-ms", "1"],
-        "admission: {interval: 1s, batch_size: 5, max_active: 3}\ntoken: {ttl: 800ms}",
-    )
-    .await;
+    let (_redis, _api, proxy) =
+        quick_room("admission: {interval: 1s, batch_size: 5, max_active: 3}\ntoken: {ttl: 800ms}")
+            .await;
     for i in 0..80 {
         proxy.enter(&format!("m{i:02}")).await;
     }
@@ -989,33 +957,20 @@ async fn estimates_follow_the_measured_rate() {
 #[test]
 fn the_switches_are_validated() {
     let base = "upstream: 127.0.0.1:1\n";
-    let ok = run_check(&format!(
-        "{base}admission: {{interval: 100ms, batch_size: 10, instant: true, max_active: 50, \
-         adaptive: {{target_p95: 250ms, min_batch: 2}}}}\nqueue: {{abandon_after: 30s}}\n"
-    ));
-    assert_eq!(
-        ok.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&ok.stderr)
-    );
-    let defaults = run_check(&format!("{base}admission: {{adaptive: {{}}}}\n"));
-    assert_eq!(
-        defaults.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&defaults.stderr)
-    );
-    // Exactly twice the largest poll_after is the floor, and accepted.
-    for floor in [
+    // Accepted: every switch at once, the defaults, and exactly twice the largest poll_after
+    // (the abandon floor).
+    for yaml in [
+        "admission: {interval: 100ms, batch_size: 10, instant: true, max_active: 50, \
+         adaptive: {target_p95: 250ms, min_batch: 2}}\nqueue: {abandon_after: 30s}",
+        "admission: {adaptive: {}}",
         "queue: {abandon_after: 20s}",
         "poll_after: [{min_wait: 0s, poll_after: 3s}]\nqueue: {abandon_after: 6s}",
     ] {
-        let out = run_check(&format!("{base}{floor}\n"));
+        let out = run_check(&format!("{base}{yaml}\n"));
         assert_eq!(
             out.status.code(),
             Some(0),
-            "{floor}: {}",
+            "{yaml}: {}",
             String::from_utf8_lossy(&out.stderr)
         );
     }

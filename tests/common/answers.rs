@@ -137,3 +137,14 @@ pub fn assert_ready(ctx: &str, r: &Resp, ttl_secs: u64) -> String {
     assert_uuid_v4(&token);
     token
 }
+
+/// A WAITING answer at `position` (whatever the estimate), the body shown on failure.
+#[track_caller]
+pub fn assert_waiting_at(r: &Resp, position: u64) {
+    assert_eq!(
+        (status_of(r), r.json()["position"].as_u64()),
+        ("WAITING".to_owned(), Some(position)),
+        "{}",
+        r.body
+    );
+}
