@@ -146,6 +146,7 @@ async fn scrape_until(proxy: &Proxy, timeout: Duration, ok: impl Fn(&[Sample]) -
 }
 
 /// One expected value of a series, with its description for the failure message.
+#[derive(Clone)]
 struct Expect {
     name: &'static str,
     labels: Vec<(&'static str, &'static str)>,
@@ -158,6 +159,14 @@ fn exp(name: &'static str, labels: &[(&'static str, &'static str)], value: f64) 
         labels: labels.to_vec(),
         value,
     }
+}
+
+/// One expected value per `(label value, value)` of `family`'s `label`.
+fn by(family: &'static str, label: &'static str, values: &[(&'static str, f64)]) -> Vec<Expect> {
+    values
+        .iter()
+        .map(|&(v, n)| exp(family, &[(label, v)], n))
+        .collect()
 }
 
 fn mismatches(samples: &[Sample], expected: &[Expect]) -> Vec<String> {
@@ -513,86 +522,68 @@ async fn scripted_session_moves_each_counter_by_exactly_its_share() {
         r.body
     );
 
-    let expected = vec![
-        exp("waitroom_enter_total", &[("result", "queued")], 2.0),
-        exp(
+    let expected: Vec<Expect> = [
+        by(
             "waitroom_enter_total",
-            &[("result", "already_waiting")],
-            1.0,
+            "result",
+            &[
+                ("queued", 2.0),
+                ("already_waiting", 1.0),
+                ("full", 1.0),
+                ("ready", 1.0),
+                ("error", 1.0),
+            ],
         ),
-        exp("waitroom_enter_total", &[("result", "full")], 1.0),
-        exp("waitroom_enter_total", &[("result", "ready")], 1.0),
-        exp("waitroom_enter_total", &[("result", "error")], 1.0),
-        exp("waitroom_status_total", &[("status", "WAITING")], 1.0),
-        exp("waitroom_status_total", &[("status", "READY")], 3.0),
-        exp("waitroom_status_total", &[("status", "NOT_IN_QUEUE")], 2.0),
-        exp("waitroom_status_total", &[("status", "error")], 1.0),
-        exp("waitroom_admitted_total", &[], 2.0),
-        exp("waitroom_tokens_consumed_total", &[], 1.0),
-        exp("waitroom_abandoned_total", &[], 0.0),
-        exp(
+        by(
+            "waitroom_status_total",
+            "status",
+            &[
+                ("WAITING", 1.0),
+                ("READY", 3.0),
+                ("NOT_IN_QUEUE", 2.0),
+                ("error", 1.0),
+            ],
+        ),
+        vec![exp("waitroom_admitted_total", &[], 2.0)],
+        vec![exp("waitroom_tokens_consumed_total", &[], 1.0)],
+        vec![exp("waitroom_abandoned_total", &[], 0.0)],
+        by(
             "waitroom_protected_requests_total",
-            &[("result", "forbidden")],
-            2.0,
+            "result",
+            &[
+                ("forbidden", 2.0),
+                ("unauthenticated", 1.0),
+                ("forwarded", 2.0),
+                ("unavailable", 1.0),
+            ],
         ),
-        exp(
-            "waitroom_protected_requests_total",
-            &[("result", "unauthenticated")],
-            1.0,
-        ),
-        exp(
-            "waitroom_protected_requests_total",
-            &[("result", "forwarded")],
-            2.0,
-        ),
-        exp(
-            "waitroom_protected_requests_total",
-            &[("result", "unavailable")],
-            1.0,
-        ),
-        exp(
+        by(
             "waitroom_upstream_responses_total",
-            &[("class", "2xx")],
-            2.0,
+            "class",
+            &[("2xx", 2.0), ("4xx", 1.0)],
         ),
-        exp(
-            "waitroom_upstream_responses_total",
-            &[("class", "4xx")],
-            1.0,
+        by(
+            "waitroom_config_reloads_total",
+            "result",
+            &[("ok", 1.0), ("error", 1.0)],
         ),
-        exp("waitroom_config_reloads_total", &[("result", "ok")], 1.0),
-        exp("waitroom_config_reloads_total", &[("result", "error")], 1.0),
-        exp(
+        by(
             "waitroom_request_duration_seconds_count",
-            &[("endpoint", "enter")],
-            6.0,
+            "endpoint",
+            &[
+                ("enter", 6.0),
+                ("status", 7.0),
+                ("protected", 6.0),
+                ("passthrough", 1.0),
+            ],
         ),
-        exp(
-            "waitroom_request_duration_seconds_count",
-            &[("endpoint", "status")],
-            7.0,
-        ),
-        exp(
-            "waitroom_request_duration_seconds_count",
-            &[("endpoint", "protected")],
-            6.0,
-        ),
-        exp(
-            "waitroom_request_duration_seconds_count",
-            &[("endpoint", "passthrough")],
-            1.0,
-        ),
-        exp(
+        by(
             "waitroom_upstream_duration_seconds_count",
-            &[("endpoint", "protected")],
-            2.0,
+            "endpoint",
+            &[("protected", 2.0), ("passthrough", 1.0)],
         ),
-        exp(
-            "waitroom_upstream_duration_seconds_count",
-            &[("endpoint", "passthrough")],
-            1.0,
-        ),
-    ];
+    ]
+    .concat();
     let text = assert_metrics(&proxy, SETTLE, &expected).await;
     let s = samples(&text);
 
@@ -712,43 +703,19 @@ async fn upstream_classes_and_the_page_are_counted_end_to_end() {
             .starts_with("text/html"));
     }
 
-    let expected = [
-        exp(
+    let expected: Vec<Expect> = [
+        by(
             "waitroom_upstream_responses_total",
-            &[("class", "2xx")],
-            2.0,
+            "class",
+            &[("2xx", 2.0), ("3xx", 2.0), ("4xx", 1.0), ("5xx", 4.0)],
         ),
-        exp(
-            "waitroom_upstream_responses_total",
-            &[("class", "3xx")],
-            2.0,
-        ),
-        exp(
-            "waitroom_upstream_responses_total",
-            &[("class", "4xx")],
-            1.0,
-        ),
-        exp(
-            "waitroom_upstream_responses_total",
-            &[("class", "5xx")],
-            4.0,
-        ),
-        exp(
+        by(
             "waitroom_request_duration_seconds_count",
-            &[("endpoint", "page")],
-            2.0,
+            "endpoint",
+            &[("page", 2.0), ("passthrough", 7.0), ("protected", 2.0)],
         ),
-        exp(
-            "waitroom_request_duration_seconds_count",
-            &[("endpoint", "passthrough")],
-            7.0,
-        ),
-        exp(
-            "waitroom_request_duration_seconds_count",
-            &[("endpoint", "protected")],
-            2.0,
-        ),
-    ];
+    ]
+    .concat();
     let text = assert_metrics(&proxy, SETTLE, &expected).await;
     let s = samples(&text);
     let classes: Vec<String> = by_label(&s, "waitroom_upstream_responses_total", "class")
