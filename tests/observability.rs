@@ -479,16 +479,8 @@ async fn scripted_session_moves_each_counter_by_exactly_its_share() {
     // reloads: one accepted, one refused
     proxy.rewrite_config("queue: {retry_after: 20s}");
     proxy.signal("HUP");
-    assert_metrics(
-        &proxy,
-        Duration::from_secs(5),
-        &[exp(
-            "waitroom_config_reloads_total",
-            &[("result", "ok")],
-            1.0,
-        )],
-    )
-    .await;
+    let reloaded = by("waitroom_config_reloads_total", "result", &[("ok", 1.0)]);
+    assert_metrics(&proxy, Duration::from_secs(5), &reloaded).await;
     proxy.write_config_raw("admission: [this, is, not, a, mapping]\n");
     proxy.signal("HUP");
     // And no Redis error while Redis runs.
