@@ -10,7 +10,7 @@ mod common;
 
 use common::*;
 use futures::future::join_all;
-use serde_json::{json, Value};
+use serde_json::Value;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
@@ -96,17 +96,12 @@ async fn enter_numbers_arrivals_and_status_agrees() {
         Proxy::builder(&redis.url(), api.addr()).yaml("admission: {interval: 30s, batch_size: 4}");
     let proxy = start_settled(&redis, &builder).await;
 
-    let expected = [
-        waiting(1, 0, 2),
-        waiting(2, 0, 2),
-        waiting(3, 0, 2),
-        waiting(4, 0, 2),
-        waiting(5, 38, 5),
-        waiting(6, 45, 5),
-        waiting(7, 53, 5),
-        waiting(8, 60, 10),
-        waiting(9, 68, 10),
-    ];
+    // (position, estimatedWaitTime, pollAfter) of user-1..=user-9.
+    let expected: Vec<Value> = [(1, 0, 2), (2, 0, 2), (3, 0, 2), (4, 0, 2), (5, 38, 5)]
+        .into_iter()
+        .chain([(6, 45, 5), (7, 53, 5), (8, 60, 10), (9, 68, 10)])
+        .map(|(p, eta, poll)| waiting(p, eta, poll))
+        .collect();
     for (i, want) in expected.iter().enumerate() {
         let user = format!("user-{}", i + 1);
         let r = proxy.enter(&user).await;
@@ -150,30 +145,44 @@ async fn enter_numbers_arrivals_and_status_agrees() {
 
     // The query string is ignored on both endpoints.
     let c = proxy.client();
-    let r = send(
-        c.get(proxy.url("/queue/status?x=1"))
-            .header("X-User-Id", "user-6"),
-    )
-    .await;
-    assert_answer("status?x=1", &r, 200, waiting(6, 45, 5));
-    let r = send(
-        c.get(proxy.url("/queue/status?x=1"))
-            .header("X-User-Id", "stranger"),
-    )
-    .await;
-    assert_answer("status?x=1 stranger", &r, 200, not_in_queue());
-    let r = send(
-        c.post(proxy.url("/queue/enter?from=ad&x=1"))
-            .header("X-User-Id", "user-3"),
-    )
-    .await;
-    assert_answer("enter?x=1, waiting", &r, 200, waiting(3, 0, 2));
-    let r = send(
-        c.post(proxy.url("/queue/enter?x=1"))
-            .header("X-User-Id", "user-11"),
-    )
-    .await;
-    assert_answer("enter?x=1, new", &r, 200, waiting(11, 83, 10));
+    for (ctx, method, path_and_query, user, want) in [
+        (
+            "status?x=1",
+            "GET",
+            "/queue/status?x=1",
+            "user-6",
+            waiting(6, 45, 5),
+        ),
+        (
+            "status?x=1 stranger",
+            "GET",
+            "/queue/status?x=1",
+            "stranger",
+            not_in_queue(),
+        ),
+        (
+            "enter?x=1, waiting",
+            "POST",
+            "/queue/enter?from=ad&x=1",
+            "user-3",
+            waiting(3, 0, 2),
+        ),
+        (
+            "enter?x=1, new",
+            "POST",
+            "/queue/enter?x=1",
+            "user-11",
+            waiting(11, 83, 10),
+        ),
+    ] {
+        let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+        let r = send(
+            c.request(method, proxy.url(path_and_query))
+                .header("X-User-Id", user),
+        )
+        .await;
+        assert_answer(ctx, &r, 200, want);
+    }
 
     assert_eq!(queue_len(&redis, &proxy).await, 11, "one place per user");
 }
@@ -428,13 +437,7 @@ async fn a_full_room_answers_429_with_retry_after() {
     }
     for _ in 0..2 {
         let r = proxy.enter("d").await;
-        assert_answer(
-            "4th user",
-            &r,
-            429,
-            json!({"status": "FULL", "retryAfter": 30}),
-        );
-        assert_eq!(r.header("retry-after"), Some("30"), "Retry-After of FULL");
+        assert_full("4th user", &r, 30);
     }
     // Users already waiting still get their place when the room is full.
     assert_answers(
@@ -455,13 +458,7 @@ async fn a_full_room_answers_429_with_retry_after() {
     let proxy7 = start_settled(&redis, &builder7).await;
     assert_answers(&proxy7, &[("first of one", "enter", "x", waiting(1, 0, 2))]).await;
     let r = proxy7.enter("y").await;
-    assert_answer(
-        "second of one",
-        &r,
-        429,
-        json!({"status": "FULL", "retryAfter": 7}),
-    );
-    assert_eq!(r.header("retry-after"), Some("7"));
+    assert_full("second of one", &r, 7);
 }
 
 // ---- concurrency --------------------------------------------------------------------------------
@@ -508,13 +505,7 @@ async fn assert_burst_fills_to_capacity(
                 assert!(positions.insert(p), "position {p} given twice");
             }
             429 => {
-                assert_answer(
-                    "burst 429",
-                    &r,
-                    429,
-                    json!({"status": "FULL", "retryAfter": 30}),
-                );
-                assert_eq!(r.header("retry-after"), Some("30"));
+                assert_full("burst 429", &r, 30);
                 full += 1;
             }
             other => panic!("unexpected {other}: {}", r.body),
@@ -715,6 +706,34 @@ async fn assert_recovers(proxy: &Proxy, since: Instant, what: &str, user: &str) 
     );
 }
 
+/// Stops (or freezes) Redis under `proxy`: /readyz 503 within 1 s, 503s within `timeout` + 100 ms
+/// with `Retry-After: retry_after`, pass-through and /healthz unharmed; then restarts (or thaws)
+/// it: /readyz 200 within 1 s and `user_after` can enter again.
+async fn through_an_outage(
+    redis: &mut RedisServer,
+    proxy: &Proxy,
+    timeout: Duration,
+    retry_after: &str,
+    frozen: bool,
+    user_after: &str,
+) {
+    let (down, up) = if frozen {
+        redis.freeze();
+        ("Redis frozen", "thaw")
+    } else {
+        redis.stop();
+        ("Redis stopped", "Redis restarted")
+    };
+    assert_readyz_turns(proxy, 503, Instant::now(), down).await;
+    assert_down(proxy, timeout, retry_after, down).await;
+    if frozen {
+        redis.thaw();
+    } else {
+        redis.restart();
+    }
+    assert_recovers(proxy, Instant::now(), up, user_after).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stopped_redis_gives_fast_503_and_readyz_follows() {
     let mut redis = RedisServer::start();
@@ -722,12 +741,7 @@ async fn stopped_redis_gives_fast_503_and_readyz_follows() {
     let timeout = Duration::from_millis(500);
     let proxy = room_with_early(&redis, &api, "redis: {timeout: 500ms}").await;
 
-    redis.stop();
-    assert_readyz_turns(&proxy, 503, Instant::now(), "Redis stopped").await;
-    assert_down(&proxy, timeout, "30", "redis stopped").await;
-
-    redis.restart();
-    assert_recovers(&proxy, Instant::now(), "Redis restarted", "after").await;
+    through_an_outage(&mut redis, &proxy, timeout, "30", false, "after").await;
     // The restarted Redis is empty (no persistence): a fresh line.
     assert_answers(
         &proxy,
@@ -738,7 +752,7 @@ async fn stopped_redis_gives_fast_503_and_readyz_follows() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn frozen_redis_gives_503_within_timeout_and_the_proxy_recovers() {
-    let redis = RedisServer::start();
+    let mut redis = RedisServer::start();
     let api = DemoApi::start(&[]);
     let timeout = Duration::from_millis(300);
     // retry_after 7s: the 503's Retry-After follows queue.retry_after too.
@@ -749,12 +763,7 @@ async fn frozen_redis_gives_503_within_timeout_and_the_proxy_recovers() {
     )
     .await;
 
-    redis.freeze();
-    assert_readyz_turns(&proxy, 503, Instant::now(), "Redis froze").await;
-    assert_down(&proxy, timeout, "7", "redis frozen").await;
-
-    redis.thaw();
-    assert_recovers(&proxy, Instant::now(), "thaw", "late").await;
+    through_an_outage(&mut redis, &proxy, timeout, "7", true, "late").await;
     // The data survived the freeze: places are where they were. The newcomer's enters were
     // answered 503 but had already been written to the hung socket, so Redis may run them on
     // thaw: a 503 means "not known", not "not queued" (a retry then finds the place).
@@ -791,14 +800,12 @@ async fn frozen_redis_gives_503_within_timeout_and_the_proxy_recovers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prefix_tiers_and_identity_header_come_from_the_config() {
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&[]);
-    let builder = Proxy::builder(&redis.url(), api.addr())
-        .yaml(NO_ADMISSION)
-        .yaml("endpoints: {prefix: /wr}")
-        .yaml("poll_after: [{min_wait: 2h, poll_after: 7s}, {min_wait: 0s, poll_after: 1s}]")
-        .yaml("identity: {header: X-Customer}");
-    let proxy = start_settled(&redis, &builder).await;
+    let (redis, _api, proxy) = quiet_room(
+        "endpoints: {prefix: /wr}\n\
+         poll_after: [{min_wait: 2h, poll_after: 7s}, {min_wait: 0s, poll_after: 1s}]\n\
+         identity: {header: X-Customer}",
+    )
+    .await;
     let c = proxy.client();
 
     // Only the configured identity header names the user.
@@ -816,20 +823,16 @@ async fn prefix_tiers_and_identity_header_come_from_the_config() {
     assert_answer("GET /wr/status", &r, 200, waiting(1, 0, 1));
     let r = send(c.post(proxy.url("/wr/enter")).header("X-Customer", "p3")).await;
     assert_answer("POST /wr/enter, second", &r, 200, waiting(2, 7200, 7));
-    let r = send(c.get(proxy.url("/wr/enter"))).await;
-    assert_eq!(
-        (r.status, r.header("allow")),
-        (405, Some("POST")),
-        "GET /wr/enter: {}",
-        r.body
-    );
-    let r = send(c.post(proxy.url("/wr/status"))).await;
-    assert_eq!(
-        (r.status, r.header("allow")),
-        (405, Some("GET")),
-        "POST /wr/status: {}",
-        r.body
-    );
+    for (wrong, path, allow) in [("GET", "/wr/enter", "POST"), ("POST", "/wr/status", "GET")] {
+        let m = reqwest::Method::from_bytes(wrong.as_bytes()).unwrap();
+        let r = send(c.request(m, proxy.url(path))).await;
+        assert_eq!(
+            (r.status, r.header("allow")),
+            (405, Some(allow)),
+            "{wrong} {path}: {}",
+            r.body
+        );
+    }
 
     // The default paths are now the upstream's.
     for (method, path) in [("POST", "/queue/enter"), ("GET", "/queue/status")] {

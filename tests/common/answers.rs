@@ -148,3 +148,20 @@ pub fn assert_waiting_at(r: &Resp, position: u64) {
         r.body
     );
 }
+
+/// 429 FULL with `retryAfter` R in the body and `Retry-After: R` (section 3).
+#[track_caller]
+pub fn assert_full(ctx: &str, r: &Resp, retry_after: u64) {
+    assert_answer(
+        ctx,
+        r,
+        429,
+        json!({"status": "FULL", "retryAfter": retry_after}),
+    );
+    let header = retry_after.to_string();
+    assert_eq!(
+        r.header("retry-after"),
+        Some(header.as_str()),
+        "{ctx}: Retry-After"
+    );
+}
