@@ -1024,65 +1024,67 @@ async fn x_forwarded_for_is_believed_only_from_trusted_proxies() {
     };
     with_window_left(&redis, 20).await;
 
-    // The test connects from 127.0.0.1: trusted here, so the forwarded address counts.
-    let trusted = Proxy::builder(&redis.url(), api.addr())
-        .yaml(NO_ADMISSION)
-        .yaml("abuse: {identities_per_address: 2, trusted_proxies: ['127.0.0.1/32']}")
-        .start_settled(&redis.conn().await)
-        .await;
-    assert_eq!(
-        enter_from(&trusted, "a1", Some("203.0.113.5")).await.status,
-        200
-    );
-    assert_eq!(
-        enter_from(&trusted, "a2", Some("203.0.113.5")).await.status,
-        200
-    );
-    limited(
-        &enter_from(&trusted, "a3", Some("203.0.113.5")).await,
-        "3rd identity from 203.0.113.5",
-    );
-    // A client cannot pick its address by writing to the left of the chain.
-    limited(
-        &enter_from(&trusted, "a3", Some("198.51.100.1, 203.0.113.5")).await,
-        "prepended address",
-    );
-    // Another address is not affected, nor the proxy's own.
-    assert_eq!(
-        enter_from(&trusted, "a3", Some("203.0.113.6")).await.status,
-        200
-    );
-    assert_eq!(enter_from(&trusted, "a4", None).await.status, 200);
-    assert_eq!(
-        enter_from(&trusted, "a5", Some("203.0.113.6, 127.0.0.1"))
-            .await
-            .status,
-        200,
-        "trusted hops are skipped"
-    );
-    limited(
-        &enter_from(&trusted, "a6", Some("203.0.113.6")).await,
-        "3rd identity from 203.0.113.6",
-    );
-
-    // Not trusted: X-Forwarded-For is ignored and every enter counts against 127.0.0.1.
-    let untrusted = Proxy::builder(&redis.url(), api.addr())
-        .yaml(NO_ADMISSION)
-        .yaml("abuse: {identities_per_address: 2}")
-        .start_settled(&redis.conn().await)
-        .await;
-    assert_eq!(
-        enter_from(&untrusted, "b1", Some("192.0.2.1")).await.status,
-        200
-    );
-    assert_eq!(
-        enter_from(&untrusted, "b2", Some("192.0.2.2")).await.status,
-        200
-    );
-    limited(
-        &enter_from(&untrusted, "b3", Some("192.0.2.3")).await,
-        "XFF from an untrusted peer",
-    );
+    // (what, user, X-Forwarded-For, LIMITED?) in order, against a room trusting 127.0.0.1 (the
+    // test's own address: the forwarded address counts) and one trusting nobody (X-Forwarded-For
+    // is ignored and every enter counts against 127.0.0.1).
+    type Case = (&'static str, &'static str, Option<&'static str>, bool);
+    let trusting: &[Case] = &[
+        ("1st from .5", "a1", Some("203.0.113.5"), false),
+        ("2nd from .5", "a2", Some("203.0.113.5"), false),
+        (
+            "3rd identity from 203.0.113.5",
+            "a3",
+            Some("203.0.113.5"),
+            true,
+        ),
+        // A client cannot pick its address by writing to the left of the chain.
+        (
+            "prepended address",
+            "a3",
+            Some("198.51.100.1, 203.0.113.5"),
+            true,
+        ),
+        // Another address is not affected, nor the proxy's own.
+        ("another address", "a3", Some("203.0.113.6"), false),
+        ("no header", "a4", None, false),
+        (
+            "trusted hops are skipped",
+            "a5",
+            Some("203.0.113.6, 127.0.0.1"),
+            false,
+        ),
+        (
+            "3rd identity from 203.0.113.6",
+            "a6",
+            Some("203.0.113.6"),
+            true,
+        ),
+    ];
+    let untrusting: &[Case] = &[
+        ("1st from 127.0.0.1", "b1", Some("192.0.2.1"), false),
+        ("2nd from 127.0.0.1", "b2", Some("192.0.2.2"), false),
+        ("XFF from an untrusted peer", "b3", Some("192.0.2.3"), true),
+    ];
+    for (abuse, cases) in [
+        (
+            "abuse: {identities_per_address: 2, trusted_proxies: ['127.0.0.1/32']}",
+            trusting,
+        ),
+        ("abuse: {identities_per_address: 2}", untrusting),
+    ] {
+        let builder = Proxy::builder(&redis.url(), api.addr())
+            .yaml(NO_ADMISSION)
+            .yaml(abuse);
+        let p = start_settled(&redis, &builder).await;
+        for &(what, user, xff, is_limited) in cases {
+            let r = enter_from(&p, user, xff).await;
+            if is_limited {
+                limited(&r, what);
+            } else {
+                assert_eq!(r.status, 200, "{what}: {}", r.body);
+            }
+        }
+    }
 }
 
 // ---- entry tokens: bound to their user, never logged ----------------------------------------
