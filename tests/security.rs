@@ -440,45 +440,42 @@ fn keyed_with_public(public_pem: &str, claims: &Value) -> String {
     )
 }
 
-/// A settled NO_ADMISSION room (one 2 s poll tier) verifying JWTs by `jwt_yaml`, with `public`
-/// written at `key_file` next to its config.
+/// A settled NO_ADMISSION room (one 2 s poll tier) that accepts `alg` JWTs verified with
+/// `keys.public` (a PEM file next to its config) and `jwt_extra` (more `identity.jwt` keys); its
+/// first user enters with `claims` signed by `keys.private`, at position 1.
 async fn key_room(
-    redis: &RedisServer,
-    api: &DemoApi,
-    jwt_yaml: &str,
-    key_file: &str,
-    public: &str,
-) -> Proxy {
+    alg: Algorithm,
+    jwt_extra: &str,
+    keys: &KeyPair,
+    claims: &Value,
+) -> (RedisServer, DemoApi, Proxy) {
+    let redis = RedisServer::start();
+    let api = DemoApi::start(&[]);
     let builder = Proxy::builder(&redis.url(), api.addr())
         .yaml(NO_ADMISSION)
         .yaml("poll_after: [{min_wait: 0s, poll_after: 2s}]")
-        .yaml(&format!("identity: {{jwt: {jwt_yaml}}}"))
-        .file(key_file, public);
-    start_settled(redis, &builder).await
+        .yaml(&format!(
+            "identity: {{jwt: {{algorithms: [{alg:?}], public_key_file: keys/jwt.pem, {jwt_extra}}}}}"
+        ))
+        .file("keys/jwt.pem", &keys.public);
+    let proxy = start_settled(&redis, &builder).await;
+    let jwt = sign_pem(alg, &keys.private, claims);
+    assert_answer(
+        &format!("{alg:?}"),
+        &enter_bearer(&proxy, &jwt).await,
+        200,
+        waiting(1),
+    );
+    (redis, api, proxy)
 }
 
 #[tokio::test]
 async fn rs256_accepts_only_tokens_signed_by_the_private_key() {
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&[]);
     let keys = key_pair("rsa");
     let other = key_pair("rsa");
-    let p = key_room(
-        &redis,
-        &api,
-        "{algorithms: [RS256], public_key_file: keys/jwt.pem, claim: uid}",
-        "keys/jwt.pem",
-        &keys.public,
-    )
-    .await;
-    let rsa = |pem: &str, c: &Value| sign_pem(Algorithm::RS256, pem, c);
     let c = json!({"uid": "alice", "sub": "ignored", "exp": now() + 300});
-    assert_answer(
-        "RS256",
-        &enter_bearer(&p, &rsa(&keys.private, &c)).await,
-        200,
-        waiting(1),
-    );
+    let (_redis, _api, p) = key_room(Algorithm::RS256, "claim: uid", &keys, &c).await;
+    let rsa = |pem: &str, c: &Value| sign_pem(Algorithm::RS256, pem, c);
     assert_refused_bearers(
         &p,
         &[
@@ -515,27 +512,12 @@ async fn rs256_accepts_only_tokens_signed_by_the_private_key() {
 
 #[tokio::test]
 async fn es256_accepts_only_tokens_signed_by_the_private_key() {
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&[]);
     let keys = key_pair("ec");
     let other = key_pair("ec");
     let rsa = key_pair("rsa");
-    let p = key_room(
-        &redis,
-        &api,
-        "{algorithms: [ES256], public_key_file: jwt-ec.pem, audience: shop}",
-        "jwt-ec.pem",
-        &keys.public,
-    )
-    .await;
-    let es = |pem: &str, c: &Value| sign_pem(Algorithm::ES256, pem, c);
     let c = json!({"sub": "alice", "aud": ["shop", "other"], "exp": now() + 300});
-    assert_answer(
-        "ES256",
-        &enter_bearer(&p, &es(&keys.private, &c)).await,
-        200,
-        waiting(1),
-    );
+    let (_redis, _api, p) = key_room(Algorithm::ES256, "audience: shop", &keys, &c).await;
+    let es = |pem: &str, c: &Value| sign_pem(Algorithm::ES256, pem, c);
     assert_refused_bearers(
         &p,
         &[
