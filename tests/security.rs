@@ -719,20 +719,19 @@ async fn a_duplicated_identity_header_is_refused() {
 
 // ---- enforced polling (section 9) -----------------------------------------------------------
 
+/// One 2 s poll tier, enforced with 20 % grace.
+const POLLING: &str =
+    "poll_after: [{min_wait: 0s, poll_after: 2s}]\npolling: {enforce: true, grace: 20%}";
+
 fn polling_room(redis: &RedisServer, api: &DemoApi, admission: &str) -> ProxyBuilder {
     Proxy::builder(&redis.url(), api.addr())
         .yaml(admission)
-        .yaml("poll_after: [{min_wait: 0s, poll_after: 2s}]")
-        .yaml("polling: {enforce: true, grace: 20%}")
+        .yaml(POLLING)
 }
 
 #[tokio::test]
 async fn early_polls_are_refused_and_on_time_polls_are_not() {
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&[]);
-    let p = polling_room(&redis, &api, NO_ADMISSION)
-        .start_settled(&redis.conn().await)
-        .await;
+    let (_redis, _api, p) = quiet_room(POLLING).await;
     let too_early = |r: u64| json!({"status": "TOO_EARLY", "retryAfter": r});
 
     // pollAfter 2 s, grace 20 %: on time 1.6 s after the answer that set the clock.
@@ -860,11 +859,7 @@ async fn commands_naming<F: std::future::Future<Output = ()>>(
 
 #[tokio::test]
 async fn enforcement_costs_no_redis_round_trip() {
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&[]);
-    let p = polling_room(&redis, &api, NO_ADMISSION)
-        .start_settled(&redis.conn().await)
-        .await;
+    let (redis, _api, p) = quiet_room(POLLING).await;
     // Load the scripts into Redis first, so no NOSCRIPT retry is counted.
     p.enter("warm-up").await;
     p.status("warm-up").await;
