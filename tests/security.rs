@@ -237,25 +237,14 @@ async fn hs256_jwts_are_verified() {
         .await;
 
     let alice = hs256(&claims(json!("alice")));
-    assert_answer(
-        "valid token",
-        &enter_bearer(&p, &alice).await,
-        200,
-        waiting(1),
-    );
-    assert_answer(
-        "same user again",
-        &enter_bearer(&p, &alice).await,
-        200,
-        waiting(1),
-    );
     let bob = hs256(&claims(json!("bob")));
-    assert_answer(
-        "another user",
-        &enter_bearer(&p, &bob).await,
-        200,
-        waiting(2),
-    );
+    for (what, jwt, position) in [
+        ("valid token", &alice, 1),
+        ("same user again", &alice, 1),
+        ("another user", &bob, 2),
+    ] {
+        assert_answer(what, &enter_bearer(&p, jwt).await, 200, waiting(position));
+    }
     // The X-User-Id header means nothing in JWT mode.
     let r = send(
         p.client()
