@@ -803,16 +803,24 @@ async fn commands_naming<F: std::future::Future<Output = ()>>(
         .stderr(Stdio::null())
         .spawn()
         .expect("run redis-cli monitor");
-    let started = wait_until(
-        Duration::from_secs(5),
-        Duration::from_millis(10),
-        || async {
-            std::fs::read_to_string(log.path())
-                .unwrap_or_default()
-                .starts_with("OK")
-        },
-    )
-    .await;
+    // What MONITOR has written so far holds `text` (within 5 s).
+    let log_path = log.path().to_owned();
+    let shows = |text: String| {
+        let path = log_path.clone();
+        wait_until(
+            Duration::from_secs(5),
+            Duration::from_millis(10),
+            move || {
+                let (path, text) = (path.clone(), text.clone());
+                async move {
+                    std::fs::read_to_string(path)
+                        .unwrap_or_default()
+                        .contains(&text)
+                }
+            },
+        )
+    };
+    let started = shows("OK".into()).await;
     assert!(started, "redis-cli monitor did not start");
     work.await;
     // An ECHO through the same server marks the end: once MONITOR shows it, all before it is in.
@@ -822,16 +830,7 @@ async fn commands_naming<F: std::future::Future<Output = ()>>(
         .query_async(&mut redis.conn().await)
         .await
         .unwrap();
-    let ended = wait_until(
-        Duration::from_secs(5),
-        Duration::from_millis(10),
-        || async {
-            std::fs::read_to_string(log.path())
-                .unwrap_or_default()
-                .contains(&marker)
-        },
-    )
-    .await;
+    let ended = shows(marker.clone()).await;
     let _ = monitor.kill();
     let _ = monitor.wait();
     assert!(ended, "MONITOR did not show the marker");
