@@ -387,82 +387,55 @@ async fn live_page_repolls_on_time_and_shows_each_state() {
     const LATE: f64 = 150.0;
     let chromium = browser_ready().await;
     let artifacts = artifact_dir("states");
-    let api = DemoApi::start(&[]);
-    let one_second_polls = "poll_after: [{min_wait: 0s, poll_after: 1s}]";
 
-    let visits: Vec<(Visit, Box<dyn Fn(&RedisServer) -> ProxyBuilder>)> = vec![
+    // (state, the room's YAML over NO_ADMISSION, calls, waits by HTTP status, clock stolen after)
+    let visits: [(&str, &str, usize, &[(u16, u64)], Option<u64>); 5] = [
         (
-            Visit {
-                expect: "WAITING",
-                calls: 4,
-                waits: &[(200, 1)],
-                steal_clock_after: None,
-            },
-            Box::new(|r: &RedisServer| {
-                Proxy::builder(&r.url(), api.addr())
-                    .yaml(NO_ADMISSION)
-                    .yaml(one_second_polls)
-            }),
+            "WAITING",
+            "poll_after: [{min_wait: 0s, poll_after: 1s}]",
+            4,
+            &[(200, 1)],
+            None,
         ),
         (
-            Visit {
-                expect: "FULL",
-                calls: 3,
-                waits: &[(429, 1)],
-                steal_clock_after: None,
-            },
-            Box::new(|r: &RedisServer| {
-                Proxy::builder(&r.url(), api.addr())
-                    .yaml(NO_ADMISSION)
-                    .yaml("queue: {capacity: 1, retry_after: 1s}")
-            }),
+            "FULL",
+            "queue: {capacity: 1, retry_after: 1s}",
+            3,
+            &[(429, 1)],
+            None,
         ),
         (
-            Visit {
-                expect: "UNAVAILABLE",
-                calls: 3,
-                waits: &[(503, 1)],
-                steal_clock_after: None,
-            },
-            Box::new(|r: &RedisServer| {
-                Proxy::builder(&r.url(), api.addr())
-                    .yaml(NO_ADMISSION)
-                    .yaml("queue: {retry_after: 1s}\nredis: {timeout: 200ms}")
-            }),
+            "UNAVAILABLE",
+            "queue: {retry_after: 1s}\nredis: {timeout: 200ms}",
+            3,
+            &[(503, 1)],
+            None,
+        ),
+        // pollAfter 2 s, on time after 1 s (grace 50 %): the script's own poll at ~1.2 s
+        // restarts the clock, so the page's poll at 2-2.2 s is early by about a second.
+        (
+            "TOO_EARLY",
+            "poll_after: [{min_wait: 0s, poll_after: 2s}]\npolling: {enforce: true, grace: 50%}",
+            3,
+            &[(200, 2), (429, 1)],
+            Some(1200),
         ),
         (
-            // pollAfter 2 s, on time after 1 s (grace 50 %): the script's own poll at ~1.2 s
-            // restarts the clock, so the page's poll at 2-2.2 s is early by about a second.
-            Visit {
-                expect: "TOO_EARLY",
-                calls: 3,
-                waits: &[(200, 2), (429, 1)],
-                steal_clock_after: Some(1200),
-            },
-            Box::new(|r: &RedisServer| {
-                Proxy::builder(&r.url(), api.addr())
-                    .yaml(NO_ADMISSION)
-                    .yaml("poll_after: [{min_wait: 0s, poll_after: 2s}]")
-                    .yaml("polling: {enforce: true, grace: 50%}")
-            }),
-        ),
-        (
-            Visit {
-                expect: "LIMITED",
-                calls: 1,
-                waits: &[],
-                steal_clock_after: None,
-            },
-            Box::new(|r: &RedisServer| {
-                Proxy::builder(&r.url(), api.addr())
-                    .yaml(NO_ADMISSION)
-                    .yaml("abuse: {identities_per_address: 1}")
-            }),
+            "LIMITED",
+            "abuse: {identities_per_address: 1}",
+            1,
+            &[],
+            None,
         ),
     ];
-    for (v, room) in visits {
-        let mut redis = RedisServer::start();
-        let proxy = start_settled(&redis, &room(&redis)).await;
+    for (expect, yaml, calls, waits, steal_clock_after) in visits {
+        let v = Visit {
+            expect,
+            calls,
+            waits,
+            steal_clock_after,
+        };
+        let (mut redis, _api, proxy) = quiet_room(yaml).await;
         match v.expect {
             "FULL" => assert_eq!(proxy.enter("filler").await.status, 200),
             "UNAVAILABLE" => redis.stop(),

@@ -17,12 +17,10 @@
 // the page's user (on time): under enforced polling that restarts the user's poll clock, so the
 // page's own next poll comes too early and is refused with TOO_EARLY.
 //
-// Chromium: /usr/bin/chromium (Debian's `chromium` package) unless WAITROOM_CHROMIUM names another.
+// Chromium: see browser.mjs.
 
-import { chromium } from "playwright-core";
-import { mkdir, mkdtemp, rm } from "node:fs/promises";
-import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { runInChromium } from "./browser.mjs";
 import { parseArgs } from "node:util";
 
 const { values: opts, positionals } = parseArgs({
@@ -40,7 +38,6 @@ if (!base || !artifacts || !opts.expect) {
   console.error("usage: node states.mjs <proxy base url> <artifact dir> --expect STATE [--calls N] ...");
   process.exit(2);
 }
-const CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--no-proxy-server"];
 const OVERALL_TIMEOUT_MS = 60_000;
 
 function log(message) {
@@ -104,33 +101,11 @@ async function run(context) {
   return { states, calls };
 }
 
-const timeout = setTimeout(() => {
-  console.error(`states: gave up after ${OVERALL_TIMEOUT_MS} ms`);
-  process.exit(1);
-}, OVERALL_TIMEOUT_MS);
-
-await mkdir(artifacts, { recursive: true });
-const userDataDir = await mkdtemp(join(tmpdir(), "waitroom-chromium-"));
-let context;
-let exitCode = 0;
-try {
-  context = await chromium.launchPersistentContext(userDataDir, {
-    executablePath: process.env.WAITROOM_CHROMIUM || "/usr/bin/chromium",
-    headless: true,
-    args: CHROMIUM_ARGS,
-    locale: "en-US",
-    extraHTTPHeaders: { "X-User-Id": opts.user },
-  });
-  const summary = await run(context);
-  console.log(JSON.stringify(summary));
-} catch (e) {
-  console.error(`states failed: ${e.stack ?? e}`);
-  const page = context?.pages()[0];
-  if (page) await page.screenshot({ path: join(artifacts, `failure-${opts.expect.toLowerCase()}.png`) }).catch(() => {});
-  exitCode = 1;
-} finally {
-  await context?.close().catch(() => {});
-  await rm(userDataDir, { recursive: true, force: true });
-  clearTimeout(timeout);
-}
-process.exit(exitCode);
+await runInChromium({
+  name: `states ${opts.expect}`,
+  artifacts,
+  failureShot: `failure-${opts.expect.toLowerCase()}.png`,
+  timeoutMs: OVERALL_TIMEOUT_MS,
+  contextOptions: { extraHTTPHeaders: { "X-User-Id": opts.user } },
+  run,
+});
