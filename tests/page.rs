@@ -207,6 +207,16 @@ async fn page_follows_prefix_and_ready_url_and_can_be_switched_off() {
     assert_eq!(echo["path"], "/queue/", "{echo}");
 }
 
+/// Runs one of the browser scripts (90 s at most) and returns the JSON summary it prints last.
+async fn run_browser_script(what: &str, cmd: &mut Command) -> serde_json::Value {
+    let out = run_to_success(what, cmd, Duration::from_secs(90)).await;
+    println!("{out}");
+    out.lines()
+        .last()
+        .and_then(|l| serde_json::from_str(l).ok())
+        .unwrap_or_else(|| panic!("no JSON summary from {what}:\n{out}"))
+}
+
 /// Node, npm, Chromium and playwright-core in place (`npm ci` when missing); Chromium's path.
 async fn browser_ready() -> PathBuf {
     require(
@@ -249,7 +259,7 @@ async fn shopper_waits_and_orders_in_headless_chromium() {
     // fills the line with a few others right before the page loads.
     let (_redis, api, proxy) = start_room("admission: {interval: 1s, batch_size: 1}").await;
     let artifacts = artifact_dir("shopper");
-    let out = run_to_success(
+    let summary = run_browser_script(
         "node tests/page/e2e.mjs",
         Command::new("node")
             .arg(page_dir.join("e2e.mjs"))
@@ -266,15 +276,8 @@ async fn shopper_waits_and_orders_in_headless_chromium() {
             .args(["--token-header", "X-Entry-Token", "--user", "page-user"])
             .env("WAITROOM_CHROMIUM", &chromium)
             .current_dir(&page_dir),
-        Duration::from_secs(90),
     )
     .await;
-    println!("{out}");
-    let summary: serde_json::Value = out
-        .lines()
-        .last()
-        .and_then(|l| serde_json::from_str(l).ok())
-        .unwrap_or_else(|| panic!("no JSON summary from e2e.mjs:\n{out}"));
 
     let positions: Vec<u64> = summary["positions"]
         .as_array()
@@ -344,13 +347,7 @@ fn visit(
     }
     let what = format!("node tests/page/states.mjs --expect {}", v.expect);
     async move {
-        let out = run_to_success(&what, &mut cmd, Duration::from_secs(90)).await;
-        println!("{out}");
-        let summary: serde_json::Value = out
-            .lines()
-            .last()
-            .and_then(|l| serde_json::from_str(l).ok())
-            .unwrap_or_else(|| panic!("no JSON summary from states.mjs:\n{out}"));
+        let summary = run_browser_script(&what, &mut cmd).await;
         let states = summary["states"]
             .as_array()
             .expect("states")
