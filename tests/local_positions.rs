@@ -64,11 +64,26 @@ async fn assert_all_exact(
     }
 }
 
+/// Moves the line behind the proxy's back with `cmd` (as another proxy or the scripts would),
+/// waits for the proxy's line reading to catch up, and checks every user's answer (`ctx`).
+async fn move_line(
+    proxy: &Proxy,
+    conn: &mut redis::aio::MultiplexedConnection,
+    users: &[String],
+    cmd: &mut redis::Cmd,
+    ctx: &str,
+) {
+    let _: redis::Value = cmd.query_async(conn).await.unwrap();
+    tokio::time::sleep(SETTLE).await;
+    let queue = keys(proxy).queue;
+    assert_all_exact(proxy, conn, &queue, users, ctx).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiting_users_are_answered_locally_and_exactly() {
     let (redis, _api, proxy) = quiet_room("{}").await;
     let mut conn = redis.conn().await;
-    let queue = format!("{{{}}}:queue", proxy.key_prefix());
+    let queue = keys(&proxy).queue;
     let users: Vec<String> = (1..=30).map(|i| format!("u{i}")).collect();
     for user in &users {
         assert_eq!(proxy.enter(user).await.status, 200);
@@ -93,41 +108,18 @@ async fn waiting_users_are_answered_locally_and_exactly() {
         after - before
     );
 
-    // Another proxy admits five: ZPOPMIN, as the admit script does.
-    let _: Vec<(String, f64)> = redis::cmd("ZPOPMIN")
-        .arg(&queue)
-        .arg(5)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    tokio::time::sleep(SETTLE).await;
-    assert_all_exact(&proxy, &mut conn, &queue, &users, "after five admitted").await;
-
-    // A place removed from the middle (by hand; abandonment does this too): a gap the
-    // arrival numbers cannot see, so positions come from Redis until admission passes it.
-    let _: i64 = redis::cmd("ZREM")
-        .arg(&queue)
-        .arg("u15")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    tokio::time::sleep(SETTLE).await;
-    assert_all_exact(
-        &proxy,
-        &mut conn,
-        &queue,
-        &users,
-        "after a place left the middle",
-    )
-    .await;
-    let _: Vec<(String, f64)> = redis::cmd("ZPOPMIN")
-        .arg(&queue)
-        .arg(10)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    tokio::time::sleep(SETTLE).await;
-    assert_all_exact(&proxy, &mut conn, &queue, &users, "gap admitted").await;
+    // Another proxy admits five (ZPOPMIN, as the admit script does); a place is removed from
+    // the middle (by hand; abandonment does this too): a gap the arrival numbers cannot see, so
+    // positions come from Redis until admission passes it; then admission passes it.
+    for (command, args, ctx) in [
+        ("ZPOPMIN", ["5"], "after five admitted"),
+        ("ZREM", ["u15"], "after a place left the middle"),
+        ("ZPOPMIN", ["10"], "gap admitted"),
+    ] {
+        let mut cmd = redis::cmd(command);
+        cmd.arg(&queue).arg(&args);
+        move_line(&proxy, &mut conn, &users, &mut cmd, ctx).await;
+    }
     let before = command_calls(&mut conn, "zrank").await;
     for _ in 0..5 {
         let body: Value = proxy.status("u30").await.json();
@@ -153,7 +145,7 @@ async fn waiting_users_are_answered_locally_and_exactly() {
 async fn enter_teaches_the_number_and_entering_again_is_answered_locally() {
     let (redis, _api, proxy) = quiet_room("{}").await;
     let mut conn = redis.conn().await;
-    let queue = format!("{{{}}}:queue", proxy.key_prefix());
+    let queue = keys(&proxy).queue;
     // The room gets its epoch from the line watcher before the first enter.
     tokio::time::sleep(SETTLE).await;
     let users: Vec<String> = (1..=10).map(|i| format!("u{i}")).collect();
@@ -209,19 +201,11 @@ async fn known_waiting_user(redis: &RedisServer, api: &DemoApi) -> Proxy {
 
 /// Both of u1's calls meet Redis's absence: 503 within the timeout, no position from memory.
 async fn assert_unavailable_for_u1(proxy: &Proxy) {
-    for call in ["status", "enter"] {
-        let started = std::time::Instant::now();
-        let r = if call == "status" {
-            proxy.status("u1").await
-        } else {
-            proxy.enter("u1").await
-        };
+    let (status, took) = timed(proxy.status("u1")).await;
+    let (enter, enter_took) = timed(proxy.enter("u1")).await;
+    for (call, r, took) in [("status", status, took), ("enter", enter, enter_took)] {
         assert_eq!(r.status, 503, "{call}: {}", r.body);
-        assert!(
-            started.elapsed() < Duration::from_millis(400),
-            "{call} took {:?}",
-            started.elapsed()
-        );
+        assert!(took < Duration::from_millis(400), "{call} took {took:?}");
     }
 }
 

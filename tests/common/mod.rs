@@ -79,3 +79,10 @@ pub fn refused_addr() -> std::net::SocketAddr {
     }
     panic!("no refused port found on 127.0.0.1 in 20 tries");
 }
+
+/// Awaits `f` and says how long it took.
+pub async fn timed<F: Future>(f: F) -> (F::Output, Duration) {
+    let started = Instant::now();
+    let out = f.await;
+    (out, started.elapsed())
+}
