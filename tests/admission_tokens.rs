@@ -145,6 +145,34 @@ async fn enter_waiting(proxy: &Proxy, user: &str) -> Value {
     body
 }
 
+/// Queues `users` in the room of `prefix` straight in Redis, in order, as proxies would have.
+async fn seed_line<U: AsRef<str>>(redis: &RedisServer, prefix: &str, users: &[U]) {
+    let seed = library_room(redis, prefix);
+    for u in users {
+        enter_room(&seed, u.as_ref(), 100_000).await.expect("seed");
+    }
+}
+
+/// A fresh Redis and `fast_api`, a room prefix, and a builder of proxies for that room.
+fn prefixed_room(yaml: &str) -> (RedisServer, DemoApi, String, ProxyBuilder) {
+    let redis = RedisServer::start();
+    let api = fast_api();
+    let prefix = unique_prefix();
+    let builder = Proxy::builder(&redis.url(), api.addr())
+        .key_prefix(&prefix)
+        .yaml(yaml);
+    (redis, api, prefix, builder)
+}
+
+/// Enters each of `line` in order (each must be told WAITING); returns when the first was sent.
+async fn enter_all(proxy: &Proxy, line: &[String]) -> Instant {
+    let t0 = Instant::now();
+    for u in line {
+        enter_waiting(proxy, u).await;
+    }
+    t0
+}
+
 /// A request on a protected route (or any path) with identity and token as given.
 fn request(
     proxy: &Proxy,
@@ -212,10 +240,7 @@ async fn admission_is_fifo_at_the_configured_rate() {
         room_with("admission: {interval: 100ms, batch_size: 5}\ntoken: {ttl: 5m}").await;
     let line = users("fifo", 60);
 
-    let t0 = Instant::now();
-    for u in &line {
-        enter_waiting(&proxy, u).await;
-    }
+    let t0 = enter_all(&proxy, &line).await;
     let enqueued = t0.elapsed();
 
     // Sweeps in reverse arrival order: a user polled later in a sweep arrived earlier, so once
@@ -294,10 +319,7 @@ async fn batches_are_evenly_spaced_never_a_burst() {
     let (redis, _api, proxy) =
         room_with("admission: {interval: 100ms, batch_size: 10}\ntoken: {ttl: 5m}").await;
     let line = users("even", 100);
-    let t0 = Instant::now();
-    for u in &line {
-        enter_waiting(&proxy, u).await;
-    }
+    let t0 = enter_all(&proxy, &line).await;
     let (_, last_ready) = await_ready(&proxy, &line[99], Duration::from_secs(20)).await;
     let drained = last_ready - t0;
 
@@ -324,12 +346,8 @@ async fn batches_are_evenly_spaced_never_a_burst() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn intervals_missed_while_no_proxy_ran_are_not_made_up() {
-    let redis = RedisServer::start();
-    let api = fast_api();
-    let prefix = unique_prefix();
-    let builder = Proxy::builder(&redis.url(), api.addr())
-        .key_prefix(&prefix)
-        .yaml("admission: {interval: 100ms, batch_size: 5}\ntoken: {ttl: 5m}");
+    let (redis, _api, prefix, builder) =
+        prefixed_room("admission: {interval: 100ms, batch_size: 5}\ntoken: {ttl: 5m}");
 
     // The room has run (its schedule is in Redis), then its only proxy died.
     let first = builder.start().await;
@@ -338,10 +356,7 @@ async fn intervals_missed_while_no_proxy_ran_are_not_made_up() {
 
     // Forty users wait through ten missed intervals with no proxy at all.
     let line = users("missed", 40);
-    let seed = library_room(&redis, &prefix);
-    for u in &line {
-        enter_room(&seed, u, 100_000).await.expect("seed");
-    }
+    seed_line(&redis, &prefix, &line).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
 
     let second = builder.start().await;
@@ -369,10 +384,7 @@ async fn the_first_batch_leaves_within_one_interval_of_start() {
 
     // A line that formed before any proxy ran.
     let prefix = unique_prefix();
-    let seed = library_room(&redis, &prefix);
-    for u in ["pre-1", "pre-2"] {
-        enter_room(&seed, u, 100_000).await.unwrap();
-    }
+    seed_line(&redis, &prefix, &["pre-1", "pre-2"]).await;
     let spawned = Instant::now();
     let proxy = Proxy::builder(&redis.url(), api.addr())
         .key_prefix(&prefix)
@@ -438,9 +450,7 @@ async fn a_proxy_restarted_with_a_shorter_interval_admits_within_it() {
     let room = Proxy::builder(&redis.url(), api.addr()).key_prefix(&prefix);
     // The room ran slowly (one user per 30 s): its start-up tick admitted the one waiting user,
     // so the next admission is scheduled 30 s later. Then its operator restarts it faster.
-    enter_room(&library_room(&redis, &prefix), "waiting-before", 100_000)
-        .await
-        .unwrap();
+    seed_line(&redis, &prefix, &["waiting-before"]).await;
     let slow = room
         .clone()
         .yaml("admission: {interval: 30s, batch_size: 1}")
@@ -1185,17 +1195,9 @@ async fn room_as_seen<'a>(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_proxy_loses_no_queued_user_and_no_token() {
-    let redis = RedisServer::start();
-    let api = fast_api();
-    let prefix = unique_prefix();
     // One admission of two at start-up, then none for an hour: the room holds still.
-    let builder = Proxy::builder(&redis.url(), api.addr())
-        .key_prefix(&prefix)
-        .yaml("admission: {interval: 1h, batch_size: 2}");
-    let seed = library_room(&redis, &prefix);
-    for u in ["k1", "k2", "k3"] {
-        enter_room(&seed, u, 100_000).await.unwrap();
-    }
+    let (redis, _api, prefix, builder) = prefixed_room("admission: {interval: 1h, batch_size: 2}");
+    seed_line(&redis, &prefix, &["k1", "k2", "k3"]).await;
     let first = builder.start().await;
     await_ready(&first, "k2", Duration::from_secs(5)).await;
     for u in ["k4", "k5", "k6"] {

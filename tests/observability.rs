@@ -180,6 +180,13 @@ fn mismatches(samples: &[Sample], expected: &[Expect]) -> Vec<String> {
         .collect()
 }
 
+/// `user`'s status is READY: its token.
+async fn ready_token(proxy: &Proxy, user: &str) -> String {
+    let r = proxy.status(user).await;
+    assert_eq!(status_of(&r), "READY", "{user}: {}", r.body);
+    r.json()["token"].as_str().unwrap().to_owned()
+}
+
 /// A protected order as `user` with `token` that the demo API answers with `status`.
 async fn order_failing(proxy: &Proxy, user: &str, token: &str, status: u16) -> Resp {
     send(
@@ -407,12 +414,10 @@ async fn scripted_session_moves_each_counter_by_exactly_its_share() {
     );
 
     // READY x2, and enter of a user holding a token
-    let r = proxy.status("alice").await;
-    assert_eq!(status_of(&r), "READY", "{}", r.body);
-    let token_a = r.json()["token"].as_str().unwrap().to_owned();
-    let r = proxy.status("bob").await;
-    assert_eq!(status_of(&r), "READY", "{}", r.body);
-    let token_b = r.json()["token"].as_str().unwrap().to_owned();
+    let (token_a, token_b) = (
+        ready_token(&proxy, "alice").await,
+        ready_token(&proxy, "bob").await,
+    );
     let r = proxy.enter("alice").await;
     assert_eq!(
         (r.status, status_of(&r)),
