@@ -164,13 +164,21 @@ fn prefixed_room(yaml: &str) -> (RedisServer, DemoApi, String, ProxyBuilder) {
     (redis, api, prefix, builder)
 }
 
-/// Enters each of `line` in order (each must be told WAITING); returns when the first was sent.
-async fn enter_all(proxy: &Proxy, line: &[String]) -> Instant {
+/// A room admitting `batch` every 100 ms (tokens living 5 min) and `n` users `tag-000`.. who
+/// entered it in order, each told WAITING; with when the first enter was sent.
+async fn line_of(
+    n: usize,
+    tag: &str,
+    batch: usize,
+) -> (RedisServer, DemoApi, Proxy, Vec<String>, Instant) {
+    let yaml = format!("admission: {{interval: 100ms, batch_size: {batch}}}\ntoken: {{ttl: 5m}}");
+    let (redis, api, proxy) = room_with(&yaml).await;
+    let line = users(tag, n);
     let t0 = Instant::now();
-    for u in line {
-        enter_waiting(proxy, u).await;
+    for u in &line {
+        enter_waiting(&proxy, u).await;
     }
-    t0
+    (redis, api, proxy, line, t0)
 }
 
 /// A request on a protected route (or any path) with identity and token as given.
@@ -236,11 +244,7 @@ const TOKENS_YAML: &str = "admission: {interval: 50ms, batch_size: 10}\n\
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admission_is_fifo_at_the_configured_rate() {
-    let (redis, _api, proxy) =
-        room_with("admission: {interval: 100ms, batch_size: 5}\ntoken: {ttl: 5m}").await;
-    let line = users("fifo", 60);
-
-    let t0 = enter_all(&proxy, &line).await;
+    let (redis, _api, proxy, line, t0) = line_of(60, "fifo", 5).await;
     let enqueued = t0.elapsed();
 
     // Sweeps in reverse arrival order: a user polled later in a sweep arrived earlier, so once
@@ -316,10 +320,7 @@ async fn admission_is_fifo_at_the_configured_rate() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn batches_are_evenly_spaced_never_a_burst() {
-    let (redis, _api, proxy) =
-        room_with("admission: {interval: 100ms, batch_size: 10}\ntoken: {ttl: 5m}").await;
-    let line = users("even", 100);
-    let t0 = enter_all(&proxy, &line).await;
+    let (redis, _api, proxy, line, t0) = line_of(100, "even", 10).await;
     let (_, last_ready) = await_ready(&proxy, &line[99], Duration::from_secs(20)).await;
     let drained = last_ready - t0;
 
