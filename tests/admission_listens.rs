@@ -491,13 +491,7 @@ async fn a_refused_early_poll_still_counts_as_heard_from() {
     assert_eq!(proxy.enter("eager").await.json()["position"], 1);
     assert_eq!(proxy.enter("gone").await.json()["position"], 2);
     tokio::time::sleep_until((entered + Duration::from_millis(1_500)).into()).await;
-    let early = proxy.status("eager").await;
-    assert_eq!(
-        (early.status, status_of(&early)),
-        (429, "TOO_EARLY".into()),
-        "{}",
-        early.body
-    );
+    assert_status_is(&proxy.status("eager").await, 429, "TOO_EARLY");
     tokio::time::sleep_until((entered + Duration::from_millis(4_750)).into()).await;
     let r = proxy.status("eager").await;
     assert_waiting_at(&r, 1);

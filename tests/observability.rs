@@ -189,17 +189,8 @@ async fn ready_token(proxy: &Proxy, user: &str) -> String {
 
 /// A protected order as `user` with `token` that the demo API answers with `status`.
 async fn order_failing(proxy: &Proxy, user: &str, token: &str, status: u16) -> Resp {
-    send(
-        proxy
-            .client()
-            .post(proxy.url("/api/orders"))
-            .header("X-User-Id", user)
-            .header("X-Entry-Token", token)
-            .header("X-Demo-Fail", status.to_string())
-            .header("content-type", "application/json")
-            .body(r#"{"item":"widget","quantity":1}"#),
-    )
-    .await
+    let req = proxy.order_request(user, Some(token));
+    send(req.header("X-Demo-Fail", status.to_string())).await
 }
 
 /// Scrapes until every expected value holds, within `timeout`; fails naming those that do not.
@@ -418,13 +409,7 @@ async fn scripted_session_moves_each_counter_by_exactly_its_share() {
         ready_token(&proxy, "alice").await,
         ready_token(&proxy, "bob").await,
     );
-    let r = proxy.enter("alice").await;
-    assert_eq!(
-        (r.status, status_of(&r)),
-        (200, "READY".into()),
-        "{}",
-        r.body
-    );
+    assert_status_is(&proxy.enter("alice").await, 200, "READY");
 
     // protected: forbidden (wrong token), unauthenticated (no identity)
     let r = proxy.order("alice", Some(&token_b)).await;

@@ -165,3 +165,14 @@ pub fn assert_full(ctx: &str, r: &Resp, retry_after: u64) {
         "{ctx}: Retry-After"
     );
 }
+
+/// The HTTP status and the body's `status` field, the body shown on failure.
+#[track_caller]
+pub fn assert_status_is(r: &Resp, http: u16, status: &str) {
+    assert_eq!(
+        (r.status, status_of(r).as_str()),
+        (http, status),
+        "{}",
+        r.body
+    );
+}

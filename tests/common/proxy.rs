@@ -423,6 +423,12 @@ impl Proxy {
     /// The first `protected` route (default `POST /api/orders`) as `user`, with `token` in the
     /// configured token header when given, and a small JSON order as the body.
     pub async fn order(&self, user: &str, token: Option<&str>) -> Resp {
+        send(self.order_request(user, token)).await
+    }
+
+    /// The request `order` sends, for a test to add headers to (e.g. the demo API's
+    /// `X-Demo-Fail` or `X-Demo-Delay-Ms`).
+    pub fn order_request(&self, user: &str, token: Option<&str>) -> reqwest::RequestBuilder {
         let route = self
             .config()
             .get("protected")
@@ -450,7 +456,7 @@ impl Proxy {
                 .unwrap_or("X-Entry-Token".into());
             req = req.header(header, token);
         }
-        send(req).await
+        req
     }
 
     /// Enters `user` and polls status every 20 ms until READY; returns the token.
