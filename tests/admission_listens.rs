@@ -503,9 +503,8 @@ async fn a_refused_early_poll_still_counts_as_heard_from() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_tick_skips_stale_users_it_pops() {
     let redis = RedisServer::start();
-    let room = library_room(&redis, "stale");
+    let (room, mut conn) = (library_room(&redis, "stale"), redis.conn().await);
     let keys = room.keys().clone();
-    let mut conn = redis.conn().await;
     let rules = RoomRules {
         abandon_after: Duration::from_secs(10),
         ..RoomRules::fixed(Duration::from_millis(10), 2, Duration::from_secs(60))
@@ -524,11 +523,11 @@ async fn the_tick_skips_stale_users_it_pops() {
         ));
     }
     // u0 and u2 were last heard from a minute ago.
-    let (secs, _): (i64, i64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
+    let minute_ago = redis_now_ms(&mut conn).await - 60_000;
     for u in ["u0", "u2"] {
         let _: () = redis::cmd("ZADD")
             .arg(&keys.heard)
-            .arg((secs - 60) * 1000)
+            .arg(minute_ago)
             .arg(u)
             .query_async(&mut conn)
             .await
