@@ -17,9 +17,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use redis::aio::MultiplexedConnection;
 use waitroom::rules::{self, ControlState};
-use waitroom::store::{
-    EnterOutcome, EnterRequest, Keys, PollClock, Room, RoomRules, StatusOutcome,
-};
+use waitroom::store::{EnterOutcome, EnterRequest, Keys, PollClock, RoomRules, StatusOutcome};
 
 const TTL_MS: f64 = 300_000.0;
 
@@ -792,9 +790,7 @@ async fn the_adaptive_batch_follows_the_backend_identically_on_two_proxies() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_controller_steps_once_a_second_whoever_calls() {
     let redis = RedisServer::start();
-    let rooms: Vec<Arc<Room>> = (0..4)
-        .map(|_| Arc::new(library_room(&redis, "ctl")))
-        .collect();
+    let rooms = library_rooms(&redis, "ctl", 4);
     let bucket = rules::latency_bucket(Duration::from_millis(500));
 
     // Four proxies report 10 samples each, at once: exactly one claims the step.

@@ -44,6 +44,13 @@ pub fn library_room(redis: &RedisServer, prefix: &str) -> Room {
     Room::new(&Config::parse(&yaml).expect("valid").redis).expect("room")
 }
 
+/// `n` library rooms on one prefix, each with its own connection: `n` proxies of one room.
+pub fn library_rooms(redis: &RedisServer, prefix: &str, n: usize) -> Vec<std::sync::Arc<Room>> {
+    (0..n)
+        .map(|_| std::sync::Arc::new(library_room(redis, prefix)))
+        .collect()
+}
+
 /// Queues `user` straight in Redis, as a proxy's enter would.
 pub async fn enter_room(
     room: &Room,
