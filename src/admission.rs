@@ -10,8 +10,8 @@
 //! force (adaptive), at most `max_active - live tokens`, and records what the interval spent so
 //! that instant passes (given by enter, see `lua/enter.lua`) share the same batch.
 //!
-//! **Adaptive.** Every protected response's upstream latency lands in [`UPSTREAM_LATENCIES`], a
-//! fixed-bucket histogram of atomics (recording costs one relaxed add). Once a second each
+//! **Adaptive.** Every protected response's upstream latency lands in the room state's
+//! [`LatencyHistogram`], a fixed-bucket histogram of atomics (recording costs one relaxed add). Once a second each
 //! proxy drains it into one script call (`lua/adapt.lua`) that adds the counts to the room's
 //! pending histogram in Redis and, when the room's step is due by Redis TIME, hands that proxy
 //! every report since the previous step. The proxy computes the next batch with the pure
@@ -22,23 +22,22 @@
 //!
 //! **The room's pace.** When any switch listens, estimates use the room's measured admission
 //! rate and batch in force (contract section 11). The room watcher ([`crate::health`]) reads
-//! both with the gauges, four times a second, and publishes a [`RoomView`] here; enter and status
-//! read it through [`Pacing`] without a Redis call of their own.
+//! both with the gauges, four times a second, and publishes a [`RoomView`] in the room state;
+//! enter and status read it through [`Pacing`] without a Redis call of their own.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 use std::time::Duration;
 
-use arc_swap::ArcSwapOption;
 use async_trait::async_trait;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 
-use crate::config::Config;
-use crate::live::LiveConfig;
 use crate::metrics;
-use crate::rules::{self, Controller, Pace, Rate};
-use crate::store::{PollClock, Room, RoomRules};
+use crate::policy::Policy;
+use crate::rules::{self, Pace};
+use crate::state::RoomState;
+use crate::store::{PollClock, Room};
 
 /// Protected upstream latencies seen by this proxy since its last report to the room.
 pub struct LatencyHistogram {
@@ -73,9 +72,6 @@ impl Default for LatencyHistogram {
     }
 }
 
-/// Filled by the proxy's `upstream_response_filter` for protected requests.
-pub static UPSTREAM_LATENCIES: LatencyHistogram = LatencyHistogram::new();
-
 /// The room's pace as the watcher last read it, for rules that listen.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RoomView {
@@ -84,68 +80,52 @@ pub struct RoomView {
     pub poll_thresholds: Vec<(u64, Duration)>,
 }
 
-static ROOM_VIEW: LazyLock<ArcSwapOption<RoomView>> = LazyLock::new(ArcSwapOption::empty);
-
-/// Publishes what the room watcher read.
-pub fn publish(view: RoomView) {
-    ROOM_VIEW.store(Some(Arc::new(view)));
-}
-
-/// The pace estimates are given at under `config`, and the thresholds enforced polling uses.
-pub struct Pacing {
+/// The pace estimates are given at, and the thresholds enforced polling uses: the room's
+/// measured view when there is one (see [`crate::state::RoomState::pacing`]), else the policy's
+/// configured pace.
+pub struct Pacing<'a> {
+    policy: &'a Policy,
     view: Option<Arc<RoomView>>,
-    configured: Pace,
 }
 
-impl Pacing {
-    /// The fixed rate's pace, unless a switch listens and the watcher has read the room.
-    pub fn new(config: &Config) -> Pacing {
-        let configured = configured_pace(config);
-        let view = if config.admission.listens() { ROOM_VIEW.load_full() } else { None };
-        Pacing { view, configured }
+impl<'a> Pacing<'a> {
+    pub fn new(policy: &'a Policy, view: Option<Arc<RoomView>>) -> Pacing<'a> {
+        Pacing { policy, view }
     }
 
     pub fn pace(&self) -> Pace {
-        self.view.as_ref().map_or(self.configured, |v| v.pace)
+        self.view.as_ref().map_or(self.policy.configured_pace, |v| v.pace)
     }
 
     /// The poll clock the scripts enforce: thresholds from the same pace the answers use.
-    pub fn poll_clock<'a>(&'a self, config: &'a Config) -> PollClock<'a> {
-        if !config.polling.enforce {
+    pub fn poll_clock(&self) -> PollClock<'_> {
+        let Some(factor) = self.policy.on_time_factor else {
             return PollClock::OFF;
-        }
-        let thresholds = self.view.as_ref().map_or(&config.poll_thresholds, |v| &v.poll_thresholds);
-        PollClock { on_time_factor: Some(1.0 - config.polling.grace), thresholds }
+        };
+        let thresholds = self.view.as_ref().map_or(&self.policy.poll_thresholds, |v| &v.poll_thresholds);
+        PollClock { on_time_factor: Some(factor), thresholds }
     }
-}
-
-/// The fixed rate of section 3.
-pub fn configured_pace(config: &Config) -> Pace {
-    Pace::configured(Rate {
-        batch: config.admission.batch_size.get() as u64,
-        interval: config.admission.interval,
-    })
 }
 
 /// The longest the ticker sleeps between two looks at the room's schedule.
 const MAX_SLEEP: Duration = Duration::from_secs(1);
 
 pub struct Admitter {
-    config: LiveConfig,
+    state: Arc<RoomState>,
     room: Room,
 }
 
 impl Admitter {
-    pub fn new(config: LiveConfig, room: Room) -> Admitter {
-        Admitter { config, room }
+    pub fn new(state: Arc<RoomState>, room: Room) -> Admitter {
+        Admitter { state, room }
     }
 
     /// One tick; returns how long to sleep before the next.
     async fn tick(&self) -> Duration {
-        let config = self.config.load();
-        let rules = RoomRules::from_config(&config);
+        let settings = self.state.settings();
+        let rules = &settings.policy.rules;
         let interval = rules.interval;
-        match self.room.admit_with(&rules).await {
+        match self.room.admit_with(rules).await {
             Ok(outcome) => {
                 let label = match (outcome.was_due, outcome.admitted) {
                     (false, _) => "early",
@@ -179,18 +159,11 @@ impl Admitter {
     /// One adaptive report (and controller step, when this call claims it); returns how long to
     /// sleep before the next.
     async fn adapt(&self) -> Duration {
-        let config = self.config.load();
-        let report = UPSTREAM_LATENCIES.drain();
-        let Some(adaptive) = config.admission.adaptive.as_ref() else {
+        let report = self.state.latencies().drain();
+        let Some(controller) = self.state.settings().policy.controller else {
             // Nothing adapts: the latencies are dropped, so switching adaptive on later does
             // not feed the controller a backlog of old ones.
             return crate::store::ADAPT_PERIOD;
-        };
-        let controller = Controller {
-            target_p95: adaptive.target_p95,
-            min_batch: adaptive.min_batch.get(),
-            max_batch: config.admission.batch_size.get(),
-            interval: config.admission.interval,
         };
         match self.room.adapt(&report).await {
             Ok(outcome) => {

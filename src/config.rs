@@ -7,14 +7,27 @@
 //! sees all of them at once, each with its key path.
 
 use std::fmt;
-use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::net::{SocketAddr, ToSocketAddrs};
 use std::num::{NonZeroU32, NonZeroU64};
 use std::path::Path;
 use std::time::Duration;
 
 use http::{HeaderName, Method};
 
-use crate::rules::PollTier;
+use crate::rules::{Cidr, PollTier};
+
+pub use crate::identity::{IdentityConfig, JwtConfig};
+
+/// The shortest admission interval served: the ticker and the Redis schedule count in
+/// microseconds, but below a millisecond a tick's own round trip is the interval.
+const MIN_INTERVAL: Duration = Duration::from_millis(1);
+/// Longer intervals (and token lifetimes) than a day are typos, and a duration of years would
+/// overflow the microsecond and millisecond counts handed to Redis.
+const MAX_INTERVAL: Duration = Duration::from_secs(24 * 3600);
+const MAX_TOKEN_TTL: Duration = Duration::from_secs(24 * 3600);
+/// Every tick hands the admit script one fresh token per place in the batch (Lua has no secure
+/// randomness): 10,000 is about 370 KB per call. A higher rate takes a shorter interval.
+const MAX_BATCH: u32 = 10_000;
 
 /// One problem in a configuration file, named by its key path.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -149,6 +162,8 @@ pub mod raw {
         pub audience: Option<String>,
         #[serde(default = "d_jwt_leeway")]
         pub leeway: String,
+        #[serde(default = "d_jwt_forward_header")]
+        pub forward_header: String,
     }
 
     #[derive(Debug, Deserialize)]
@@ -328,6 +343,9 @@ pub mod raw {
     fn d_jwt_claim() -> String {
         s("sub")
     }
+    fn d_jwt_forward_header() -> String {
+        s("X-User-Id")
+    }
     fn d_jwt_leeway() -> String {
         s("30s")
     }
@@ -404,9 +422,6 @@ pub struct Config {
     pub polling: PollingConfig,
     pub abuse: AbuseConfig,
     pub page: PageConfig,
-    /// `poll_after` as position thresholds for the Redis scripts (derived, see
-    /// [`rules::poll_thresholds`](crate::rules::poll_thresholds)).
-    pub poll_thresholds: Vec<(u64, Duration)>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -422,44 +437,6 @@ pub struct RedisConfig {
     pub key_prefix: String,
     pub timeout: Duration,
     pub read_from_replicas: bool,
-}
-
-#[derive(Debug, Clone)]
-pub enum IdentityConfig {
-    /// Trusted-header mode: the layer in front names the user.
-    Header(HeaderName),
-    /// A verified JWT names the user; keys parsed at load (see [`crate::identity`]).
-    Jwt(std::sync::Arc<crate::identity::JwtVerifier>),
-}
-
-/// `identity.jwt`, validated, with its key material read (the HS256 secret from the environment,
-/// the public key file's bytes); [`crate::identity::JwtVerifier::new`] parses the keys.
-#[derive(Clone)]
-pub struct JwtConfig {
-    pub from: crate::identity::TokenSource,
-    pub algorithms: Vec<jsonwebtoken::Algorithm>,
-    pub secret: Option<Vec<u8>>,
-    pub public_key_pem: Option<Vec<u8>>,
-    pub claim: String,
-    pub issuer: Option<String>,
-    pub audience: Option<String>,
-    pub leeway: Duration,
-}
-
-impl fmt::Debug for JwtConfig {
-    /// Never the secret.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("JwtConfig")
-            .field("from", &self.from)
-            .field("algorithms", &self.algorithms)
-            .field("secret", &self.secret.as_ref().map(|_| "[redacted]"))
-            .field("public_key_pem", &self.public_key_pem.as_ref().map(Vec::len))
-            .field("claim", &self.claim)
-            .field("issuer", &self.issuer)
-            .field("audience", &self.audience)
-            .field("leeway", &self.leeway)
-            .finish()
-    }
 }
 
 #[derive(Debug, Clone)]
@@ -481,14 +458,6 @@ pub struct AdmissionConfig {
     pub instant: bool,
     pub max_active: u64,
     pub adaptive: Option<AdaptiveConfig>,
-}
-
-impl AdmissionConfig {
-    /// Whether any switch of contract section 11 is on: then estimates use the room's measured
-    /// rate and the batch in force instead of `batch_size / interval`.
-    pub fn listens(&self) -> bool {
-        self.instant || self.max_active > 0 || self.adaptive.is_some()
-    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -526,46 +495,6 @@ pub struct AbuseConfig {
 pub struct PageConfig {
     pub ready_url: String,
     pub enabled: bool,
-}
-
-/// An address block from `abuse.trusted_proxies`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Cidr {
-    pub addr: IpAddr,
-    pub prefix_len: u8,
-}
-
-impl Cidr {
-    pub fn parse(text: &str) -> Option<Cidr> {
-        let (addr, len) = match text.split_once('/') {
-            Some((a, l)) => (a.parse::<IpAddr>().ok()?, Some(l.parse::<u8>().ok()?)),
-            None => (text.parse::<IpAddr>().ok()?, None),
-        };
-        let max = if addr.is_ipv4() { 32 } else { 128 };
-        let prefix_len = len.unwrap_or(max);
-        (prefix_len <= max).then_some(Cidr { addr, prefix_len })
-    }
-
-    pub fn contains(&self, ip: IpAddr) -> bool {
-        fn masked(bits: u128, len: u8, width: u8) -> u128 {
-            if len == 0 {
-                0
-            } else {
-                bits >> (width - len)
-            }
-        }
-        match (self.addr, ip) {
-            (IpAddr::V4(net), IpAddr::V4(ip)) => {
-                masked(u32::from(net) as u128, self.prefix_len, 32)
-                    == masked(u32::from(ip) as u128, self.prefix_len, 32)
-            }
-            (IpAddr::V6(net), IpAddr::V6(ip)) => {
-                masked(u128::from(net), self.prefix_len, 128)
-                    == masked(u128::from(ip), self.prefix_len, 128)
-            }
-            _ => false,
-        }
-    }
 }
 
 impl Config {
@@ -615,7 +544,7 @@ impl Config {
         let redis = v.redis(raw.redis);
         let identity = v.identity(raw.identity, folder);
         let token_header = v.header_name("token.header", &raw.token.header);
-        let ttl = v.positive_duration("token.ttl", &raw.token.ttl);
+        let ttl = v.bounded_duration("token.ttl", &raw.token.ttl, Duration::from_millis(1), MAX_TOKEN_TTL);
         let protected = v.routes(raw.protected);
         let admission = v.admission(raw.admission);
         let capacity = v.positive("queue.capacity", raw.queue.capacity);
@@ -629,13 +558,21 @@ impl Config {
         let page = v.page(raw.page);
 
         if let (Some(abandon), Some(tiers)) = (abandon_after, poll_after.as_ref()) {
-            let longest = tiers.iter().map(|t| t.poll_after).max().unwrap_or_default();
-            if !abandon.is_zero() && abandon < longest {
+            // What users are told: answers carry whole seconds, rounded up.
+            let longest = tiers
+                .iter()
+                .map(|t| Duration::from_secs(crate::rules::ceil_secs(t.poll_after)))
+                .max()
+                .unwrap_or_default();
+            // Twice: a user who polls as told is late by network delays and the page's jitter,
+            // and one lost poll must not cost the place.
+            let floor = longest * 2;
+            if !abandon.is_zero() && abandon < floor {
                 v.fail::<()>(
                     "queue.abandon_after",
                     format!(
-                        "must be 0s or at least the longest poll_after ({}), or users who poll as told are dropped",
-                        humantime::format_duration(longest)
+                        "must be 0s or at least twice the longest poll_after ({}), or users who poll as told are dropped",
+                        humantime::format_duration(floor)
                     ),
                 );
             }
@@ -643,15 +580,7 @@ impl Config {
         if v.problems.is_empty() {
             // Every Option below is Some when no problem was recorded.
             let unwrap = "validated above";
-            let admission: AdmissionConfig = admission.expect(unwrap);
-            let poll_after = poll_after.expect(unwrap);
-            let rate = crate::rules::Rate {
-                batch: admission.batch_size.get() as u64,
-                interval: admission.interval,
-            };
-            let poll_thresholds = crate::rules::poll_thresholds(rate, &poll_after);
             Ok(Config {
-                poll_thresholds,
                 listen: listen.expect(unwrap),
                 metrics_listen: metrics_listen.expect(unwrap),
                 upstream: upstream.expect(unwrap),
@@ -659,14 +588,14 @@ impl Config {
                 identity: identity.expect(unwrap),
                 token: TokenConfig { header: token_header.expect(unwrap), ttl: ttl.expect(unwrap) },
                 protected: protected.expect(unwrap),
-                admission,
+                admission: admission.expect(unwrap),
                 queue: QueueConfig {
                     capacity: NonZeroU64::new(capacity.expect(unwrap)).expect(unwrap),
                     retry_after: retry_after.expect(unwrap),
                     abandon_after: abandon_after.expect(unwrap),
                 },
                 endpoints: EndpointsConfig { prefix: prefix.expect(unwrap) },
-                poll_after,
+                poll_after: poll_after.expect(unwrap),
                 shutdown_grace: shutdown_grace.expect(unwrap),
                 reload_watch: raw.reload.watch,
                 polling: polling.expect(unwrap),
@@ -676,11 +605,6 @@ impl Config {
         } else {
             Err(ConfigError { problems: v.problems })
         }
-    }
-
-    /// The rate the room admits at, in users per second, from the configured batch and interval.
-    pub fn admission_rate(&self) -> f64 {
-        self.admission.batch_size.get() as f64 / self.admission.interval.as_secs_f64()
     }
 
     /// Resolves `upstream` to the address connections go to.
@@ -717,6 +641,22 @@ impl Validator {
         let d = self.duration(path, text)?;
         if d.is_zero() {
             return self.fail(path, "must be greater than 0");
+        }
+        Some(d)
+    }
+
+    /// A duration within `min..=max`, both shown in the message when it is not.
+    fn bounded_duration(&mut self, path: &str, text: &str, min: Duration, max: Duration) -> Option<Duration> {
+        let d = self.duration(path, text)?;
+        if d < min || d > max {
+            return self.fail(
+                path,
+                format!(
+                    "must be between {} and {}",
+                    humantime::format_duration(min),
+                    humantime::format_duration(max)
+                ),
+            );
         }
         Some(d)
     }
@@ -936,6 +876,7 @@ impl Validator {
             }
         }
         let leeway = self.duration("identity.jwt.leeway", &j.leeway);
+        let forward_header = self.header_name("identity.jwt.forward_header", &j.forward_header);
         (self.problems.len() == before).then_some(())?;
         Some(JwtConfig {
             from: from?,
@@ -946,6 +887,7 @@ impl Validator {
             issuer: j.issuer,
             audience: j.audience,
             leeway: leeway?,
+            forward_header: forward_header?,
         })
     }
 
@@ -971,8 +913,12 @@ impl Validator {
     }
 
     fn admission(&mut self, a: raw::Admission) -> Option<AdmissionConfig> {
-        let interval = self.positive_duration("admission.interval", &a.interval);
+        let interval = self.bounded_duration("admission.interval", &a.interval, MIN_INTERVAL, MAX_INTERVAL);
         let batch_size = self.batch("admission.batch_size", a.batch_size);
+        if batch_size.is_some_and(|b| b.get() > MAX_BATCH) {
+            self.fail::<()>("admission.batch_size", format!("must be at most {MAX_BATCH} (raise the rate with a shorter interval)"));
+            return None;
+        }
         let max_active = self.non_negative("admission.max_active", a.max_active);
         let adaptive = match a.adaptive {
             None => Some(None),
@@ -1138,7 +1084,6 @@ mod tests {
         assert_eq!(tiers, vec![(60, 10), (10, 5), (0, 2)]);
         assert_eq!(c.shutdown_grace, Duration::from_secs(10));
         assert!(!c.reload_watch);
-        assert_eq!(c.admission_rate(), 100.0);
     }
 
     #[test]
@@ -1226,19 +1171,30 @@ mod tests {
     }
 
     #[test]
-    fn abandon_after_must_cover_the_longest_poll() {
-        let got = problems("upstream: a:1\nqueue: {abandon_after: 5s}");
-        assert!(got[0].starts_with("queue.abandon_after"), "{got:?}");
+    fn abandon_after_must_cover_twice_the_longest_poll() {
+        for short in ["5s", "19s", "19999ms"] {
+            let got = problems(&format!("upstream: a:1\nqueue: {{abandon_after: {short}}}"));
+            assert!(got[0].starts_with("queue.abandon_after"), "{short}: {got:?}");
+        }
+        assert!(problems("upstream: a:1\nqueue: {abandon_after: 20s}").is_empty());
         assert!(problems("upstream: a:1\nqueue: {abandon_after: 0s}").is_empty());
+        // Told in whole seconds: a 1.5 s tier is a 2 s pollAfter, so 4 s is the floor.
+        let tiers = "poll_after: [{min_wait: 0s, poll_after: 1500ms}]";
+        assert!(!problems(&format!("upstream: a:1\n{tiers}\nqueue: {{abandon_after: 3s}}")).is_empty());
+        assert!(problems(&format!("upstream: a:1\n{tiers}\nqueue: {{abandon_after: 4s}}")).is_empty());
     }
 
     #[test]
-    fn cidr_matching() {
-        let c = Cidr::parse("10.0.0.0/8").unwrap();
-        assert!(c.contains("10.1.2.3".parse().unwrap()));
-        assert!(!c.contains("11.0.0.1".parse().unwrap()));
-        assert!(Cidr::parse("::1").unwrap().contains("::1".parse().unwrap()));
-        assert!(Cidr::parse("1.2.3.4/33").is_none());
-        assert!(Cidr::parse("0.0.0.0/0").unwrap().contains("8.8.8.8".parse().unwrap()));
+    fn values_that_would_stop_admission_are_refused() {
+        for (yaml, key) in [
+            ("admission: {interval: 200us}", "admission.interval"),
+            ("admission: {interval: 25h}", "admission.interval"),
+            ("admission: {batch_size: 10001}", "admission.batch_size"),
+            ("token: {ttl: 25h}", "token.ttl"),
+        ] {
+            let got = problems(&format!("upstream: a:1\n{yaml}"));
+            assert!(got.len() == 1 && got[0].starts_with(key), "{yaml}: {got:?}");
+        }
+        assert!(problems("upstream: a:1\nadmission: {interval: 1ms, batch_size: 10000}\ntoken: {ttl: 24h}").is_empty());
     }
 }

@@ -7,11 +7,11 @@
 //!
 //! When an admission switch listens (contract section 11) the same probe also reads the batch in
 //! force and the room's admissions of the last 10 s; the watcher turns them into the pace enter
-//! and status estimate with (and its poll thresholds) and publishes it to
-//! [`crate::admission`]. So the measured rate costs no Redis call on the request path, and is
+//! and status estimate with (and its poll thresholds) and publishes it in the room state
+//! ([`RoomState::publish_view`]). So the measured rate costs no Redis call on the request path, and is
 //! at most a quarter of a second old.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -21,72 +21,61 @@ use pingora::protocols::http::ServerSession;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 
-use crate::admission::{self, RoomView};
-use crate::live::LiveConfig;
+use crate::admission::RoomView;
 use crate::metrics;
 use crate::rules;
-use crate::store::{Room, RoomRules};
-
-/// Whether the last probe reached Redis.
-static REDIS_READY: AtomicBool = AtomicBool::new(false);
+use crate::state::RoomState;
+use crate::store::Room;
 
 const PROBE_EVERY: Duration = Duration::from_millis(250);
 /// Short enough that probe + wait stays under the one second the contract allows.
 const PROBE_TIMEOUT: Duration = Duration::from_millis(600);
 
 pub struct RoomWatcher {
-    config: LiveConfig,
+    state: Arc<RoomState>,
     room: Room,
 }
 
 impl RoomWatcher {
-    pub fn new(config: LiveConfig, room: Room) -> RoomWatcher {
+    pub fn new(state: Arc<RoomState>, room: Room) -> RoomWatcher {
         let timeout = room.timeout().min(PROBE_TIMEOUT);
-        RoomWatcher { config, room: room.with_timeout(timeout) }
+        RoomWatcher { state, room: room.with_timeout(timeout) }
     }
 
     async fn probe(&self) {
-        let config = self.config.load();
-        let room_rules = RoomRules::from_config(&config);
-        let listens = room_rules.listens();
-        match self.room.watch(Some(&room_rules)).await {
+        let settings = self.state.settings();
+        let (config, policy) = (&settings.config, &settings.policy);
+        match self.room.watch(Some(&policy.rules)).await {
             Ok(stats) => {
-                let batch_size = config.admission.batch_size.get();
-                // The batch in force: the controller's, within the bounds configured now (as the
-                // admit script clamps it), or batch_size when nothing adapts.
-                let batch = match (&config.admission.adaptive, stats.stored_batch) {
-                    (Some(adaptive), Some(stored)) => stored.clamp(adaptive.min_batch.get(), batch_size),
-                    _ => batch_size,
-                };
-                let pace = if listens {
-                    let min_batch = config.admission.adaptive.as_ref().map_or(1, |a| a.min_batch.get());
+                let batch = policy.batch_in_force(stats.stored_batch);
+                let pace = if policy.listens {
                     let pace = rules::measured_pace(
                         batch as u64,
                         config.admission.interval,
-                        min_batch as u64,
+                        policy.min_batch as u64,
                         stats.admitted_recently,
                         stats.since_first,
                     );
-                    admission::publish(RoomView {
+                    self.state.publish_view(RoomView {
                         pace,
                         poll_thresholds: rules::pace_thresholds(pace, &config.poll_after),
                     });
                     pace
                 } else {
-                    admission::configured_pace(&config)
+                    policy.configured_pace
                 };
                 metrics::QUEUE_LENGTH.set(stats.waiting as i64);
                 metrics::ACTIVE_TOKENS.set(stats.live_tokens as i64);
                 metrics::QUEUE_TAIL_WAIT.set(rules::wait_secs(stats.waiting, pace) as i64);
                 metrics::ADMISSION_BATCH.set(batch as i64);
                 metrics::ESTIMATE_RATE.set(pace.rate.per_second());
-                if !REDIS_READY.swap(true, Ordering::AcqRel) {
+                if !self.state.set_redis_ready(true) {
                     tracing::info!("redis answers: ready");
                 }
                 metrics::REDIS_UP.set(1);
             }
             Err(error) => {
-                if REDIS_READY.swap(false, Ordering::AcqRel) {
+                if self.state.set_redis_ready(false) {
                     tracing::warn!(%error, "redis does not answer: not ready");
                 }
                 metrics::REDIS_UP.set(0);
@@ -110,7 +99,15 @@ impl BackgroundService for RoomWatcher {
 }
 
 /// Serves the operator endpoints.
-pub struct OpsEndpoints;
+pub struct OpsEndpoints {
+    state: Arc<RoomState>,
+}
+
+impl OpsEndpoints {
+    pub fn new(state: Arc<RoomState>) -> OpsEndpoints {
+        OpsEndpoints { state }
+    }
+}
 
 fn plain(status: StatusCode, content_type: &str, body: Vec<u8>) -> Response<Vec<u8>> {
     Response::builder()
@@ -132,7 +129,7 @@ impl ServeHttp for OpsEndpoints {
         match session.req_header().uri.path() {
             "/metrics" => plain(StatusCode::OK, "text/plain; version=0.0.4; charset=utf-8", metrics::render()),
             "/healthz" => plain(StatusCode::OK, text, b"ok\n".to_vec()),
-            "/readyz" if REDIS_READY.load(Ordering::Acquire) => plain(StatusCode::OK, text, b"ready\n".to_vec()),
+            "/readyz" if self.state.redis_ready() => plain(StatusCode::OK, text, b"ready\n".to_vec()),
             "/readyz" => plain(StatusCode::SERVICE_UNAVAILABLE, text, b"redis unavailable\n".to_vec()),
             _ => plain(StatusCode::NOT_FOUND, text, b"not found\n".to_vec()),
         }

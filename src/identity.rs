@@ -16,14 +16,101 @@
 
 use std::collections::HashSet;
 use std::fmt;
+use std::time::Duration;
 
-use http::HeaderMap;
+use http::{HeaderMap, HeaderName};
 use jsonwebtoken::crypto::CryptoProvider;
 use jsonwebtoken::errors::ErrorKind;
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 
-use crate::config::{Config, IdentityConfig, JwtConfig};
-use crate::rules::{self, IdentityProblem};
+use crate::rules;
+
+/// What is wrong with an identity value, if anything.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IdentityProblem {
+    /// Missing or empty: the user is not authenticated (401).
+    Missing,
+    /// Longer than [`MAX_IDENTITY_BYTES`] (400).
+    TooLong,
+    /// A byte outside printable ASCII (400).
+    BadBytes,
+}
+
+pub const MAX_IDENTITY_BYTES: usize = 256;
+
+impl IdentityProblem {
+    pub fn status(self) -> u16 {
+        match self {
+            IdentityProblem::Missing => 401,
+            IdentityProblem::TooLong | IdentityProblem::BadBytes => 400,
+        }
+    }
+
+    pub fn message(self) -> &'static str {
+        match self {
+            IdentityProblem::Missing => "missing user identity",
+            IdentityProblem::TooLong => "user identity is longer than 256 bytes",
+            IdentityProblem::BadBytes => "user identity must be printable ASCII",
+        }
+    }
+}
+
+/// Checks an identity value (a header's raw bytes, or a verified claim) and returns it as text.
+pub fn check_identity(raw: Option<&[u8]>) -> Result<&str, IdentityProblem> {
+    let bytes = raw.unwrap_or_default();
+    if bytes.is_empty() {
+        return Err(IdentityProblem::Missing);
+    }
+    if bytes.len() > MAX_IDENTITY_BYTES {
+        return Err(IdentityProblem::TooLong);
+    }
+    if !bytes.iter().all(|b| (0x20..=0x7e).contains(b)) {
+        return Err(IdentityProblem::BadBytes);
+    }
+    // Printable ASCII is always valid UTF-8.
+    std::str::from_utf8(bytes).map_err(|_| IdentityProblem::BadBytes)
+}
+
+#[derive(Debug, Clone)]
+pub enum IdentityConfig {
+    /// Trusted-header mode: the layer in front names the user.
+    Header(HeaderName),
+    /// A verified JWT names the user; keys parsed at load .
+    Jwt(std::sync::Arc<JwtVerifier>),
+}
+
+/// `identity.jwt`, validated, with its key material read (the HS256 secret from the environment,
+/// the public key file's bytes); [`JwtVerifier::new`] parses the keys.
+#[derive(Clone)]
+pub struct JwtConfig {
+    pub from: TokenSource,
+    pub algorithms: Vec<jsonwebtoken::Algorithm>,
+    pub secret: Option<Vec<u8>>,
+    pub public_key_pem: Option<Vec<u8>>,
+    pub claim: String,
+    pub issuer: Option<String>,
+    pub audience: Option<String>,
+    pub leeway: Duration,
+    /// The header the proxy sets on a forwarded protected request to the verified identity.
+    pub forward_header: HeaderName,
+}
+
+impl fmt::Debug for JwtConfig {
+    /// Never the secret.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("JwtConfig")
+            .field("from", &self.from)
+            .field("algorithms", &self.algorithms)
+            .field("secret", &self.secret.as_ref().map(|_| "[redacted]"))
+            .field("public_key_pem", &self.public_key_pem.as_ref().map(Vec::len))
+            .field("claim", &self.claim)
+            .field("issuer", &self.issuer)
+            .field("audience", &self.audience)
+            .field("leeway", &self.leeway)
+            .field("forward_header", &self.forward_header)
+            .finish()
+    }
+}
 
 /// The algorithms `identity.jwt.algorithms` may list, by their JOSE names.
 pub const ALGORITHMS: [(&str, Algorithm); 3] = [
@@ -159,7 +246,7 @@ pub fn identify(config: &IdentityConfig, headers: &HeaderMap) -> Result<String, 
             if values.next().is_some() {
                 return Err(Refusal::DuplicateHeader);
             }
-            rules::check_identity(first.map(|v| v.as_bytes()))
+            check_identity(first.map(|v| v.as_bytes()))
                 .map(str::to_owned)
                 .map_err(Refusal::Identity)
         }
@@ -185,6 +272,9 @@ struct Accepted {
 pub struct JwtVerifier {
     from: TokenSource,
     claim: String,
+    /// Set by the proxy on forwarded protected requests, replacing whatever the client sent, so
+    /// the upstream can trust it (contract section 12).
+    pub forward_header: HeaderName,
     accepted: Vec<Accepted>,
     /// Bytes of the HS256 secret, for the start-up warning about short ones.
     secret_len: Option<usize>,
@@ -196,6 +286,7 @@ impl fmt::Debug for JwtVerifier {
         f.debug_struct("JwtVerifier")
             .field("from", &self.from)
             .field("claim", &self.claim)
+            .field("forward_header", &self.forward_header)
             .field("algorithms", &self.algorithms())
             .finish_non_exhaustive()
     }
@@ -227,6 +318,7 @@ impl JwtVerifier {
         Ok(JwtVerifier {
             from: config.from.clone(),
             claim: config.claim.clone(),
+            forward_header: config.forward_header.clone(),
             accepted,
             secret_len: config.secret.as_ref().map(Vec::len),
         })
@@ -270,7 +362,7 @@ impl JwtVerifier {
         .map_err(|e| jwt(JwtProblem::from_decode_error(e.kind())))?;
         match data.claims.get(&self.claim) {
             Some(serde_json::Value::String(user)) if !user.is_empty() => {
-                rules::check_identity(Some(user.as_bytes()))
+                check_identity(Some(user.as_bytes()))
                     .map(str::to_owned)
                     .map_err(Refusal::Identity)
             }
@@ -418,14 +510,14 @@ pub fn cookie<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h [u8]> {
 }
 
 /// Start-up warnings about how identity is configured; logged once by the server.
-pub fn startup_warnings(config: &Config) -> Vec<String> {
+pub fn startup_warnings(identity: &IdentityConfig, listen: std::net::SocketAddr) -> Vec<String> {
     let mut warnings = Vec::new();
-    match &config.identity {
-        IdentityConfig::Header(name) if !config.listen.ip().is_loopback() => warnings.push(format!(
+    match identity {
+        IdentityConfig::Header(name) if !listen.ip().is_loopback() => warnings.push(format!(
             "identity.header: trusted-header mode on a non-loopback listener ({}): anyone who can \
              reach it can claim any user by sending {name}; the layer in front must overwrite \
              (not append) that header on every request, and nothing else may reach this port",
-            config.listen
+            listen
         )),
         IdentityConfig::Jwt(verifier) => {
             // RFC 7518 section 3.2: an HS256 key must be at least as long as the hash (32 bytes);
@@ -444,6 +536,23 @@ pub fn startup_warnings(config: &Config) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Config;
+
+    #[test]
+    fn identity_rules() {
+        assert_eq!(check_identity(None), Err(IdentityProblem::Missing));
+        assert_eq!(check_identity(Some(b"")), Err(IdentityProblem::Missing));
+        assert_eq!(check_identity(Some(b"alice")), Ok("alice"));
+        assert_eq!(check_identity(Some(b"a b~!")), Ok("a b~!"));
+        assert_eq!(check_identity(Some(&[b'a'; 256])).map(str::len), Ok(256));
+        assert_eq!(check_identity(Some(&[b'a'; 257])), Err(IdentityProblem::TooLong));
+        assert_eq!(check_identity(Some(b"tab\there")), Err(IdentityProblem::BadBytes));
+        assert_eq!(check_identity(Some("caf\u{e9}".as_bytes())), Err(IdentityProblem::BadBytes));
+        assert_eq!(check_identity(Some(&[0x7f])), Err(IdentityProblem::BadBytes));
+        assert_eq!(IdentityProblem::Missing.status(), 401);
+        assert_eq!(IdentityProblem::BadBytes.status(), 400);
+    }
+
     use http::HeaderValue;
 
     fn headers(pairs: &[(&str, &str)]) -> HeaderMap {

@@ -6,7 +6,7 @@
 //! process as soon as the last in-flight request is done (or the grace period is over).
 
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -15,8 +15,8 @@ use pingora::services::background::BackgroundService;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::mpsc;
 
-use crate::live::{self, LiveConfig};
-use crate::proxy::IN_FLIGHT;
+use crate::live;
+use crate::state::RoomState;
 
 /// Which signals stop the server, and how.
 pub struct StopSignals;
@@ -43,12 +43,12 @@ impl ShutdownSignalWatch for StopSignals {
 
 /// Ends the process once a graceful stop has drained the in-flight requests.
 pub struct Drain {
-    config: LiveConfig,
+    state: Arc<RoomState>,
 }
 
 impl Drain {
-    pub fn new(config: LiveConfig) -> Drain {
-        Drain { config }
+    pub fn new(state: Arc<RoomState>) -> Drain {
+        Drain { state }
     }
 }
 
@@ -58,12 +58,12 @@ impl BackgroundService for Drain {
         if shutdown.changed().await.is_err() {
             return;
         }
-        let grace = self.config.load().shutdown_grace;
+        let grace = self.state.settings().config.shutdown_grace;
         let deadline = Instant::now() + grace;
-        while IN_FLIGHT.load(Ordering::Acquire) > 0 && Instant::now() < deadline {
+        while self.state.in_flight() > 0 && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        let left = IN_FLIGHT.load(Ordering::Acquire);
+        let left = self.state.in_flight();
         if left > 0 {
             tracing::warn!(left, ?grace, "grace period over; dropping unfinished requests");
         } else {
@@ -79,7 +79,7 @@ impl BackgroundService for Drain {
 
 /// Reloads the configuration file on SIGHUP, and on a change of the file when `reload.watch`.
 pub struct Reloader {
-    config: LiveConfig,
+    state: Arc<RoomState>,
     path: PathBuf,
 }
 
@@ -88,8 +88,8 @@ pub struct Reloader {
 const SETTLE: Duration = Duration::from_millis(200);
 
 impl Reloader {
-    pub fn new(config: LiveConfig, path: PathBuf) -> Reloader {
-        Reloader { config, path }
+    pub fn new(state: Arc<RoomState>, path: PathBuf) -> Reloader {
+        Reloader { state, path }
     }
 
     /// Watches the file's folder rather than the file: a file replaced by rename is a new inode,
@@ -134,7 +134,7 @@ impl Reloader {
     fn reload(&self, why: &str) {
         tracing::info!(path = %self.path.display(), why, "reloading the configuration");
         // The outcome is logged and counted inside.
-        let _ = live::reload(&self.config, &self.path);
+        let _ = live::reload(&self.state, &self.path);
     }
 }
 
@@ -149,7 +149,7 @@ impl BackgroundService for Reloader {
             }
         };
         // Kept alive for as long as the loop runs; dropping it stops the watch.
-        let (_watcher, mut changes) = match self.config.load().reload_watch.then(|| self.watch()).flatten() {
+        let (_watcher, mut changes) = match self.state.settings().config.reload_watch.then(|| self.watch()).flatten() {
             Some((w, rx)) => (Some(w), Some(rx)),
             None => (None, None),
         };

@@ -38,7 +38,7 @@ use futures_util::StreamExt;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 
-use crate::config::Config;
+use crate::state::RoomState;
 use crate::store::{LineReading, Room};
 
 /// How often each proxy reads the line's mark: one MULTI of four reads, 100 a second.
@@ -55,9 +55,19 @@ const CANARY_CONNECT: Duration = Duration::from_secs(1);
 /// admission frees room.
 const MAX_USERS: usize = 1_000_000;
 
-/// Whether polls under `config` may be answered here: not when each poll must reach Redis.
-pub fn answers_locally(config: &Config) -> bool {
-    !config.polling.enforce && config.queue.abandon_after.is_zero()
+/// Where the line's guards read the time: the real clock in the proxy, a fake one in tests, so
+/// the freshness rules are tested without sleeping.
+pub trait Clock: Send + Sync {
+    fn now(&self) -> Instant;
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> Instant {
+        Instant::now()
+    }
 }
 
 /// The line as a contiguous range of arrival numbers, from one consistent reading; `None` when
@@ -86,37 +96,37 @@ struct State {
     pruned_at: Option<Instant>,
 }
 
-/// This proxy's view of the line: the mark and the arrival numbers it has learned.
+/// This proxy's view of the line: the mark and the arrival numbers it has learned. Whether a
+/// poll may be answered here at all is the policy's decision
+/// ([`crate::policy::Policy::local_answers`]), made by the caller.
 #[derive(Default)]
-pub struct LocalLine {
+pub struct LocalLine<C: Clock = SystemClock> {
     state: Mutex<State>,
+    clock: C,
 }
 
-impl LocalLine {
-    pub fn new() -> Arc<LocalLine> {
-        Arc::new(LocalLine::default())
+impl<C: Clock> LocalLine<C> {
+    pub fn with_clock(clock: C) -> LocalLine<C> {
+        LocalLine { state: Mutex::default(), clock }
     }
 
     /// The user's position, when it can be told without Redis.
     pub fn position(&self, user: &str) -> Option<u64> {
         let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let (left, last, read_at) = state.mark?;
-        if read_at.elapsed() > FRESH_FOR || state.reading_since.is_some_and(|t| t.elapsed() > SUSPECT_AFTER) {
+        let now = self.clock.now();
+        let stale = now.saturating_duration_since(read_at) > FRESH_FOR;
+        let suspect = state.reading_since.is_some_and(|t| now.saturating_duration_since(t) > SUSPECT_AFTER);
+        if stale || suspect {
             return None;
         }
         let number = *state.users.get(user)?;
         (number > left && number <= last).then(|| number - left)
     }
 
-    /// The user's position, when `config` lets polls be answered here and it can be told.
-    pub fn position_under(&self, config: &Config, user: &str) -> Option<u64> {
-        answers_locally(config).then(|| self.position(user)).flatten()
-    }
-
-    /// Remembers what an answer from Redis read of the user (see [`LocalLine::learn`]), when
-    /// `config` lets polls be answered here.
-    pub fn learn_under(&self, config: &Config, user: &str, arrival: Option<&(u64, String)>) {
-        if let (true, Some((number, epoch))) = (answers_locally(config), arrival) {
+    /// Remembers the arrival number an answer from Redis read of a waiting user, if it read one.
+    pub fn learn_arrival(&self, user: &str, arrival: Option<&(u64, String)>) {
+        if let Some((number, epoch)) = arrival {
             self.learn(user, *number, epoch);
         }
     }
@@ -137,7 +147,7 @@ impl LocalLine {
 
     /// A reading was sent to Redis.
     pub fn reading(&self) {
-        self.state.lock().unwrap_or_else(|e| e.into_inner()).reading_since = Some(Instant::now());
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).reading_since = Some(self.clock.now());
     }
 
     /// Takes a reading of the line (see [`Room::read_line`]).
@@ -148,7 +158,7 @@ impl LocalLine {
             state.users.clear();
             state.epoch = reading.epoch.clone();
         }
-        let now = Instant::now();
+        let now = self.clock.now();
         state.mark = match (&reading.epoch, mark_of(reading)) {
             (Some(_), Some((left, last))) => Some((left, last, now)),
             _ => None,
@@ -173,20 +183,22 @@ impl LocalLine {
     }
 }
 
-/// Reads the line's mark every [`REFRESH_EVERY`] for this proxy's [`LocalLine`].
+/// Reads the line's mark every [`REFRESH_EVERY`] for this proxy's [`LocalLine`] (the room
+/// state's).
 pub struct LineWatcher {
     room: Room,
-    line: Arc<LocalLine>,
+    state: Arc<RoomState>,
 }
 
 impl LineWatcher {
-    pub fn new(room: Room, line: Arc<LocalLine>) -> LineWatcher {
+    pub fn new(state: Arc<RoomState>, room: Room) -> LineWatcher {
         // A reading that takes much longer than its freshness is useless anyway.
         let timeout = room.timeout().min(FRESH_FOR * 4);
-        LineWatcher {
-            room: room.with_timeout(timeout),
-            line,
-        }
+        LineWatcher { room: room.with_timeout(timeout), state }
+    }
+
+    fn line(&self) -> &LocalLine {
+        self.state.line()
     }
 
     /// Subscribes to the room's watch channel and waits for the subscription to end, over and
@@ -215,7 +227,7 @@ impl LineWatcher {
                 }
                 _ => {}
             }
-            self.line.invalidate();
+            self.line().invalidate();
             tokio::time::sleep(pause).await;
             // Redis is away: try again, but not 100 times a second.
             pause = (pause * 2).min(Duration::from_secs(1));
@@ -223,10 +235,10 @@ impl LineWatcher {
     }
 
     async fn read(&self) {
-        self.line.reading();
+        self.line().reading();
         match self.room.read_line().await {
             Ok(reading) => {
-                self.line.refresh(&reading);
+                self.line().refresh(&reading);
                 if reading.epoch.is_none() {
                     // A new room, or one reset: give it an epoch (the next reading takes it).
                     if let Err(error) = self.room.start_epoch().await {
@@ -235,7 +247,7 @@ impl LineWatcher {
                 }
             }
             Err(error) => {
-                self.line.invalidate();
+                self.line().invalidate();
                 tracing::debug!(%error, "reading the line's mark failed");
             }
         }
@@ -268,6 +280,26 @@ impl BackgroundService for LineWatcher {
 mod tests {
     use super::*;
 
+    /// A clock that moves only when told to.
+    #[derive(Clone)]
+    struct FakeClock(Arc<Mutex<Instant>>);
+
+    impl FakeClock {
+        fn new() -> FakeClock {
+            FakeClock(Arc::new(Mutex::new(Instant::now())))
+        }
+
+        fn advance(&self, by: Duration) {
+            *self.0.lock().unwrap() += by;
+        }
+    }
+
+    impl Clock for FakeClock {
+        fn now(&self) -> Instant {
+            *self.0.lock().unwrap()
+        }
+    }
+
     fn reading(last: u64, len: u64, first: Option<u64>, epoch: &str) -> LineReading {
         LineReading {
             last,
@@ -295,7 +327,7 @@ mod tests {
 
     #[test]
     fn positions_follow_the_mark() {
-        let line = LocalLine::default();
+        let line: LocalLine = LocalLine::default();
         line.refresh(&reading(10, 10, Some(1), "e"));
         line.learn("u7", 7, "e");
         assert_eq!(line.position("u7"), Some(7));
@@ -309,7 +341,7 @@ mod tests {
 
     #[test]
     fn numbers_from_another_epoch_are_never_used() {
-        let line = LocalLine::default();
+        let line: LocalLine = LocalLine::default();
         line.refresh(&reading(10, 10, Some(1), "old"));
         line.learn("u5", 5, "old");
         line.learn("u6", 6, "new");
@@ -332,7 +364,7 @@ mod tests {
 
     #[test]
     fn a_failed_or_gapped_reading_stops_local_answers() {
-        let line = LocalLine::default();
+        let line: LocalLine = LocalLine::default();
         line.refresh(&reading(10, 10, Some(1), "e"));
         line.learn("u3", 3, "e");
         line.invalidate();
@@ -353,23 +385,41 @@ mod tests {
 
     #[test]
     fn a_reading_left_unanswered_stops_local_answers() {
-        let line = LocalLine::default();
+        let clock = FakeClock::new();
+        let line = LocalLine::with_clock(clock.clone());
         line.refresh(&reading(10, 10, Some(1), "e"));
         line.learn("u3", 3, "e");
         line.reading();
-        assert_eq!(line.position("u3"), Some(3), "a reading just sent");
-        line.state.lock().unwrap().reading_since = Some(Instant::now() - SUSPECT_AFTER - Duration::from_millis(1));
-        assert_eq!(line.position("u3"), None);
+        clock.advance(SUSPECT_AFTER);
+        assert_eq!(line.position("u3"), Some(3), "a reading sent just within the bound");
+        clock.advance(Duration::from_millis(1));
+        assert_eq!(line.position("u3"), None, "Redis has not answered for longer than the bound");
         line.refresh(&reading(10, 10, Some(1), "e"));
         assert_eq!(line.position("u3"), Some(3));
     }
 
     #[test]
     fn an_old_reading_is_not_used() {
-        let line = LocalLine::default();
+        let clock = FakeClock::new();
+        let line = LocalLine::with_clock(clock.clone());
         line.refresh(&reading(10, 10, Some(1), "e"));
         line.learn("u3", 3, "e");
-        line.state.lock().unwrap().mark.as_mut().unwrap().2 -= FRESH_FOR + Duration::from_millis(1);
+        clock.advance(FRESH_FOR);
+        assert_eq!(line.position("u3"), Some(3), "a reading exactly as old as the bound");
+        clock.advance(Duration::from_millis(1));
         assert_eq!(line.position("u3"), None);
+    }
+
+    #[test]
+    fn admitted_users_are_forgotten_at_most_once_a_second() {
+        let clock = FakeClock::new();
+        let line = LocalLine::with_clock(clock.clone());
+        line.refresh(&reading(10, 10, Some(1), "e"));
+        line.learn("u2", 2, "e");
+        line.refresh(&reading(10, 8, Some(3), "e"));
+        assert_eq!(line.state.lock().unwrap().users.len(), 1, "pruned within the second: kept");
+        clock.advance(Duration::from_secs(1));
+        line.refresh(&reading(10, 8, Some(3), "e"));
+        assert!(line.state.lock().unwrap().users.is_empty(), "a second later the admitted user is dropped");
     }
 }

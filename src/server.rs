@@ -14,11 +14,11 @@ use crate::admission::Admitter;
 use crate::config::Config;
 use crate::health::{OpsEndpoints, RoomWatcher};
 use crate::lifecycle::{Drain, Reloader, StopSignals};
-use crate::line::{LineWatcher, LocalLine};
-use crate::live;
+use crate::line::LineWatcher;
 use crate::metrics;
 use crate::proxy::Waitroom;
 use crate::rules;
+use crate::state::RoomState;
 use crate::store::{Room, StoreError};
 
 /// Why the server could not start (exit code 1).
@@ -69,12 +69,10 @@ fn worker_threads() -> usize {
 pub fn run(config: Config, config_path: PathBuf) -> Result<(), StartError> {
     let upstream = preflight(&config)?;
     claim_sighup()?;
-    for warning in crate::identity::startup_warnings(&config) {
+    for warning in crate::identity::startup_warnings(&config.identity, config.listen) {
         tracing::warn!("{warning}");
     }
     metrics::init();
-    metrics::ADMISSION_RATE.set(config.admission_rate());
-    metrics::ADMISSION_BATCH.set(config.admission.batch_size.get() as i64);
 
     let conf = ServerConf {
         threads: worker_threads(),
@@ -90,29 +88,36 @@ pub fn run(config: Config, config_path: PathBuf) -> Result<(), StartError> {
     let listen = config.listen.to_string();
     let metrics_listen = config.metrics_listen.to_string();
     let redis = config.redis.clone();
-    let live = live::new(config);
-    let line = LocalLine::new();
+    // The one room state every service below shares (no process-wide statics but the metrics).
+    let state = RoomState::new(config);
+    {
+        let policy = &state.settings().policy;
+        metrics::ADMISSION_RATE.set(policy.configured_rate());
+        metrics::ADMISSION_BATCH.set(policy.rules.batch_size as i64);
+    }
 
     let mut proxy = pingora::proxy::http_proxy_service_with_name(
         &server.configuration,
-        Waitroom::new(live.clone(), Room::new(&redis)?, line.clone(), upstream),
+        Waitroom::new(state.clone(), Room::new(&redis)?, upstream),
         "waitroom",
     );
     proxy.add_tcp(&listen);
 
-    let mut ops = Service::new("ops".to_string(), OpsEndpoints);
+    let mut ops = Service::new("ops".to_string(), OpsEndpoints::new(state.clone()));
     ops.add_tcp(&metrics_listen);
     ops.threads = Some(1);
 
-    let mut admitter = background_service("admission", Admitter::new(live.clone(), Room::new(&redis)?));
+    // Each background service gets its own Redis handle: a connection's driver task lives on the
+    // runtime that made it, and pingora gives every service its own runtime.
+    let mut admitter = background_service("admission", Admitter::new(state.clone(), Room::new(&redis)?));
     admitter.threads = Some(1);
-    let mut watcher = background_service("room watcher", RoomWatcher::new(live.clone(), Room::new(&redis)?));
+    let mut watcher = background_service("room watcher", RoomWatcher::new(state.clone(), Room::new(&redis)?));
     watcher.threads = Some(1);
-    let mut line_watcher = background_service("line watcher", LineWatcher::new(Room::new(&redis)?, line));
+    let mut line_watcher = background_service("line watcher", LineWatcher::new(state.clone(), Room::new(&redis)?));
     line_watcher.threads = Some(1);
-    let mut reloader = background_service("reloader", Reloader::new(live.clone(), config_path));
+    let mut reloader = background_service("reloader", Reloader::new(state.clone(), config_path));
     reloader.threads = Some(1);
-    let mut drain = background_service("drain", Drain::new(live));
+    let mut drain = background_service("drain", Drain::new(state));
     drain.threads = Some(1);
 
     server.add_service(proxy);

@@ -5,10 +5,10 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
 use proptest::prelude::*;
-use waitroom::config::Cidr;
+use waitroom::identity::{check_identity, IdentityProblem};
 use waitroom::rules::{
-    self, check_identity, client_address, estimated_wait_secs, expires_in_secs, poll_after_secs,
-    poll_thresholds, token_matches, IdentityProblem, PollTier, Rate,
+    self, client_address, estimated_wait_secs, expires_in_secs, poll_after_secs, poll_thresholds,
+    token_matches, Cidr, PollTier, Rate,
 };
 
 /// A rate an operator could configure: 1..=1000 users every 1 ms..=60 s.

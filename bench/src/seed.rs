@@ -9,9 +9,9 @@ use std::io::Write;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use clap::Args;
+use waitroom_tools::numbers::SplitMix64;
 
 use crate::resp::encode;
-use crate::stats::SplitMix64;
 use crate::{ctx, Result};
 
 #[derive(Args)]

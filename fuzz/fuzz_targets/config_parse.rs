@@ -5,6 +5,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use waitroom::config::Config;
+use waitroom::policy::Policy;
 
 fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else {
@@ -18,9 +19,11 @@ fuzz_target!(|data: &[u8]| {
             assert!(!c.token.ttl.is_zero());
             assert!(c.endpoints.prefix.starts_with('/') || c.endpoints.prefix.is_empty());
             assert!(c.poll_after.last().is_some_and(|t| t.min_wait.is_zero()));
-            assert_eq!(c.poll_thresholds.len(), c.poll_after.len());
             assert!((0.0..1.0).contains(&c.polling.grace));
-            assert!(c.admission_rate() > 0.0);
+            // Compiling the accepted configuration's policy must not panic either.
+            let policy = Policy::compile(&c);
+            assert_eq!(policy.poll_thresholds.len(), c.poll_after.len());
+            assert!(policy.configured_rate() > 0.0);
         }
         Err(e) => {
             assert!(!e.problems.is_empty());

@@ -127,7 +127,7 @@ mod tests {
     fn bodies_carry_exactly_the_contract_keys_in_order() {
         let c = config();
         assert_eq!(
-            body(&Answer::waiting(342, crate::admission::configured_pace(&c), &c)),
+            body(&Answer::waiting(342, crate::policy::Policy::compile(&c).configured_pace, &c)),
             r#"{"status":"WAITING","position":342,"estimatedWaitTime":4,"pollAfter":2}"#
         );
         assert_eq!(

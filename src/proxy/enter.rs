@@ -5,20 +5,21 @@
 use pingora::proxy::Session;
 
 use super::{identity, Answer, Ctx};
-use crate::admission::Pacing;
 use crate::config::Config;
-use crate::line::LocalLine;
 use crate::metrics;
+use crate::policy::Settings;
 use crate::rules;
-use crate::store::{EnterOutcome, EnterRequest, Room, RoomRules};
+use crate::state::RoomState;
+use crate::store::{EnterOutcome, EnterRequest, Room};
 
 pub async fn handle(
-    config: &Config,
+    state: &RoomState,
+    settings: &Settings,
     room: &Room,
-    local: &LocalLine,
     session: &Session,
     ctx: &mut Ctx,
 ) -> Answer {
+    let (config, policy) = (&settings.config, &settings.policy);
     if session.req_header().method != http::Method::POST {
         return Answer::method_not_allowed("POST");
     }
@@ -27,10 +28,11 @@ pub async fn handle(
         Err(problem) => return Answer::identity(problem),
     };
     let address = (config.abuse.identities_per_address > 0).then(|| client_address(config, session));
-    let pacing = Pacing::new(config);
+    let pacing = state.pacing(settings);
     // Entering again while waiting changes nothing (same place, no new number, no limit spent)
     // unless Redis must hear of it: then it is the status answer.
-    if let Some(position) = local.position_under(config, user) {
+    let local = policy.local_answers.then_some(state.line());
+    if let Some(position) = local.and_then(|line| line.position(user)) {
         metrics::ENTER_TOTAL.with_label_values(&["already_waiting"]).inc();
         return Answer::waiting(position, pacing.pace(), config);
     }
@@ -38,12 +40,14 @@ pub async fn handle(
         user,
         capacity: config.queue.capacity.get(),
         per_address: address.as_deref().map(|a| (a, config.abuse.identities_per_address)),
-        poll: pacing.poll_clock(config),
+        poll: pacing.poll_clock(),
     };
-    let (result, answer) = match room.enter_with(request, &RoomRules::from_config(config)).await {
+    let (result, answer) = match room.enter_with(request, &policy.rules).await {
         Ok(entered) => {
             metrics::ABANDONED_TOTAL.inc_by(entered.abandoned);
-            local.learn_under(config, user, entered.arrival.as_ref());
+            if let Some(line) = local {
+                line.learn_arrival(user, entered.arrival.as_ref());
+            }
             match entered.outcome {
                 EnterOutcome::Waiting { position, already } => (
                     if already { "already_waiting" } else { "queued" },
@@ -74,10 +78,6 @@ pub async fn handle(
 fn client_address(config: &Config, session: &Session) -> String {
     let peer = session.client_addr().and_then(|a| a.as_inet()).map(|a| a.ip());
     let Some(peer) = peer else { return "unknown".to_string() };
-    let forwarded = session
-        .req_header()
-        .headers
-        .get("x-forwarded-for")
-        .and_then(|v| v.to_str().ok());
-    rules::client_address(peer, forwarded, &config.abuse.trusted_proxies).to_string()
+    let forwarded = super::headers::forwarded_for(&session.req_header().headers);
+    rules::client_address(peer, forwarded.as_deref(), &config.abuse.trusted_proxies).to_string()
 }

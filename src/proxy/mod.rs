@@ -10,11 +10,11 @@
 
 mod answer;
 mod enter;
+pub mod headers;
 mod protected;
 mod status;
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -26,16 +26,12 @@ use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 
 pub use answer::Answer;
 
-use crate::config::Config;
-use crate::line::LocalLine;
-use crate::live::LiveConfig;
-use crate::metrics;
+use crate::config::{Config, IdentityConfig};
 use crate::identity::Refusal;
+use crate::metrics;
 use crate::rules;
+use crate::state::{InFlight, RoomState};
 use crate::store::Room;
-
-/// Requests being handled right now; graceful shutdown waits for this to reach zero.
-pub static IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
 
 /// What kind of request this is, decided once from method and path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -85,30 +81,46 @@ pub struct Ctx {
     spend: Option<String>,
     upstream_started: Option<Instant>,
     upstream_status: Option<u16>,
+    /// Counts the request for a graceful stop until the context is dropped.
+    _in_flight: InFlight,
 }
 
-impl Drop for Ctx {
-    fn drop(&mut self) {
-        IN_FLIGHT.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-/// The proxy service: the live configuration, this service's handle on the room, the upstream.
+/// The proxy service: the room state, this service's handle on the room's Redis, the upstream.
 pub struct Waitroom {
-    config: LiveConfig,
+    state: Arc<RoomState>,
     room: Arc<Room>,
-    line: Arc<LocalLine>,
     upstream: Box<HttpPeer>,
 }
 
 impl Waitroom {
-    pub fn new(config: LiveConfig, room: Room, line: Arc<LocalLine>, upstream: SocketAddr) -> Waitroom {
+    pub fn new(state: Arc<RoomState>, room: Room, upstream: SocketAddr) -> Waitroom {
         let mut peer = HttpPeer::new(upstream, false, String::new());
         // A backend that does not accept within this is as good as down: answer 502 rather than
         // hold the user's connection.
         peer.options.connection_timeout = Some(Duration::from_secs(3));
-        Waitroom { config, room: Arc::new(room), line, upstream: Box::new(peer) }
+        Waitroom { state, room: Arc::new(room), upstream: Box::new(peer) }
     }
+}
+
+/// Keeps the identity header (trusted-header mode) and the token header out of `Connection`'s
+/// reach, so they travel to the upstream as the client sent them (see [`headers`]).
+fn shield_room_headers(config: &Config, session: &mut Session) -> Result<()> {
+    let headers = &session.req_header().headers;
+    if !headers.contains_key(http::header::CONNECTION) {
+        return Ok(());
+    }
+    let lines = match &config.identity {
+        IdentityConfig::Header(identity) => headers::shielded_connection(headers, &[identity, &config.token.header]),
+        IdentityConfig::Jwt(_) => headers::shielded_connection(headers, &[&config.token.header]),
+    };
+    if let Some(lines) = lines {
+        let request = session.req_header_mut();
+        request.remove_header(&http::header::CONNECTION);
+        for line in lines {
+            request.append_header(http::header::CONNECTION, line)?;
+        }
+    }
+    Ok(())
 }
 
 /// The user named by the request (trusted header or verified JWT, see [`crate::identity`]),
@@ -197,7 +209,6 @@ impl ProxyHttp for Waitroom {
     type CTX = Ctx;
 
     fn new_ctx(&self) -> Ctx {
-        IN_FLIGHT.fetch_add(1, Ordering::AcqRel);
         Ctx {
             endpoint: Endpoint::Passthrough,
             started: Instant::now(),
@@ -205,14 +216,17 @@ impl ProxyHttp for Waitroom {
             spend: None,
             upstream_started: None,
             upstream_status: None,
+            _in_flight: self.state.request_started(),
         }
     }
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> Result<bool> {
-        let config = self.config.load();
+        let settings = self.state.settings();
+        let config = &settings.config;
         limit_slow_clients(session);
+        shield_room_headers(config, session)?;
         let header = session.req_header();
-        ctx.endpoint = Endpoint::classify(&config, &header.method, header.uri.path());
+        ctx.endpoint = Endpoint::classify(config, &header.method, header.uri.path());
         if own_body_too_large(session, ctx.endpoint).await? {
             write_answer(session, Answer::error(413, "request body too large")).await?;
             return Ok(true);
@@ -222,13 +236,13 @@ impl ProxyHttp for Waitroom {
             Endpoint::Passthrough => return Ok(false),
             Endpoint::Page => {
                 let accept_language = header.headers.get(http::header::ACCEPT_LANGUAGE);
-                let page = crate::page::render(&config, accept_language.map(|v| v.as_bytes()));
+                let page = crate::page::render(config, accept_language.map(|v| v.as_bytes()));
                 write_page(session, page).await?;
                 return Ok(true);
             }
-            Endpoint::Enter => enter::handle(&config, &self.room, &self.line, session, ctx).await,
-            Endpoint::Status => status::handle(&config, &self.room, &self.line, session, ctx).await,
-            Endpoint::Protected => match protected::check(&config, &self.room, session, ctx).await {
+            Endpoint::Enter => enter::handle(&self.state, &settings, &self.room, session, ctx).await,
+            Endpoint::Status => status::handle(&self.state, &settings, &self.room, session, ctx).await,
+            Endpoint::Protected => match protected::check(config, &self.room, self.state.spent(), session, ctx).await {
                 None => return Ok(false),
                 Some(refusal) => refusal,
             },
@@ -250,6 +264,25 @@ impl ProxyHttp for Waitroom {
         Ok(self.upstream.clone())
     }
 
+    /// Runs after pingora has removed the hop-by-hop headers: what is set here reaches the
+    /// upstream whatever the client's `Connection` said.
+    async fn upstream_request_filter(
+        &self,
+        _session: &mut Session,
+        upstream_request: &mut RequestHeader,
+        ctx: &mut Ctx,
+    ) -> Result<()> {
+        if ctx.endpoint != Endpoint::Protected {
+            return Ok(());
+        }
+        if let (IdentityConfig::Jwt(verifier), Some(user)) = (&self.state.settings().config.identity, &ctx.user) {
+            // The verified identity replaces whatever the client sent under that name, so the
+            // upstream can credit the order to the user the room admitted.
+            upstream_request.insert_header(verifier.forward_header.clone(), user.as_str())?;
+        }
+        Ok(())
+    }
+
     async fn upstream_response_filter(
         &self,
         _session: &mut Session,
@@ -269,12 +302,12 @@ impl ProxyHttp for Waitroom {
                 .observe(latency.as_secs_f64());
             // What the adaptive controller listens to (see crate::admission).
             if ctx.endpoint == Endpoint::Protected {
-                crate::admission::UPSTREAM_LATENCIES.record(latency);
+                self.state.latencies().record(latency);
             }
         }
         if let (Some(token), Some(user)) = (ctx.spend.take(), ctx.user.as_deref()) {
-            let ttl = self.config.load().token.ttl;
-            protected::settle(&self.room, user, &token, status, ttl).await;
+            let ttl = self.state.settings().config.token.ttl;
+            protected::settle(&self.room, self.state.spent(), user, &token, status, ttl).await;
         }
         Ok(())
     }

@@ -12,11 +12,18 @@ use super::{identity, Answer, Ctx};
 use crate::config::Config;
 use crate::metrics;
 use crate::rules::{self, TokenFate};
+use crate::spent::SpentTokens;
 use crate::store::Room;
 
 /// Returns the refusal to send, or `None` when the request may go upstream.
-pub async fn check(config: &Config, room: &Room, session: &Session, ctx: &mut Ctx) -> Option<Answer> {
-    let (result, refusal) = decide(config, room, session, ctx).await;
+pub async fn check(
+    config: &Config,
+    room: &Room,
+    spent: &SpentTokens,
+    session: &Session,
+    ctx: &mut Ctx,
+) -> Option<Answer> {
+    let (result, refusal) = decide(config, room, spent, session, ctx).await;
     metrics::PROTECTED_TOTAL.with_label_values(&[result]).inc();
     refusal
 }
@@ -24,6 +31,7 @@ pub async fn check(config: &Config, room: &Room, session: &Session, ctx: &mut Ct
 async fn decide(
     config: &Config,
     room: &Room,
+    spent: &SpentTokens,
     session: &Session,
     ctx: &mut Ctx,
 ) -> (&'static str, Option<Answer>) {
@@ -31,10 +39,18 @@ async fn decide(
         Ok(user) => ctx.user.insert(user),
         Err(problem) => return ("unauthenticated", Some(Answer::identity(problem))),
     };
-    let presented = match session.req_header().headers.get(&config.token.header) {
-        Some(v) if !v.is_empty() => v.as_bytes(),
+    let mut tokens = session.req_header().headers.get_all(&config.token.header).iter();
+    let presented = match (tokens.next(), tokens.next()) {
+        // The proxy would check one copy and the upstream might read the other.
+        (Some(_), Some(_)) => {
+            return ("forbidden", Some(Answer::error(400, "the entry token header must be sent once")))
+        }
+        (Some(v), None) if !v.is_empty() => v.as_bytes(),
         _ => return ("forbidden", Some(Answer::error(403, "an entry token is required"))),
     };
+    if spent.is_spent(presented) {
+        return ("forbidden", Some(Answer::error(403, "the entry token has already been used")));
+    }
     match room.current_token(user).await {
         Ok(Some(current)) if rules::token_matches(presented, current.as_bytes()) => {
             ctx.spend = Some(current);
@@ -50,10 +66,20 @@ async fn decide(
 }
 
 /// Applies the upstream's verdict to the token that was used.
-pub async fn settle(room: &Arc<Room>, user: &str, token: &str, upstream_status: u16, token_ttl: Duration) {
+pub async fn settle(
+    room: &Arc<Room>,
+    spent: &SpentTokens,
+    user: &str,
+    token: &str,
+    upstream_status: u16,
+    token_ttl: Duration,
+) {
     if rules::token_fate(Some(upstream_status)) == TokenFate::Keep {
         return;
     }
+    // Before Redis hears of it: a repeat through this proxy is refused from now on, whatever
+    // becomes of the delete.
+    spent.remember(token, token_ttl);
     match room.consume(user, token).await {
         Ok(true) => metrics::TOKENS_CONSUMED_TOTAL.inc(),
         // Expired, or already replaced by a newer token, between the check and now.

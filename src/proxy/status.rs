@@ -4,19 +4,19 @@
 use pingora::proxy::Session;
 
 use super::{identity, Answer, Ctx};
-use crate::admission::Pacing;
-use crate::config::Config;
-use crate::line::LocalLine;
 use crate::metrics;
-use crate::store::{Room, RoomRules, StatusOutcome};
+use crate::policy::Settings;
+use crate::state::RoomState;
+use crate::store::{Room, StatusOutcome};
 
 pub async fn handle(
-    config: &Config,
+    state: &RoomState,
+    settings: &Settings,
     room: &Room,
-    local: &LocalLine,
     session: &Session,
     ctx: &mut Ctx,
 ) -> Answer {
+    let (config, policy) = (&settings.config, &settings.policy);
     if session.req_header().method != http::Method::GET {
         return Answer::method_not_allowed("GET");
     }
@@ -24,16 +24,18 @@ pub async fn handle(
         Ok(user) => ctx.user.insert(user),
         Err(problem) => return Answer::identity(problem),
     };
-    let pacing = Pacing::new(config);
-    if let Some(position) = local.position_under(config, user) {
+    let pacing = state.pacing(settings);
+    let local = policy.local_answers.then_some(state.line());
+    if let Some(position) = local.and_then(|line| line.position(user)) {
         metrics::STATUS_TOTAL.with_label_values(&["WAITING"]).inc();
         return Answer::waiting(position, pacing.pace(), config);
     }
-    let rules = RoomRules::from_config(config);
-    let (label, answer) = match room.status_with(user, pacing.poll_clock(config), &rules).await {
+    let (label, answer) = match room.status_with(user, pacing.poll_clock(), &policy.rules).await {
         Ok(status) => {
             metrics::ABANDONED_TOTAL.inc_by(status.abandoned);
-            local.learn_under(config, user, status.arrival.as_ref());
+            if let Some(line) = local {
+                line.learn_arrival(user, status.arrival.as_ref());
+            }
             match status.outcome {
                 StatusOutcome::Waiting { position } => {
                     ("WAITING", Answer::waiting(position, pacing.pace(), config))

@@ -1,0 +1,164 @@
+//! No way around the room (contract section 12): headers a client could use to slip an order
+//! past the room's checks, tried with raw sockets against the real proxy, a real Redis and the
+//! demo order API's echo, which shows what the upstream received.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use serde_json::Value;
+
+/// A room whose protected route is the demo API's echo, so the upstream's view of a protected
+/// request can be read back. Admission is quick so tokens come at once.
+const ECHO_ROOM: &str = "admission: {interval: 20ms, batch_size: 50}\nprotected: [{method: POST, path: /api/echo}]";
+
+/// The JSON body of a raw HTTP response.
+fn body_of(raw: &str) -> Value {
+    let body = raw.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("not JSON ({e}): {raw}"))
+}
+
+fn status_of(raw: &str) -> u16 {
+    raw.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("no status line: {raw:?}"))
+}
+
+/// Every value of `name` the upstream saw, from the echo's `headers` list.
+fn echoed(echo: &Value, name: &str) -> Vec<String> {
+    echo["headers"]
+        .as_array()
+        .expect("echo lists headers")
+        .iter()
+        .filter(|pair| pair[0].as_str().is_some_and(|n| n.eq_ignore_ascii_case(name)))
+        .map(|pair| pair[1].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
+#[tokio::test]
+async fn connection_cannot_drop_the_identity_or_the_token_header() {
+    let redis = RedisServer::start();
+    let api = DemoApi::start(&[]);
+    let proxy = Proxy::builder(&redis.url(), api.addr()).yaml(ECHO_ROOM).start().await;
+    let token = proxy.until_ready("alice", Duration::from_secs(10)).await;
+    let request = format!(
+        "POST /api/echo HTTP/1.1\r\nHost: shop\r\nX-User-Id: alice\r\nX-Entry-Token: {token}\r\n\
+         Connection: close, X-User-Id, X-Entry-Token\r\nContent-Length: 2\r\n\r\n{{}}"
+    );
+    let raw = raw_request(proxy.addr(), request.as_bytes()).await;
+    assert_eq!(status_of(&raw), 200, "{raw}");
+    let echo = body_of(&raw);
+    assert_eq!(echoed(&echo, "x-user-id"), ["alice"], "{echo}");
+    assert_eq!(echoed(&echo, "x-entry-token"), [token.clone()], "{echo}");
+
+    // A pass-through request keeps them too: the upstream may read the identity anywhere.
+    let raw = raw_request(
+        proxy.addr(),
+        b"GET /api/other HTTP/1.1\r\nHost: shop\r\nX-User-Id: bob\r\nConnection: x-user-id, close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(echoed(&body_of(&raw), "x-user-id"), ["bob"], "{raw}");
+}
+
+#[tokio::test]
+async fn a_second_token_header_is_refused_before_the_upstream() {
+    let redis = RedisServer::start();
+    let api = DemoApi::start(&[]);
+    let proxy = Proxy::builder(&redis.url(), api.addr())
+        .yaml("admission: {interval: 20ms, batch_size: 50}")
+        .start()
+        .await;
+    let token = proxy.until_ready("alice", Duration::from_secs(10)).await;
+    for second in [token.as_str(), "forged"] {
+        let request = format!(
+            "POST /api/orders HTTP/1.1\r\nHost: shop\r\nX-User-Id: alice\r\nX-Entry-Token: {token}\r\n\
+             X-Entry-Token: {second}\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{{}}"
+        );
+        let raw = raw_request(proxy.addr(), request.as_bytes()).await;
+        assert_eq!(status_of(&raw), 400, "{raw}");
+        assert_eq!(body_of(&raw), serde_json::json!({"error": "the entry token header must be sent once"}));
+    }
+    assert_eq!(api.stats().await["completed"], 0, "nothing reached the order API");
+    // The token was never claimed or spent: one copy of it still orders.
+    assert_eq!(proxy.order("alice", Some(&token)).await.status, 201);
+}
+
+#[tokio::test]
+async fn an_h2c_upgrade_is_forwarded_without_its_upgrade_headers() {
+    let redis = RedisServer::start();
+    let api = DemoApi::start(&[]);
+    let proxy = Proxy::builder(&redis.url(), api.addr()).start().await;
+    let raw = raw_request(
+        proxy.addr(),
+        b"GET /api/catalog HTTP/1.1\r\nHost: shop\r\nConnection: Upgrade, HTTP2-Settings\r\n\
+          Upgrade: h2c\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n\r\n",
+    )
+    .await;
+    assert_eq!(status_of(&raw), 200, "no switch of protocols: {raw}");
+    let echo = body_of(&raw);
+    assert!(echoed(&echo, "upgrade").is_empty(), "{echo}");
+    assert!(echoed(&echo, "http2-settings").is_empty(), "{echo}");
+}
+
+#[tokio::test]
+async fn every_forwarded_for_line_counts_toward_the_client_address() {
+    let redis = RedisServer::start();
+    let api = DemoApi::start(&[]);
+    let proxy = Proxy::builder(&redis.url(), api.addr())
+        .yaml("abuse: {identities_per_address: 1, trusted_proxies: ['127.0.0.1/32']}")
+        .start()
+        .await;
+    // The client forges a first line; the balancer in front appends its own with the real
+    // address. Each user forges another first line.
+    let enter = |user: &str, forged: &str| {
+        format!(
+            "POST /queue/enter HTTP/1.1\r\nHost: shop\r\nX-User-Id: {user}\r\nX-Forwarded-For: {forged}\r\n\
+             X-Forwarded-For: 203.0.113.7\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        )
+    };
+    let first = raw_request(proxy.addr(), enter("u1", "198.51.100.1").as_bytes()).await;
+    assert_eq!(body_of(&first)["status"], "WAITING", "{first}");
+    let second = raw_request(proxy.addr(), enter("u2", "198.51.100.2").as_bytes()).await;
+    assert_eq!(status_of(&second), 429, "{second}");
+    assert_eq!(body_of(&second)["status"], "LIMITED", "{second}");
+}
+
+#[tokio::test]
+async fn jwt_mode_forwards_the_verified_identity_not_the_clients() {
+    use jsonwebtoken::{EncodingKey, Header};
+    const SECRET: &str = "a-test-secret-of-at-least-32-bytes!!";
+    let redis = RedisServer::start();
+    let api = DemoApi::start(&[]);
+    let proxy = Proxy::builder(&redis.url(), api.addr())
+        .yaml(ECHO_ROOM)
+        .yaml("identity: {jwt: {secret_env: AROUND_JWT_SECRET}}")
+        .env("AROUND_JWT_SECRET", SECRET)
+        .start()
+        .await;
+    let exp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() + 600;
+    let jwt = jsonwebtoken::encode(
+        &Header::default(),
+        &serde_json::json!({"sub": "alice", "exp": exp}),
+        &EncodingKey::from_secret(SECRET.as_bytes()).unwrap(),
+    )
+    .unwrap();
+    let bearer = format!("Bearer {jwt}");
+    let client = proxy.client();
+    send(client.post(proxy.url("/queue/enter")).header("authorization", &bearer)).await;
+    let token = loop {
+        let body = send(client.get(proxy.url("/queue/status")).header("authorization", &bearer)).await.json();
+        if body["status"] == "READY" {
+            break body["token"].as_str().unwrap().to_owned();
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let echo = send(
+        client
+            .post(proxy.url("/api/echo"))
+            .header("authorization", &bearer)
+            .header("x-entry-token", &token)
+            .header("x-user-id", "mallory"),
+    )
+    .await;
+    assert_eq!(echo.status, 200, "{}", echo.body);
+    assert_eq!(echoed(&echo.json(), "x-user-id"), ["alice"], "{}", echo.body);
+}
