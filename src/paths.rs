@@ -23,9 +23,13 @@
 //!   percent-encoded in the canonical path, so `/caf\u{e9}` and `/caf%c3%a9` are one path. The
 //!   output is therefore always ASCII.
 //! - The alternative readings (see [`classify`]): `%2F`, `%5C` and `\` as `/` (the contract's), and
-//!   also `;` parameters removed *before* `//` and dot segments are resolved (Tomcat reads
-//!   `/x/..;/api/orders` as `/api/orders`). Dot segments climbing above the root are dropped in
-//!   these readings, as Go's `path.Clean` and Python's `normpath` do. A request is refused when
+//!   two more the contract's wording does not list but its purpose needs: `;` parameters removed
+//!   *before* dot segments are resolved (Tomcat reads `/x/..;/api/orders` as `/api/orders`), and
+//!   dot segments resolved *before* `//` is merged (a WHATWG URL parser, as in Node's `URL`, Deno
+//!   or Bun, reads `/api/orders//..` as `/api/orders/`). Each combination of the three is tried,
+//!   always from the decoded path, before any `..` has removed a `%2F` or a `//`. Dot segments
+//!   climbing above the root are dropped in these readings, as `path.Clean`, `normpath` and
+//!   WHATWG do. A request is refused when
 //!   an alternative reading differs from the plain one and is protected, whether or not the plain
 //!   reading is protected too: that is what the contract's sentence says, and the safer side (an
 //!   order path carrying an encoded slash is never legitimate; the backend is never asked to
@@ -82,6 +86,8 @@ pub struct Canonical<'a> {
     /// The whole target was origin-form without a fragment and its path already canonical: it can
     /// be forwarded as it came.
     unchanged: Option<&'a [u8]>,
+    /// The path as it came, for the alternative readings.
+    raw_path: &'a [u8],
 }
 
 impl fmt::Debug for Canonical<'_> {
@@ -143,7 +149,7 @@ pub fn canonical_path<T: AsRef<[u8]> + ?Sized>(target: &T) -> Result<Canonical<'
     // Forwarded as it came only when nothing at all would change (pingora drops a fragment).
     let as_is = split.origin_form && split.without_fragment.len() == target.len();
     let unchanged = (as_is && matches!(path, Cow::Borrowed(_))).then_some(target);
-    Ok(Canonical { path, query: split.query, unchanged })
+    Ok(Canonical { path, query: split.query, unchanged, raw_path: split.path })
 }
 
 struct Split<'a> {
@@ -256,8 +262,16 @@ fn is_canonical(path: &[u8]) -> bool {
 
 /// The three steps, in the contract's order, for a path that is not canonical yet.
 fn canonicalize(path: &[u8]) -> Result<String, PathRefusal> {
-    // 1. Percent-encodings: unreserved decoded, others upper-cased; bytes a path may not carry
-    //    encoded (so the output is ASCII and each byte has one spelling).
+    let decoded = decode(path)?;
+    // 2. and 3. Runs of `/` merged, then dot segments removed; climbing above the root refused.
+    let merged = merge_slashes(&decoded);
+    let resolved = remove_dot_segments(&merged, Climb::Refuse)?;
+    Ok(String::from_utf8(resolved).expect("canonical bytes are ASCII"))
+}
+
+/// Step 1. Percent-encodings: unreserved decoded, others upper-cased; bytes a path may not carry
+/// encoded (so the output is ASCII and each byte has one spelling).
+fn decode(path: &[u8]) -> Result<Vec<u8>, PathRefusal> {
     let mut decoded = Vec::with_capacity(path.len() + 8);
     let mut i = 0;
     while i < path.len() {
@@ -280,10 +294,7 @@ fn canonicalize(path: &[u8]) -> Result<String, PathRefusal> {
             i += 1;
         }
     }
-    // 2. and 3. Runs of `/` merged, then dot segments removed; climbing above the root refused.
-    let merged = merge_slashes(&decoded);
-    let resolved = remove_dot_segments(&merged, Climb::Refuse)?;
-    Ok(String::from_utf8(resolved).expect("canonical bytes are ASCII"))
+    Ok(decoded)
 }
 
 /// Appends one byte of the raw path as the canonical path spells it.
@@ -317,8 +328,9 @@ enum Climb {
     Drop,
 }
 
-/// RFC 3986 5.2.4 for a path that starts with `/` and has no `//`: `.` segments dropped, `..`
-/// removes the segment before it, a path ending in a dot segment keeps a trailing slash.
+/// RFC 3986 5.2.4 for a path that starts with `/`: `.` segments dropped, `..` removes the
+/// segment before it (an empty one too, when `//` was not merged first), a path ending in a dot
+/// segment keeps a trailing slash.
 fn remove_dot_segments(path: &[u8], climb: Climb) -> Result<Vec<u8>, PathRefusal> {
     debug_assert!(path.first() == Some(&b'/'));
     let mut out: Vec<u8> = Vec::with_capacity(path.len());
@@ -475,29 +487,42 @@ fn strip_trailing_slash(key: Cow<'_, str>) -> Cow<'_, str> {
     }
 }
 
-/// An alternative reading's match key (see [`classify`]): `%2F` and `%5C` read as `/` when
-/// `slashes`; `;` parameters removed before (`params_first`) or after `//` and dot segments are
-/// resolved; dot segments climbing above the root dropped.
-fn reading_key(canonical: &str, slashes: bool, params_first: bool) -> String {
-    let mut path = canonical.as_bytes().to_vec();
-    if slashes {
+/// How a backend might read a path other than the canonical way (see [`classify`]).
+#[derive(Debug, Clone, Copy)]
+struct Reading {
+    /// `%2F`, `%5C` and `\` as `/`.
+    slashes: bool,
+    /// `;` parameters removed before dot segments are resolved (Tomcat: `/x/..;/a` is `/a`).
+    params_first: bool,
+    /// Dot segments resolved before `//` is merged (a WHATWG URL parser: `/a/b//..` is `/a/b/`).
+    dots_first: bool,
+}
+
+/// A reading's match key, from the path after step 1 (decoding): the readings must see a `%2F`
+/// or a `//` before a `..` has removed it. Dot segments climbing above the root are dropped.
+fn reading_key(decoded: &[u8], reading: Reading) -> String {
+    let mut path = decoded.to_vec();
+    if reading.slashes {
         path = read_slashes(&path);
     }
-    if params_first {
+    if reading.params_first {
         path = strip_params(&path).into_bytes();
     }
-    let merged = merge_slashes(&path);
-    let resolved = remove_dot_segments(&merged, Climb::Drop).expect("Climb::Drop never refuses");
+    let resolved = if reading.dots_first {
+        merge_slashes(&remove_dot_segments(&path, Climb::Drop).expect("Climb::Drop never refuses"))
+    } else {
+        remove_dot_segments(&merge_slashes(&path), Climb::Drop).expect("Climb::Drop never refuses")
+    };
     let resolved = String::from_utf8(resolved).expect("ASCII in, ASCII out");
     match_key(&resolved).into_owned()
 }
 
-/// `%2F` and `%5C` as `/` (the canonical path spells `\` as `%5C` and its hex upper-case).
+/// `%2F` and `%5C` as `/` (step 1 spells `\` as `%5C` and its hex upper-case).
 fn read_slashes(path: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(path.len());
     let mut i = 0;
     while i < path.len() {
-        if path[i] == b'%' && matches!(&path[i + 1..i + 3], b"2F" | b"5C") {
+        if path[i] == b'%' && matches!(path.get(i + 1..i + 3), Some(b"2F" | b"5C")) {
             out.push(b'/');
             i += 3;
         } else {
@@ -508,8 +533,8 @@ fn read_slashes(path: &[u8]) -> Vec<u8> {
     out
 }
 
-fn has_encoded_slash(canonical: &str) -> bool {
-    canonical.contains("%2F") || canonical.contains("%5C")
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
 }
 
 // ---- the decision ------------------------------------------------------------------------------
@@ -530,8 +555,9 @@ pub enum Verdict<'a> {
 /// - Refused, whatever the method: a malformed percent-encoding; dot segments above the root.
 /// - Refused when some rule's method matches: a target that names no path; an ambiguous path:
 ///   one whose alternative reading differs from the plain one and is protected. The readings:
-///   `%2F`/`%5C`/`\` as `/` (when the path has one), and `;` parameters removed before dot
-///   segments are resolved (when it has a `;`), alone and together.
+///   `%2F`/`%5C`/`\` as `/` (when the path has one), `;` parameters removed before dot segments
+///   are resolved (when it has a `;`), dot segments resolved before `//` is merged (when it has
+///   a `//`), in every combination.
 ///
 /// A request whose method no rule has costs one scan of the path (no allocation) when the path
 /// is already canonical.
@@ -554,15 +580,27 @@ pub fn classify<'a, T: AsRef<[u8]> + ?Sized>(
     }
     let protected = |key: &str| candidates().any(|r| r.covers(key.as_bytes()));
     let plain = match_key(canonical.path());
-    let slashes = has_encoded_slash(canonical.path());
-    let params = canonical.path().contains(';');
-    for (s, p) in [(true, false), (false, true), (true, true)] {
-        if (s && !slashes) || (p && !params) {
-            continue;
-        }
-        let alternative = reading_key(canonical.path(), s, p);
-        if alternative != plain && protected(&alternative) {
-            return Err(PathRefusal::Ambiguous);
+    // Only a path with one of these has another reading: the common case stops here.
+    let raw = canonical.raw_path;
+    let maybe_slashes = raw.contains(&b'\\') || raw.contains(&b'%');
+    let params = raw.contains(&b';');
+    let double = contains(raw, b"//");
+    if maybe_slashes || params || double {
+        let decoded = decode(raw).expect("the canonical path decoded it");
+        let slashes = contains(&decoded, b"%2F") || contains(&decoded, b"%5C");
+        for bits in 1..8u8 {
+            let reading =
+                Reading { slashes: bits & 1 != 0, params_first: bits & 2 != 0, dots_first: bits & 4 != 0 };
+            if (reading.slashes && !slashes)
+                || (reading.params_first && !params)
+                || (reading.dots_first && !double)
+            {
+                continue;
+            }
+            let alternative = reading_key(&decoded, reading);
+            if alternative != plain && protected(&alternative) {
+                return Err(PathRefusal::Ambiguous);
+            }
         }
     }
     if protected(&plain) {
@@ -783,7 +821,12 @@ mod tests {
             "/x/..;/api/orders",
             "/api/;/orders",
             "/api/orders%2F",
+            "/api//../orders",
+            "/api/orders//..",
+            "/api/orders/x//../..",
             "/x%2F..%2Fapi/orders",
+            // The reading starts before `..` removes the segment holding the `%2F`.
+            "/api%2Fzz/../orders",
             "/..%2Fapi/orders",
         ] {
             assert_eq!(protected(ambiguous), Err(PathRefusal::Ambiguous), "{ambiguous}");
