@@ -29,17 +29,18 @@
 //!   or Bun, reads `/api/orders//..` as `/api/orders/`). Each combination of the three is tried,
 //!   always from the decoded path, before any `..` has removed a `%2F` or a `//`. Dot segments
 //!   climbing above the root are dropped in these readings, as `path.Clean`, `normpath` and
-//!   WHATWG do. A request is refused when
-//!   an alternative reading differs from the plain one and is protected, whether or not the plain
-//!   reading is protected too: that is what the contract's sentence says, and the safer side (an
-//!   order path carrying an encoded slash is never legitimate; the backend is never asked to
-//!   route one).
+//!   WHATWG do.
+//! - A request is refused when an alternative reading differs from the plain one and is
+//!   protected, whether or not the plain reading is protected too: that is what the contract's
+//!   sentence says, and the safer side (an order path carrying an encoded slash is not a
+//!   legitimate one; the backend is never asked to route it). Refusing only when the plain
+//!   reading is not protected would be one condition in [`classify`].
 //! - A rule path of `/` with `match: prefix` protects every path; with `match: exact`, only `/`.
 
 use std::borrow::Cow;
 use std::fmt;
 
-use http::{HeaderMap, Method};
+use http::{HeaderMap, HeaderName, Method};
 
 /// Why a request target is refused (400 `{"error": message}`); it never reaches the upstream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -50,8 +51,9 @@ pub enum PathRefusal {
     /// Dot segments climb above the root (`/../x`, `/a/../../x`).
     #[error("the path climbs above the root")]
     AboveRoot,
-    /// Read with `%2F`, `%5C` or `\` as `/` (or `;` parameters dropped first), the path would be
-    /// protected: the proxy cannot tell which one the backend routes.
+    /// Read another way a backend reads paths (`%2F`, `%5C` or `\` as `/`, `;` parameters dropped
+    /// before dot segments, dot segments before `//`), the path would be protected: the proxy
+    /// cannot tell which reading the backend routes.
     #[error("the path is ambiguous: it could name a protected path")]
     Ambiguous,
     /// The target names no path (`*`, `host:443`, an opaque or unparseable target).
@@ -425,7 +427,11 @@ impl Rule {
 }
 
 /// The headers that name another method to backends that honour them.
-const METHOD_OVERRIDES: [&str; 3] = ["x-http-method-override", "x-http-method", "x-method-override"];
+static METHOD_OVERRIDES: [HeaderName; 3] = [
+    HeaderName::from_static("x-http-method-override"),
+    HeaderName::from_static("x-http-method"),
+    HeaderName::from_static("x-method-override"),
+];
 
 /// Whether a request's method, or a method named by an override header, is `wanted`
 /// ASCII-case-insensitively (some backends upper-case `post`). Every line of each header counts,
@@ -436,7 +442,7 @@ pub fn method_matches(wanted: &Method, method: &Method, headers: &HeaderMap) -> 
         return true;
     }
     METHOD_OVERRIDES.iter().any(|name| {
-        headers.get_all(*name).iter().any(|value| {
+        headers.get_all(name).iter().any(|value| {
             let value = value.as_bytes();
             value.trim_ascii().eq_ignore_ascii_case(wanted)
                 || value.split(|&b| b == b',').any(|item| item.trim_ascii().eq_ignore_ascii_case(wanted))
