@@ -254,6 +254,66 @@ fn headers() -> HeaderMap {
     HeaderMap::new()
 }
 
+/// Counts this thread's allocations, so a test can show the hot path makes none.
+struct CountingAllocator;
+
+thread_local! {
+    static ALLOCATIONS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+unsafe impl std::alloc::GlobalAlloc for CountingAllocator {
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        let _ = ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
+        unsafe { std::alloc::System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
+        unsafe { std::alloc::System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: CountingAllocator = CountingAllocator;
+
+fn allocations_of(f: impl FnOnce()) -> usize {
+    let before = ALLOCATIONS.with(|n| n.get());
+    f();
+    ALLOCATIONS.with(|n| n.get()) - before
+}
+
+/// A request whose path is already canonical costs no allocation, protected or not, with or
+/// without a query, with an override header that names another method.
+#[test]
+fn canonical_paths_allocate_nothing() {
+    let rules = [
+        Rule::new(Method::POST, "/api/orders", PathMatch::Exact).unwrap(),
+        Rule::new(Method::PUT, "/api/carts", PathMatch::Prefix).unwrap(),
+    ];
+    let mut with_override = HeaderMap::new();
+    with_override.insert("x-http-method-override", http::HeaderValue::from_static("PATCH"));
+    let empty = headers();
+    for (method, target, headers) in [
+        (Method::GET, "/static/app.js?v=3", &empty),
+        (Method::POST, "/api/orders", &empty),
+        (Method::POST, "/api/orders?id=1&x=%2e", &empty),
+        (Method::POST, "/api/orders/", &empty),
+        (Method::PUT, "/api/carts/42/items", &empty),
+        (Method::POST, "/somewhere/else", &with_override),
+        (Method::GET, "/a%20b/%C3%A9", &empty),
+    ] {
+        let count = allocations_of(|| {
+            let verdict = classify(&rules, &method, headers, target).unwrap();
+            if let Verdict::Protected(c) = &verdict {
+                assert!(matches!(c.forward_target(), Cow::Borrowed(_)));
+            }
+            std::hint::black_box(verdict);
+        });
+        assert_eq!(count, 0, "{method} {target}");
+    }
+    // The count itself works: a path to rewrite allocates.
+    assert!(allocations_of(|| drop(std::hint::black_box(canonical_path("/a//b").unwrap()))) > 0);
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
 
