@@ -15,6 +15,7 @@ pub mod live;
 pub mod logging;
 pub mod metrics;
 pub mod page;
+pub mod paths;
 pub mod policy;
 pub mod proxy;
 pub mod rules;
