@@ -186,6 +186,9 @@ pub mod raw {
     pub struct Route {
         pub method: String,
         pub path: String,
+        /// `exact` (the default) or `prefix`.
+        #[serde(default, rename = "match")]
+        pub matching: Option<String>,
     }
 
     #[derive(Debug, Deserialize)]
@@ -356,7 +359,7 @@ pub mod raw {
         s("5m")
     }
     fn d_protected() -> Vec<Route> {
-        vec![Route { method: s("POST"), path: s("/api/orders") }]
+        vec![Route { method: s("POST"), path: s("/api/orders"), matching: None }]
     }
     fn d_interval() -> String {
         s("100ms")
@@ -412,7 +415,8 @@ pub struct Config {
     pub redis: RedisConfig,
     pub identity: IdentityConfig,
     pub token: TokenConfig,
-    pub protected: Vec<Route>,
+    /// Compiled once per load (canonical paths, see [`crate::paths`]).
+    pub protected: Vec<crate::paths::Rule>,
     pub admission: AdmissionConfig,
     pub queue: QueueConfig,
     pub endpoints: EndpointsConfig,
@@ -443,12 +447,6 @@ pub struct RedisConfig {
 pub struct TokenConfig {
     pub header: HeaderName,
     pub ttl: Duration,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Route {
-    pub method: Method,
-    pub path: String,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -891,22 +889,37 @@ impl Validator {
         })
     }
 
-    fn routes(&mut self, routes: Vec<raw::Route>) -> Option<Vec<Route>> {
+    fn routes(&mut self, routes: Vec<raw::Route>) -> Option<Vec<crate::paths::Rule>> {
+        use crate::paths::{PathMatch, Rule};
         let before = self.problems.len();
         let mut out = Vec::with_capacity(routes.len());
         for (i, r) in routes.into_iter().enumerate() {
-            let method = match Method::from_bytes(r.method.as_bytes()) {
+            // Requests' methods are compared case-insensitively, so `post` names POST.
+            let method = match Method::from_bytes(r.method.to_ascii_uppercase().as_bytes()) {
                 Ok(m) if is_standard_method(&m) => Some(m),
                 _ => self.fail(
                     &format!("protected[{i}].method"),
                     format!("'{}' is not an HTTP method", r.method),
                 ),
             };
+            let matching = match r.matching.as_deref() {
+                None | Some("exact") => Some(PathMatch::Exact),
+                Some("prefix") => Some(PathMatch::Prefix),
+                Some(other) => self.fail(
+                    &format!("protected[{i}].match"),
+                    format!("'{other}' is not exact or prefix"),
+                ),
+            };
             if !r.path.starts_with('/') {
                 self.fail::<()>(&format!("protected[{i}].path"), "must start with /");
+                continue;
             }
-            if let Some(method) = method {
-                out.push(Route { method, path: r.path });
+            let (Some(method), Some(matching)) = (method, matching) else { continue };
+            match Rule::new(method, &r.path, matching) {
+                Ok(rule) => out.push(rule),
+                Err(refusal) => {
+                    self.fail::<()>(&format!("protected[{i}].path"), refusal.message());
+                }
             }
         }
         (self.problems.len() == before).then_some(out)
@@ -1073,7 +1086,8 @@ mod tests {
         assert!(matches!(&c.identity, IdentityConfig::Header(h) if h == "x-user-id"));
         assert_eq!(c.token.header, "x-entry-token");
         assert_eq!(c.token.ttl, Duration::from_secs(300));
-        assert_eq!(c.protected, vec![Route { method: Method::POST, path: "/api/orders".into() }]);
+        let order = crate::paths::Rule::new(Method::POST, "/api/orders", crate::paths::PathMatch::Exact).unwrap();
+        assert_eq!(c.protected, vec![order]);
         assert_eq!(c.admission.interval, Duration::from_millis(100));
         assert_eq!(c.admission.batch_size.get(), 10);
         assert_eq!(c.queue.capacity.get(), 100_000);
@@ -1182,6 +1196,19 @@ mod tests {
         let tiers = "poll_after: [{min_wait: 0s, poll_after: 1500ms}]";
         assert!(!problems(&format!("upstream: a:1\n{tiers}\nqueue: {{abandon_after: 3s}}")).is_empty());
         assert!(problems(&format!("upstream: a:1\n{tiers}\nqueue: {{abandon_after: 4s}}")).is_empty());
+    }
+
+    #[test]
+    fn protected_rules_take_a_match_and_any_case_of_method() {
+        use crate::paths::{PathMatch, Rule};
+        let c = Config::parse("upstream: a:1\nprotected: [{method: post, path: /api/orders/, match: prefix}]").unwrap();
+        assert_eq!(c.protected, vec![Rule::new(Method::POST, "/api/orders", PathMatch::Prefix).unwrap()]);
+        let got = problems(
+            "upstream: a:1\nprotected: [{method: POST, path: /a, match: fuzzy}, {method: POST, path: '/a/%zz'}, {method: POST, path: /../x}]",
+        );
+        assert_eq!(got.len(), 3, "{got:?}");
+        assert!(got[0].starts_with("protected[0].match"), "{got:?}");
+        assert!(got[1].starts_with("protected[1].path") && got[2].starts_with("protected[2].path"), "{got:?}");
     }
 
     #[test]

@@ -957,7 +957,7 @@ mod tests {
         assert_eq!(forwarded_for(&headers).as_deref(), Some("6.6.6.6, 1.2.3.4, 10.0.0.7, unreadable"));
 
         // With rules::client_address: HAProxy's appended line is the one believed.
-        let trusted = vec![crate::config::Cidr::parse("10.0.0.0/8").unwrap()];
+        let trusted = vec![crate::rules::Cidr::parse("10.0.0.0/8").unwrap()];
         let mut headers = HeaderMap::new();
         headers.append("x-forwarded-for", HeaderValue::from_static("9.9.9.9"));
         headers.append("x-forwarded-for", HeaderValue::from_static("1.2.3.4"));

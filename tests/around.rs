@@ -162,3 +162,112 @@ async fn jwt_mode_forwards_the_verified_identity_not_the_clients() {
     assert_eq!(echo.status, 200, "{}", echo.body);
     assert_eq!(echoed(&echo.json(), "x-user-id"), ["alice"], "{}", echo.body);
 }
+
+/// Sends one raw request (closing the connection after it) and returns the status.
+async fn raw_status(addr: std::net::SocketAddr, request: &str) -> (u16, String) {
+    let raw = raw_request(addr, request.as_bytes()).await;
+    (status_of(&raw), raw)
+}
+
+fn post(target: &str, extra: &str) -> String {
+    format!("POST {target} HTTP/1.1\r\nHost: shop\r\nX-User-Id: alice\r\n{extra}Content-Length: 2\r\nConnection: close\r\n\r\n{{}}")
+}
+
+#[tokio::test]
+async fn rewritten_order_paths_never_reach_the_upstream_without_a_token() {
+    let redis = RedisServer::start();
+    let upstream = Recorder::start(201).await;
+    let proxy = Proxy::builder(&redis.url(), upstream.addr()).start().await;
+    // Each is the order handler on some real backend (Express, Tomcat/Spring, Go's mux, Flask).
+    for target in [
+        "/api/orders",
+        "/api/orders/",
+        "/API/orders",
+        "/api/%6Frders",
+        "/api/%6frders",
+        "/api/orders;x=1",
+        "//api/orders",
+        "/api/./orders",
+        "/api/x/../orders",
+        "/api//orders?x=1",
+        "http://shop/api/orders",
+    ] {
+        let (status, raw) = raw_status(proxy.addr(), &post(target, "")).await;
+        assert_eq!(status, 403, "{target}: {raw}");
+        assert_eq!(body_of(&raw), serde_json::json!({"error": "an entry token is required"}), "{target}");
+    }
+    // The method in another case, or named by an override header on a GET.
+    let lower = "post /api/orders HTTP/1.1\r\nHost: shop\r\nX-User-Id: alice\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+    let (status, raw) = raw_status(proxy.addr(), lower).await;
+    assert!(status == 403 || status == 400, "post: {raw}");
+    for header in ["X-HTTP-Method-Override", "X-HTTP-Method", "X-Method-Override"] {
+        let request = format!("GET /api/orders HTTP/1.1\r\nHost: shop\r\nX-User-Id: alice\r\n{header}: post\r\nConnection: close\r\n\r\n");
+        let (status, raw) = raw_status(proxy.addr(), &request).await;
+        assert_eq!(status, 403, "{header}: {raw}");
+    }
+    assert_eq!(upstream.lines(), Vec::<String>::new(), "nothing may reach the upstream");
+    // The recorder does see what is let through.
+    let (status, _) = raw_status(proxy.addr(), "GET /api/catalog HTTP/1.1\r\nHost: shop\r\nConnection: close\r\n\r\n").await;
+    assert_eq!(status, 201);
+    assert_eq!(upstream.lines(), ["GET /api/catalog HTTP/1.1"]);
+}
+
+#[tokio::test]
+async fn ambiguous_targets_are_refused_before_the_upstream() {
+    let redis = RedisServer::start();
+    let upstream = Recorder::start(201).await;
+    let proxy = Proxy::builder(&redis.url(), upstream.addr()).start().await;
+    for target in ["/api%2Forders", "/api%2forders", "/api%5Corders", "/api%5corders", "/api\\orders"] {
+        let (status, raw) = raw_status(proxy.addr(), &post(target, "")).await;
+        assert_eq!(status, 400, "{target}: {raw}");
+        assert!(body_of(&raw)["error"].is_string(), "{target}: {raw}");
+    }
+    // Climbing above the root is refused whatever the request.
+    let (status, raw) =
+        raw_status(proxy.addr(), "GET /../etc/passwd HTTP/1.1\r\nHost: shop\r\nConnection: close\r\n\r\n").await;
+    assert_eq!(status, 400, "{raw}");
+    assert_eq!(upstream.lines(), Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn a_protected_request_is_forwarded_with_the_path_that_was_checked() {
+    let redis = RedisServer::start();
+    let upstream = Recorder::start(500).await;
+    let proxy = Proxy::builder(&redis.url(), upstream.addr())
+        .yaml("admission: {interval: 20ms, batch_size: 50}")
+        .start()
+        .await;
+    let token = proxy.until_ready("alice", Duration::from_secs(10)).await;
+    let extra = format!("X-Entry-Token: {token}\r\n");
+    // 500: the token stays, so each try is checked and forwarded.
+    for (target, forwarded) in [
+        ("/api//./%6Frders;v=1?src=%2Fapp&x", "POST /api/orders;v=1?src=%2Fapp&x HTTP/1.1"),
+        ("/API/Orders/", "POST /API/Orders/ HTTP/1.1"),
+        ("/api/orders", "POST /api/orders HTTP/1.1"),
+    ] {
+        let (status, raw) = raw_status(proxy.addr(), &post(target, &extra)).await;
+        assert_eq!(status, 500, "{target}: {raw}");
+        assert_eq!(upstream.lines().last().map(String::as_str), Some(forwarded), "{target}");
+    }
+    // Pass-through requests keep their target byte for byte.
+    raw_status(proxy.addr(), "GET /shop//a/./b%6F?q HTTP/1.1\r\nHost: shop\r\nConnection: close\r\n\r\n").await;
+    assert_eq!(upstream.lines().last().map(String::as_str), Some("GET /shop//a/./b%6F?q HTTP/1.1"));
+}
+
+#[tokio::test]
+async fn a_prefix_rule_protects_everything_below_its_path() {
+    let redis = RedisServer::start();
+    let upstream = Recorder::start(200).await;
+    let proxy = Proxy::builder(&redis.url(), upstream.addr())
+        .yaml("protected: [{method: POST, path: /api/orders, match: prefix}]")
+        .start()
+        .await;
+    for target in ["/api/orders", "/api/orders/42/pay", "/API/ORDERS/42/", "/api/orders;v=2/42"] {
+        let (status, raw) = raw_status(proxy.addr(), &post(target, "")).await;
+        assert_eq!(status, 403, "{target}: {raw}");
+    }
+    assert_eq!(upstream.lines(), Vec::<String>::new());
+    let (status, _) = raw_status(proxy.addr(), &post("/api/ordersX", "")).await;
+    assert_eq!(status, 200, "a longer name is another path");
+    assert_eq!(upstream.lines(), ["POST /api/ordersX HTTP/1.1"]);
+}

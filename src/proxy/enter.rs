@@ -78,6 +78,6 @@ pub async fn handle(
 fn client_address(config: &Config, session: &Session) -> String {
     let peer = session.client_addr().and_then(|a| a.as_inet()).map(|a| a.ip());
     let Some(peer) = peer else { return "unknown".to_string() };
-    let forwarded = super::headers::forwarded_for(&session.req_header().headers);
+    let forwarded = crate::paths::forwarded_for(&session.req_header().headers);
     rules::client_address(peer, forwarded.as_deref(), &config.abuse.trusted_proxies).to_string()
 }

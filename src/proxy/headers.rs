@@ -1,11 +1,9 @@
-//! Request headers the room depends on, kept out of a client's reach (contract sections 9 and 12).
+//! Request headers the room depends on, kept out of a client's reach (contract section 12).
 //!
 //! - `Connection` may nominate headers for removal before forwarding (RFC 9110 7.6.1), and
 //!   pingora honours it. A client that nominates the identity or token header would have the
 //!   backend receive an order with no identity; so those names are dropped from `Connection`
 //!   before pingora reads it, and the headers travel as the client sent them.
-//! - `X-Forwarded-For` may arrive as several lines (a proxy that appends its own line, as HAProxy
-//!   does); they are one list, in order, or a forged first line would hide the real hops.
 
 use http::{HeaderMap, HeaderName, HeaderValue};
 
@@ -42,19 +40,6 @@ pub fn shielded_connection(headers: &HeaderMap, kept: &[&HeaderName]) -> Option<
     changed.then_some(rewritten)
 }
 
-/// Every `X-Forwarded-For` line, in order, as one comma-separated list; `None` without any (or
-/// with a line that is not text, which believes nothing forwarded).
-pub fn forwarded_for(headers: &HeaderMap) -> Option<String> {
-    let mut lines = headers.get_all("x-forwarded-for").iter();
-    let first = lines.next()?.to_str().ok()?;
-    let mut chain = first.to_owned();
-    for line in lines {
-        chain.push_str(", ");
-        chain.push_str(line.to_str().ok()?);
-    }
-    Some(chain)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -85,14 +70,5 @@ mod tests {
         let mut untouched = HeaderMap::new();
         untouched.append("connection", HeaderValue::from_static("close"));
         assert_eq!(shielded_connection(&untouched, &[&user, &token]), None);
-    }
-
-    #[test]
-    fn forwarded_for_lines_are_one_list_in_order() {
-        let mut h = HeaderMap::new();
-        assert_eq!(forwarded_for(&h), None);
-        h.append("x-forwarded-for", HeaderValue::from_static("6.6.6.6"));
-        h.append("x-forwarded-for", HeaderValue::from_static("1.2.3.4, 10.0.0.2"));
-        assert_eq!(forwarded_for(&h).as_deref(), Some("6.6.6.6, 1.2.3.4, 10.0.0.2"));
     }
 }

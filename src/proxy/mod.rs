@@ -14,6 +14,7 @@ pub mod headers;
 mod protected;
 mod status;
 
+use std::borrow::Cow;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -29,6 +30,7 @@ pub use answer::Answer;
 use crate::config::{Config, IdentityConfig};
 use crate::identity::Refusal;
 use crate::metrics;
+use crate::paths::{self, PathRefusal, Verdict};
 use crate::rules;
 use crate::state::{InFlight, RoomState};
 use crate::store::Room;
@@ -54,21 +56,30 @@ impl Endpoint {
         }
     }
 
-    /// Sorts a request; the path is compared without its query string.
-    pub fn classify(config: &Config, method: &http::Method, path: &str) -> Endpoint {
+    /// Sorts a request: the proxy's own endpoints by their exact path, then the `protected`
+    /// rules on the canonical path (contract section 12, see [`crate::paths`]). A protected
+    /// request whose target is not canonical comes with the target to forward instead, so the
+    /// upstream routes what was checked; a target the proxy refuses to guess at is refused.
+    pub fn classify(config: &Config, header: &RequestHeader) -> Result<(Endpoint, Option<Vec<u8>>), PathRefusal> {
+        let path = header.uri.path();
         if let Some(rest) = path.strip_prefix(config.endpoints.prefix.as_str()) {
             match rest {
-                "/enter" => return Endpoint::Enter,
-                "/status" => return Endpoint::Status,
-                "/" if config.page.enabled && method == http::Method::GET => return Endpoint::Page,
+                "/enter" => return Ok((Endpoint::Enter, None)),
+                "/status" => return Ok((Endpoint::Status, None)),
+                "/" if config.page.enabled && header.method == http::Method::GET => {
+                    return Ok((Endpoint::Page, None))
+                }
                 _ => {}
             }
         }
-        if config.protected.iter().any(|r| r.method == method && r.path == path) {
-            Endpoint::Protected
-        } else {
-            Endpoint::Passthrough
-        }
+        let verdict = paths::classify(&config.protected, &header.method, &header.headers, header.raw_path())?;
+        Ok(match verdict {
+            Verdict::PassThrough => (Endpoint::Passthrough, None),
+            Verdict::Protected(canonical) => match canonical.forward_target() {
+                Cow::Borrowed(_) => (Endpoint::Protected, None),
+                Cow::Owned(target) => (Endpoint::Protected, Some(target)),
+            },
+        })
     }
 }
 
@@ -225,8 +236,18 @@ impl ProxyHttp for Waitroom {
         let config = &settings.config;
         limit_slow_clients(session);
         shield_room_headers(config, session)?;
-        let header = session.req_header();
-        ctx.endpoint = Endpoint::classify(config, &header.method, header.uri.path());
+        ctx.endpoint = match Endpoint::classify(config, session.req_header()) {
+            Ok((endpoint, None)) => endpoint,
+            Ok((endpoint, Some(canonical))) => {
+                session.req_header_mut().set_raw_path(&canonical)?;
+                endpoint
+            }
+            Err(refusal) => {
+                tracing::debug!(reason = refusal.message(), "request target refused");
+                write_answer(session, Answer::error(refusal.status(), refusal.message())).await?;
+                return Ok(true);
+            }
+        };
         if own_body_too_large(session, ctx.endpoint).await? {
             write_answer(session, Answer::error(413, "request body too large")).await?;
             return Ok(true);

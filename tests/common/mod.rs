@@ -21,6 +21,7 @@ mod client;
 mod demo_api;
 mod process;
 mod proxy;
+mod recorder;
 mod redis_server;
 mod store;
 
@@ -31,6 +32,7 @@ pub use proxy::{
     base_config, merge_yaml, merged_config_yaml, parse_metric, run_check, run_check_env,
     unique_prefix, Proxy, ProxyBuilder,
 };
+pub use recorder::{Recorder, Seen};
 pub use redis_server::RedisServer;
 pub use store::*;
 
