@@ -173,11 +173,13 @@ pub mod raw {
         pub header: String,
         #[serde(default = "d_token_ttl")]
         pub ttl: String,
+        #[serde(default = "d_claim_timeout")]
+        pub claim_timeout: String,
     }
 
     impl Default for Token {
         fn default() -> Self {
-            Token { header: d_token_header(), ttl: d_token_ttl() }
+            Token { header: d_token_header(), ttl: d_token_ttl(), claim_timeout: d_claim_timeout() }
         }
     }
 
@@ -355,6 +357,9 @@ pub mod raw {
     fn d_token_header() -> String {
         s("X-Entry-Token")
     }
+    fn d_claim_timeout() -> String {
+        s("60s")
+    }
     fn d_token_ttl() -> String {
         s("5m")
     }
@@ -447,6 +452,9 @@ pub struct RedisConfig {
 pub struct TokenConfig {
     pub header: HeaderName,
     pub ttl: Duration,
+    /// How long a protected request's claim on a token holds when nobody ends it (a proxy that
+    /// died mid-request); never past the token's own expiry.
+    pub claim_timeout: Duration,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -543,6 +551,8 @@ impl Config {
         let identity = v.identity(raw.identity, folder);
         let token_header = v.header_name("token.header", &raw.token.header);
         let ttl = v.bounded_duration("token.ttl", &raw.token.ttl, Duration::from_millis(1), MAX_TOKEN_TTL);
+        let claim_timeout =
+            v.bounded_duration("token.claim_timeout", &raw.token.claim_timeout, Duration::from_millis(1), MAX_TOKEN_TTL);
         let protected = v.routes(raw.protected);
         let admission = v.admission(raw.admission);
         let capacity = v.positive("queue.capacity", raw.queue.capacity);
@@ -584,7 +594,11 @@ impl Config {
                 upstream: upstream.expect(unwrap),
                 redis: redis.expect(unwrap),
                 identity: identity.expect(unwrap),
-                token: TokenConfig { header: token_header.expect(unwrap), ttl: ttl.expect(unwrap) },
+                token: TokenConfig {
+                    header: token_header.expect(unwrap),
+                    ttl: ttl.expect(unwrap),
+                    claim_timeout: claim_timeout.expect(unwrap),
+                },
                 protected: protected.expect(unwrap),
                 admission: admission.expect(unwrap),
                 queue: QueueConfig {

@@ -271,3 +271,95 @@ async fn a_prefix_rule_protects_everything_below_its_path() {
     assert_eq!(status, 200, "a longer name is another path");
     assert_eq!(upstream.lines(), ["POST /api/ordersX HTTP/1.1"]);
 }
+
+// ---- one admission, one order ----------------------------------------------------------------
+
+#[tokio::test]
+async fn parallel_orders_with_one_token_forward_exactly_one() {
+    let redis = RedisServer::start();
+    let api = DemoApi::start(&["--service-time-ms", "400"]);
+    let proxy = Proxy::builder(&redis.url(), api.addr())
+        .yaml("admission: {interval: 20ms, batch_size: 50}")
+        .start()
+        .await;
+    let token = proxy.until_ready("alice", Duration::from_secs(10)).await;
+    let answers = futures::future::join_all((0..8).map(|_| send(proxy.order_request("alice", Some(&token))))).await;
+    let mut statuses: Vec<u16> = answers.iter().map(|r| r.status).collect();
+    statuses.sort();
+    assert_eq!(statuses, [201, 409, 409, 409, 409, 409, 409, 409], "{answers:?}");
+    for refused in answers.iter().filter(|r| r.status == 409) {
+        assert_eq!(refused.json(), serde_json::json!({"error": "this entry token is already in use"}));
+    }
+    assert_eq!(api.stats().await["completed"], 1, "one order reached the order API");
+    assert_eq!(proxy.metric(r#"waitroom_protected_requests_total{result="in_use"}"#).await, Some(7.0));
+    assert_eq!(proxy.order("alice", Some(&token)).await.status, 403, "spent with the one order");
+}
+
+#[tokio::test]
+async fn a_failed_order_releases_the_claim_for_an_immediate_retry() {
+    let redis = RedisServer::start();
+    let api = DemoApi::start(&[]);
+    let proxy = Proxy::builder(&redis.url(), api.addr())
+        .yaml("admission: {interval: 20ms, batch_size: 50}")
+        .start()
+        .await;
+    let token = proxy.until_ready("alice", Duration::from_secs(10)).await;
+    let failed = send(proxy.order_request("alice", Some(&token)).header("x-demo-fail", "500")).await;
+    assert_eq!(failed.status, 500, "{}", failed.body);
+    assert_eq!(proxy.order("alice", Some(&token)).await.status, 201, "retried at once, not 409");
+}
+
+#[tokio::test]
+async fn an_unreachable_upstream_releases_the_claim() {
+    let redis = RedisServer::start();
+    let proxy = Proxy::builder(&redis.url(), refused_addr())
+        .yaml("admission: {interval: 20ms, batch_size: 50}")
+        .start()
+        .await;
+    let token = proxy.until_ready("alice", Duration::from_secs(10)).await;
+    for attempt in 0..2 {
+        let r = proxy.order("alice", Some(&token)).await;
+        assert_eq!(r.status, 502, "attempt {attempt}: {}", r.body);
+    }
+}
+
+/// A proxy killed while its order is at the upstream leaves the claim behind: the room refuses the
+/// token (409) until `token.claim_timeout`, then it works again through any proxy.
+#[tokio::test]
+async fn a_claim_left_by_a_dead_proxy_expires_with_claim_timeout() {
+    let redis = RedisServer::start();
+    let api = DemoApi::start(&["--service-time-ms", "5000"]);
+    let room = Proxy::builder(&redis.url(), api.addr())
+        .yaml("admission: {interval: 20ms, batch_size: 50}\ntoken: {claim_timeout: 2s}");
+    let dying = room.start().await;
+    let token = dying.until_ready("alice", Duration::from_secs(10)).await;
+    let order = tokio::spawn(send(dying.order_request("alice", Some(&token))));
+    assert!(
+        wait_until(Duration::from_secs(5), Duration::from_millis(10), || async {
+            api.stats().await["inFlight"].as_u64() == Some(1)
+        })
+        .await,
+        "the order reached the order API"
+    );
+    dying.kill();
+    let _ = order.await;
+    let other = room.start().await;
+    let claimed_at = std::time::Instant::now();
+    let r = other.order("alice", Some(&token)).await;
+    assert_eq!(r.status, 409, "{}", r.body);
+    api_set_fast(&api).await;
+    assert!(
+        wait_until(Duration::from_secs(5), Duration::from_millis(100), || async {
+            other.order("alice", Some(&token)).await.status == 201
+        })
+        .await,
+        "the claim never expired"
+    );
+    assert!(claimed_at.elapsed() >= Duration::from_millis(1500), "expired too early: {:?}", claimed_at.elapsed());
+}
+
+/// Orders take 1 ms from now on.
+async fn api_set_fast(api: &DemoApi) {
+    let r = http_client().put(api.url("/admin/service-time")).body(r#"{"ms":1}"#).send().await.unwrap();
+    assert!(r.status().is_success(), "{r:?}");
+}

@@ -17,7 +17,7 @@ use redis::FromRedisValue;
 use waitroom::config::Config;
 use waitroom::rules::ControlState;
 use waitroom::store::{
-    AdmitOutcome, EnterOutcome, EnterRequest, Keys, PollClock, Room, RoomRules, StatusOutcome,
+    AdmitOutcome, Claim, EnterOutcome, EnterRequest, Keys, PollClock, Room, RoomRules, StatusOutcome,
     StoreError, ADAPT_PERIOD,
 };
 
@@ -48,11 +48,6 @@ fn request<'a>(user: &'a str, capacity: u64, poll: PollClock<'a>) -> EnterReques
         per_address: None,
         poll,
     }
-}
-
-/// `enter` without the per-address limit and the poll clock.
-async fn enter_room(room: &Room, user: &str, capacity: u64) -> Result<EnterOutcome, StoreError> {
-    enter(room, request(user, capacity, PollClock::OFF)).await
 }
 
 /// The user's live token, which `why` says there must be.
@@ -636,6 +631,40 @@ async fn a_shorter_interval_is_not_held_back_by_a_schedule_made_with_a_longer_on
     assert_eq!(next.admitted, 1, "{next:?}");
 }
 
+// ---- claim and consume ------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_holds_the_current_token_for_one_request() {
+    let redis = RedisServer::start();
+    let (room, keys, mut conn) = open(&redis, "claim").await;
+    enter_all(&room, &["alice".to_string()]).await;
+    assert_eq!(admit(&room, LONG, 1, TTL).await.unwrap().admitted, 1);
+    let token = live_token(&room, "alice", "alice's token").await;
+    let hold = Duration::from_secs(30);
+
+    assert_eq!(room.claim("alice", "forged", "r0", hold).await.unwrap(), Claim::Invalid);
+    assert_eq!(room.claim("bob", &token, "r0", hold).await.unwrap(), Claim::Invalid, "another user's");
+    assert_eq!(get(&mut conn, &keys.claim("alice")).await, None, "a refused claim writes nothing");
+    assert_eq!(room.claim("alice", &token, "r1", hold).await.unwrap(), Claim::Claimed);
+    assert_eq!(room.claim("alice", &token, "r2", hold).await.unwrap(), Claim::InUse);
+    let held = query::<i64>(&mut conn, "PTTL", &keys.claim("alice")).await;
+    assert!((29_000..=30_000).contains(&held), "held for claim_timeout: {held}");
+
+    // Released by another request's id: nothing happens; by its own: free again.
+    assert!(!room.consume("alice", &token, "r2", false).await.unwrap());
+    assert_eq!(room.claim("alice", &token, "r3", hold).await.unwrap(), Claim::InUse);
+    assert!(!room.consume("alice", &token, "r1", false).await.unwrap(), "released, not spent");
+    assert_eq!(live_token(&room, "alice", "kept").await, token);
+    assert_eq!(room.claim("alice", &token, "r4", Duration::from_secs(600)).await.unwrap(), Claim::Claimed);
+    let held = query::<i64>(&mut conn, "PTTL", &keys.claim("alice")).await;
+    assert!(held <= TTL.as_millis() as i64, "never past the token's own expiry: {held}");
+
+    // Spent with its claim: both gone.
+    assert!(room.consume("alice", &token, "r4", true).await.unwrap());
+    assert_eq!(get(&mut conn, &keys.claim("alice")).await, None);
+    assert_eq!(room.claim("alice", &token, "r5", hold).await.unwrap(), Claim::Invalid);
+}
+
 // ---- consume ----------------------------------------------------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -650,12 +679,12 @@ async fn consume_deletes_only_the_token_that_was_used() {
     assert_eq!(counts(&room).await.1, 2);
 
     // Another value (bob's, or a made-up one): nothing happens.
-    assert!(!room.consume("alice", &bob).await.unwrap());
+    assert!(!room.consume("alice", &bob, "c", true).await.unwrap());
     assert!(!room
-        .consume("alice", &uuid::Uuid::new_v4().to_string())
+        .consume("alice", &uuid::Uuid::new_v4().to_string(), "c", true)
         .await
         .unwrap());
-    assert!(!room.consume("alice", "").await.unwrap());
+    assert!(!room.consume("alice", "", "c", true).await.unwrap());
     assert_eq!(
         get(&mut conn, &keys.token("alice")).await,
         Some(alice.clone()),
@@ -668,7 +697,7 @@ async fn consume_deletes_only_the_token_that_was_used() {
     assert_eq!(counts(&room).await.1, 2);
 
     // The right value: deleted, and out of the live-token set; bob untouched.
-    assert!(room.consume("alice", &alice).await.unwrap());
+    assert!(room.consume("alice", &alice, "c", true).await.unwrap());
     assert_eq!(get(&mut conn, &keys.token("alice")).await, None);
     let live: Vec<String> = members(&mut conn, &keys.tokens).await;
     assert_eq!(live, vec!["bob".to_string()]);
@@ -679,7 +708,7 @@ async fn consume_deletes_only_the_token_that_was_used() {
     );
     assert_eq!(room.current_token("bob").await.unwrap(), Some(bob.clone()));
     // Spending twice: the second finds nothing.
-    assert!(!room.consume("alice", &alice).await.unwrap());
+    assert!(!room.consume("alice", &alice, "c", true).await.unwrap());
 
     // Alice enters again and is admitted again: her old token can never delete the new one.
     assert_eq!(
@@ -691,7 +720,7 @@ async fn consume_deletes_only_the_token_that_was_used() {
     let newer = live_token(&room, "alice", "a new token").await;
     assert_ne!(newer, alice, "a fresh token on each admission");
     assert!(
-        !room.consume("alice", &alice).await.unwrap(),
+        !room.consume("alice", &alice, "c", true).await.unwrap(),
         "the old token deletes nothing"
     );
     assert_eq!(
@@ -699,7 +728,7 @@ async fn consume_deletes_only_the_token_that_was_used() {
         Some(newer.clone())
     );
     assert_eq!(counts(&room).await.1, 2);
-    assert!(room.consume("alice", &newer).await.unwrap());
+    assert!(room.consume("alice", &newer, "c", true).await.unwrap());
 }
 
 // ---- adapt and adapt_commit ------------------------------------------------------------------
@@ -945,7 +974,7 @@ async fn enter_limits_new_identities_per_address_and_window() {
     );
     assert_eq!(admit(&room, LONG, 1, TTL).await.unwrap().admitted, 1);
     let token = room.current_token("a").await.unwrap().unwrap();
-    assert!(room.consume("a", &token).await.unwrap());
+    assert!(room.consume("a", &token, "c", true).await.unwrap());
     assert_eq!(
         enter(&room, from("a", "192.0.2.1")).await.unwrap(),
         waiting(2, false),
@@ -983,8 +1012,8 @@ async fn every_key_touched_carries_the_room_hash_tag() {
         .unwrap();
     enter_room(&room, &users[0], CAPACITY).await.unwrap();
     let token = live_token(&room, &users[0], "admitted").await;
-    room.consume(&users[1], "not-it").await.unwrap();
-    assert!(room.consume(&users[0], &token).await.unwrap());
+    room.consume(&users[1], "not-it", "c", true).await.unwrap();
+    assert!(room.consume(&users[0], &token, "c", true).await.unwrap());
     counts(&room).await;
     assert_eq!(
         enter_room(&room, "capped", 1).await.unwrap(),
@@ -1046,7 +1075,7 @@ async fn scripts_are_reloaded_after_the_script_cache_is_flushed() {
     assert_eq!(counts(&room).await, (1, 1));
     let token = room.current_token("a").await.unwrap().unwrap();
     query::<()>(&mut conn, "SCRIPT", "FLUSH").await;
-    assert!(room.consume("a", &token).await.unwrap());
+    assert!(room.consume("a", &token, "c", true).await.unwrap());
     query::<()>(&mut conn, "SCRIPT", "FLUSH").await;
     let _: () = redis::cmd("DEL")
         .arg(&room.keys().next_admission)

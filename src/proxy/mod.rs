@@ -4,7 +4,8 @@
 //! Phases used, in request order:
 //! - `request_filter`: answer enter/status ourselves; check a protected request's token;
 //! - `upstream_peer`: the one upstream, a prebuilt peer;
-//! - `upstream_response_filter`: spend the token on a 2xx before the client sees the response;
+//! - `upstream_response_filter`: spend the token on a 2xx (or release its claim) before the
+//!   client sees the response;
 //! - `fail_to_proxy`: a JSON 502 when the upstream cannot be reached;
 //! - `logging`: metrics and the access log, once the response is done.
 
@@ -88,8 +89,8 @@ pub struct Ctx {
     endpoint: Endpoint,
     started: Instant,
     user: Option<String>,
-    /// The token a protected request presented, to spend if the upstream answers 2xx.
-    spend: Option<String>,
+    /// The token a protected request claimed: spent if the upstream answers 2xx, else released.
+    claimed: Option<protected::Claimed>,
     upstream_started: Option<Instant>,
     upstream_status: Option<u16>,
     /// Counts the request for a graceful stop until the context is dropped.
@@ -110,6 +111,17 @@ impl Waitroom {
         // hold the user's connection.
         peer.options.connection_timeout = Some(Duration::from_secs(3));
         Waitroom { state, room: Arc::new(room), upstream: Box::new(peer) }
+    }
+}
+
+impl Waitroom {
+    /// Releases a claim that no upstream answer settled (unreachable, timed out, the client went
+    /// away), so the user may retry.
+    async fn release_unsettled(&self, ctx: &mut Ctx) {
+        if let (Some(claimed), Some(user)) = (ctx.claimed.take(), ctx.user.as_deref()) {
+            let ttl = self.state.settings().config.token.ttl;
+            protected::settle(&self.room, self.state.spent(), user, claimed, None, ttl).await;
+        }
     }
 }
 
@@ -224,7 +236,7 @@ impl ProxyHttp for Waitroom {
             endpoint: Endpoint::Passthrough,
             started: Instant::now(),
             user: None,
-            spend: None,
+            claimed: None,
             upstream_started: None,
             upstream_status: None,
             _in_flight: self.state.request_started(),
@@ -326,17 +338,19 @@ impl ProxyHttp for Waitroom {
                 self.state.latencies().record(latency);
             }
         }
-        if let (Some(token), Some(user)) = (ctx.spend.take(), ctx.user.as_deref()) {
+        if let (Some(claimed), Some(user)) = (ctx.claimed.take(), ctx.user.as_deref()) {
             let ttl = self.state.settings().config.token.ttl;
-            protected::settle(&self.room, self.state.spent(), user, &token, status, ttl).await;
+            protected::settle(&self.room, self.state.spent(), user, claimed, Some(status), ttl).await;
         }
         Ok(())
     }
 
-    async fn fail_to_proxy(&self, session: &mut Session, e: &Error, _ctx: &mut Ctx) -> FailToProxy
+    async fn fail_to_proxy(&self, session: &mut Session, e: &Error, ctx: &mut Ctx) -> FailToProxy
     where
         Ctx: Send + Sync,
     {
+        // Released before the error answer leaves, so the user's immediate retry is not a 409.
+        self.release_unsettled(ctx).await;
         let code = match e.etype() {
             ErrorType::HTTPStatus(code) => *code,
             _ => match e.esource() {
@@ -363,6 +377,7 @@ impl ProxyHttp for Waitroom {
     }
 
     async fn logging(&self, session: &mut Session, error: Option<&Error>, ctx: &mut Ctx) {
+        self.release_unsettled(ctx).await;
         let elapsed = ctx.started.elapsed();
         let endpoint = ctx.endpoint.label();
         metrics::REQUEST_DURATION.with_label_values(&[endpoint]).observe(elapsed.as_secs_f64());

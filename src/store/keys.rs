@@ -12,6 +12,8 @@ pub struct Keys {
     pub next_admission: String,
     pub tokens: String,
     pub token_prefix: String,
+    /// A protected request's claim on the user's token (contract section 12), per user.
+    pub claim_prefix: String,
     pub poll_prefix: String,
     pub abuse_prefix: String,
     /// What the interval in progress has admitted so far (instant passes share its batch).
@@ -40,6 +42,7 @@ impl Keys {
             next_admission: format!("{tag}:admission:next"),
             tokens: format!("{tag}:tokens"),
             token_prefix: format!("{tag}:token:"),
+            claim_prefix: format!("{tag}:claim:"),
             poll_prefix: format!("{tag}:poll:"),
             abuse_prefix: format!("{tag}:abuse:"),
             admission_spent: format!("{tag}:admission:spent"),
@@ -54,6 +57,10 @@ impl Keys {
 
     pub fn token(&self, user: &str) -> String {
         [self.token_prefix.as_str(), user].concat()
+    }
+
+    pub fn claim(&self, user: &str) -> String {
+        [self.claim_prefix.as_str(), user].concat()
     }
 
     pub fn poll_clock(&self, user: &str) -> String {

@@ -46,6 +46,7 @@ mod status;
 pub use adapt::{AdaptOutcome, AdaptStep, ADAPT_PERIOD};
 pub use admit::AdmitOutcome;
 pub use conn::{Connector, RedisConn};
+pub use consume::Claim;
 pub use enter::{EnterOutcome, EnterRequest, Entered};
 pub use keys::Keys;
 pub use line::LineReading;
@@ -260,6 +261,7 @@ mod tests {
             &super::adapt::SCRIPT,
             &super::adapt::commit::SCRIPT,
             &super::consume::SCRIPT,
+            &super::consume::claim::SCRIPT,
             &super::stats::SCRIPT,
         ] {
             LazyLock::force(script);

@@ -196,6 +196,8 @@ macro_rules! script {
             args: $args $(<$lt>)?,
         ) -> redis::ScriptInvocation<'static> {
             let mut call = $script.prepare_invoke();
+            // A script may use none of the room's keys.
+            let _ = room;
             $(call.key(&room.$room_key);)*
             $($(call.key(keys.$key);)+)?
             $(call.arg(args.$arg);)+
