@@ -331,13 +331,23 @@ impl LimitedStream {
     /// Reading while a head is due. Returns only with the whole head (or nothing, or an error).
     fn poll_head(&mut self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         loop {
-            let Phase::Head { held, first_byte, .. } = &self.phase else { return self.poll_phase(cx, buf) };
-            if self.timer.as_mut().poll(cx).is_ready() {
-                let why = if held.is_empty() && !*first_byte { Closed::IdleTimeout } else { Closed::HeaderTimeout };
+            let Phase::Head { first_byte, .. } = &self.phase else { return self.poll_phase(cx, buf) };
+            let why = if *first_byte { Closed::HeaderTimeout } else { Closed::IdleTimeout };
+            let before = buf.filled().len();
+            // The timer is polled (registered) only while the client keeps us waiting; a head
+            // that is already there costs a clock read, not a timer.
+            match Pin::new(&mut self.inner).poll_read(cx, buf) {
+                Poll::Pending => {
+                    ready!(self.timer.as_mut().poll(cx));
+                    return Poll::Ready(Err(self.close(why)));
+                }
+                Poll::Ready(result) => result?,
+            }
+            if Instant::now() >= self.timer.deadline() {
+                // Bytes that keep coming (a trickle) do not move the deadline.
+                buf.set_filled(before);
                 return Poll::Ready(Err(self.close(why)));
             }
-            let before = buf.filled().len();
-            ready!(Pin::new(&mut self.inner).poll_read(cx, buf))?;
             let Phase::Head { held, end, first_byte, fresh, started } = &mut self.phase else { unreachable!() };
             let new = &buf.filled()[before..];
             if new.is_empty() {
