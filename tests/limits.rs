@@ -40,21 +40,25 @@ fn status_request(user: &str) -> String {
     format!("GET /queue/status HTTP/1.1\r\nHost: waitroom\r\nX-User-Id: {user}\r\n\r\n")
 }
 
+/// Whether `buf` holds a whole HTTP/1 message whose body (if any) is framed by Content-Length.
+fn message_complete(buf: &[u8]) -> bool {
+    let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else { return false };
+    let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+    let len = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .unwrap_or(0);
+    buf.len() >= end + 4 + len
+}
+
 /// Reads one response whose body is framed by Content-Length; returns head and body.
 async fn read_response(s: &mut TcpStream) -> String {
     let mut buf = Vec::new();
     let mut chunk = [0u8; 4096];
     loop {
-        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
-            let len = head
-                .lines()
-                .find_map(|l| l.strip_prefix("content-length:"))
-                .and_then(|v| v.trim().parse::<usize>().ok())
-                .unwrap_or(0);
-            if buf.len() >= end + 4 + len {
-                return String::from_utf8_lossy(&buf).into_owned();
-            }
+        if message_complete(&buf) {
+            return String::from_utf8_lossy(&buf).into_owned();
         }
         let n = tokio::time::timeout(Duration::from_secs(10), s.read(&mut chunk))
             .await
@@ -255,18 +259,7 @@ async fn silent_then_answering_upstream() -> SocketAddr {
                 let mut buf = Vec::new();
                 let mut chunk = [0u8; 4096];
                 // The head, then the body its Content-Length announces.
-                loop {
-                    if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                        let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
-                        let len = head
-                            .lines()
-                            .find_map(|l| l.strip_prefix("content-length:"))
-                            .and_then(|v| v.trim().parse::<usize>().ok())
-                            .unwrap_or(0);
-                        if buf.len() >= end + 4 + len {
-                            break;
-                        }
-                    }
+                while !message_complete(&buf) {
                     match s.read(&mut chunk).await {
                         Ok(0) | Err(_) => return,
                         Ok(n) => buf.extend_from_slice(&chunk[..n]),
