@@ -319,3 +319,30 @@ async fn a_stalled_body_on_enter_gets_408_within_header_timeout() {
     assert!(answer.ends_with(r#"{"error":"the request body did not arrive in time"}"#), "{answer}");
     assert!(took >= Duration::from_millis(950) && took < Duration::from_secs(1) + SLACK, "408 after {took:?}");
 }
+
+#[tokio::test]
+async fn limits_reload_without_a_restart_and_apply_to_the_next_connection() {
+    let (_redis, _api, proxy) = room("limits: {max_connections: 100, header_timeout: 30s, idle_timeout: 30s}").await;
+    let mut kept = TcpStream::connect(proxy.addr()).await.unwrap();
+    kept.write_all(status_request("alice").as_bytes()).await.unwrap();
+    assert!(read_response(&mut kept).await.starts_with("HTTP/1.1 200"));
+
+    proxy.rewrite_config("limits: {max_connections: 1, idle_timeout: 1s}");
+    proxy.signal("HUP");
+    let reloaded = wait_until(Duration::from_secs(10), Duration::from_millis(20), || async {
+        proxy.metric(r#"waitroom_config_reloads_total{result="ok"}"#).await == Some(1.0)
+    })
+    .await;
+    assert!(reloaded, "no reload:\n{}", proxy.logs());
+    assert!(!proxy.logs().contains("needs a restart"), "{}", proxy.logs());
+
+    // The open connection keeps its slot; a second one is now over the limit.
+    let mut second = TcpStream::connect(proxy.addr()).await.unwrap();
+    assert_eq!(closed_within(&mut second, Duration::from_secs(2)).await, Ok(true), "the second was not refused");
+    // The kept connection's next wait for a head runs on the new idle_timeout.
+    kept.write_all(status_request("alice").as_bytes()).await.unwrap();
+    assert!(read_response(&mut kept).await.starts_with("HTTP/1.1 200"));
+    let since = Instant::now();
+    let closed = time_to_close(&mut kept, since, Duration::from_secs(1) + SLACK).await;
+    assert!(closed.is_some_and(|c| c >= Duration::from_millis(950)), "closed after {closed:?}");
+}
