@@ -528,6 +528,89 @@ impl Peek for LimitedStream {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Config;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
+
+    fn limits(header_ms: u64, idle_ms: u64, max_head: usize) -> LimitsConfig {
+        LimitsConfig {
+            header_timeout: Duration::from_millis(header_ms),
+            idle_timeout: Duration::from_millis(idle_ms),
+            max_connections: 10,
+            upstream_timeout: Duration::from_secs(30),
+            max_request_head: max_head,
+        }
+    }
+
+    /// A limited stream as pingora would read it, and the client's end of its socket.
+    fn connection(limits: &LimitsConfig) -> (LimitedStream, DuplexStream) {
+        let state = RoomState::new(Config::parse("upstream: 127.0.0.1:1").unwrap());
+        let slot = Connections::new(state).take().unwrap();
+        let (server, client) = tokio::io::duplex(64 * 1024);
+        (LimitedStream::new(Box::new(server), slot, limits), client)
+    }
+
+    #[tokio::test]
+    async fn a_split_head_is_handed_on_whole_and_only_once_complete() {
+        let (mut s, mut client) = connection(&limits(5000, 5000, 1024));
+        let mut buf = [0u8; 4096];
+        client.write_all(b"GET / HTTP/1.1\r\n").await.unwrap();
+        // Cancelled while the head is incomplete: nothing is lost, nothing handed on.
+        assert!(tokio::time::timeout(Duration::from_millis(100), s.read(&mut buf)).await.is_err());
+        client.write_all(b"Host: a\r\n\r\nBODY").await.unwrap();
+        let n = s.read(&mut buf).await.unwrap();
+        assert_eq!(&buf[..n], b"GET / HTTP/1.1\r\nHost: a\r\n\r\nBODY");
+        assert!(matches!(s.phase, Phase::Serving));
+    }
+
+    #[tokio::test]
+    async fn a_silent_connection_fails_its_read_at_the_idle_deadline() {
+        let (mut s, _client) = connection(&limits(5000, 200, 1024));
+        let started = Instant::now();
+        let error = s.read(&mut [0u8; 64]).await.unwrap_err();
+        assert_eq!(error.kind(), io::ErrorKind::TimedOut);
+        assert!(started.elapsed() >= Duration::from_millis(200), "{:?}", started.elapsed());
+    }
+
+    #[tokio::test]
+    async fn a_keep_alive_head_has_header_timeout_from_its_first_byte() {
+        let l = limits(300, 5000, 1024);
+        let (mut s, mut client) = connection(&l);
+        let mut buf = [0u8; 256];
+        client.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
+        assert_eq!(s.read(&mut buf).await.unwrap(), 18);
+        s.expect_head(&l, false);
+        // Idle for longer than header_timeout is fine (idle_timeout rules until a byte comes).
+        assert!(tokio::time::timeout(Duration::from_millis(500), s.read(&mut buf)).await.is_err());
+        client.write_all(b"G").await.unwrap();
+        let first_byte = Instant::now();
+        let error = s.read(&mut buf).await.unwrap_err();
+        assert_eq!(error.kind(), io::ErrorKind::TimedOut);
+        assert!(first_byte.elapsed() >= Duration::from_millis(290), "{:?}", first_byte.elapsed());
+    }
+
+    #[tokio::test]
+    async fn a_head_over_the_limit_gets_431_and_nothing_of_it_reaches_the_reader() {
+        let (mut s, mut client) = connection(&limits(5000, 5000, 1024));
+        // Exactly the limit passes.
+        let fits = format!("GET / HTTP/1.1\r\nX: {}\r\n\r\n", "a".repeat(1024 - 23));
+        assert_eq!(fits.len(), 1024);
+        client.write_all(fits.as_bytes()).await.unwrap();
+        let mut buf = vec![0u8; 4096];
+        assert_eq!(s.read(&mut buf).await.unwrap(), 1024);
+
+        s.expect_head(&limits(5000, 5000, 1024), false);
+        client.write_all(&[b'a'; 1500]).await.unwrap();
+        let server = s.read(&mut buf);
+        let client_side = async {
+            let mut answer = Vec::new();
+            client.read_to_end(&mut answer).await.unwrap();
+            AsyncWriteExt::shutdown(&mut client).await.unwrap(); // ends the linger at once
+            answer
+        };
+        let (read, answer) = tokio::join!(server, client_side);
+        assert_eq!(read.unwrap_err().kind(), io::ErrorKind::InvalidData);
+        assert_eq!(answer, too_large_response());
+    }
 
     fn end_of(parts: &[&[u8]]) -> Option<usize> {
         let mut end = HeadEnd::default();
