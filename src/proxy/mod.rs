@@ -307,9 +307,10 @@ impl ProxyHttp for Waitroom {
         Ctx: Send + Sync,
     {
         let timed_out = upstream_timed_out(e);
-        if timed_out && ctx.endpoint == Endpoint::Protected {
+        if timed_out && ctx.endpoint == Endpoint::Protected && ctx.upstream_status.is_none() {
             // The adaptive controller must hear of an upstream too slow to answer at all: the
-            // wait, at least upstream_timeout, is its slowest sample.
+            // wait, at least upstream_timeout, is its slowest sample. (A body that stalls after
+            // the response header was already counted when the header came.)
             if let Some(started) = ctx.upstream_started {
                 self.state.latencies().record(started.elapsed());
             }
