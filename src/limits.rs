@@ -287,7 +287,10 @@ enum Phase {
 pub struct LimitedStream {
     inner: Stream,
     phase: Phase,
-    /// The deadline of the current head (or of the linger after a 431).
+    /// The deadline of the current head (or of the linger after a 431) ...
+    deadline: Instant,
+    /// ... and the timer that wakes a read waiting for it, moved to `deadline` only when a read
+    /// has to wait: a request whose head is already there touches no timer.
     timer: Pin<Box<Sleep>>,
     header_timeout: Duration,
     max_head: usize,
@@ -299,6 +302,7 @@ impl LimitedStream {
         let mut stream = LimitedStream {
             inner,
             phase: Phase::Serving,
+            deadline: Instant::now(),
             timer: Box::pin(tokio::time::sleep(Duration::ZERO)),
             header_timeout: limits.header_timeout,
             max_head: limits.max_request_head,
@@ -314,7 +318,7 @@ impl LimitedStream {
         self.header_timeout = limits.header_timeout;
         self.max_head = limits.max_request_head;
         let idle = if fresh { limits.idle_timeout.min(limits.header_timeout) } else { limits.idle_timeout };
-        self.timer.as_mut().reset(now + idle);
+        self.deadline = now + idle;
         self.phase = Phase::Head { held: Vec::new(), end: HeadEnd::default(), first_byte: false, fresh, started: now };
     }
 
@@ -328,22 +332,28 @@ impl LimitedStream {
         io::Error::new(kind, why.label())
     }
 
+    /// Ready once `deadline` has passed; otherwise the timer will wake this task then.
+    fn poll_deadline(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        if self.timer.deadline() != self.deadline {
+            self.timer.as_mut().reset(self.deadline);
+        }
+        self.timer.as_mut().poll(cx)
+    }
+
     /// Reading while a head is due. Returns only with the whole head (or nothing, or an error).
     fn poll_head(&mut self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         loop {
             let Phase::Head { first_byte, .. } = &self.phase else { return self.poll_phase(cx, buf) };
             let why = if *first_byte { Closed::HeaderTimeout } else { Closed::IdleTimeout };
             let before = buf.filled().len();
-            // The timer is polled (registered) only while the client keeps us waiting; a head
-            // that is already there costs a clock read, not a timer.
             match Pin::new(&mut self.inner).poll_read(cx, buf) {
                 Poll::Pending => {
-                    ready!(self.timer.as_mut().poll(cx));
+                    ready!(self.poll_deadline(cx));
                     return Poll::Ready(Err(self.close(why)));
                 }
                 Poll::Ready(result) => result?,
             }
-            if Instant::now() >= self.timer.deadline() {
+            if Instant::now() >= self.deadline {
                 // Bytes that keep coming (a trickle) do not move the deadline.
                 buf.set_filled(before);
                 return Poll::Ready(Err(self.close(why)));
@@ -360,7 +370,7 @@ impl LimitedStream {
                 // From the first byte the head has header_timeout (a fresh connection's is
                 // counted from the accept).
                 let from = if *fresh { *started } else { Instant::now() };
-                self.timer.as_mut().reset(from + self.header_timeout);
+                self.deadline = from + self.header_timeout;
             }
             let done = end.feed(new);
             let head_len = held.len() + done.unwrap_or(new.len());
@@ -416,11 +426,11 @@ impl LimitedStream {
                     {
                         return Poll::Ready(Err(self.close(Closed::HeadTooLarge)));
                     }
-                    self.timer.as_mut().reset(Instant::now() + LINGER);
+                    self.deadline = Instant::now() + LINGER;
                     self.phase = Phase::Lingering;
                 }
                 Phase::Lingering => {
-                    if self.timer.as_mut().poll(cx).is_ready() {
+                    if self.poll_deadline(cx).is_ready() {
                         return Poll::Ready(Err(self.close(Closed::HeadTooLarge)));
                     }
                     // Read into the caller's buffer and drop it: no memory of ours.
