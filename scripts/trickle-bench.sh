@@ -8,7 +8,8 @@
 #   PROFILE=debug TRICKLERS=200 scripts/trickle-bench.sh
 #
 # Settings: TRICKLERS=1000  BYTE_EVERY_MS=500 (each trickler's pace)  DURATION=20 (seconds per
-# phase)  CONNS=16 (wrk connections)  HEADER_TIMEOUT=10s  PROFILE=release
+# phase)  CONNS=16 (wrk connections)  HEADER_TIMEOUT=10s  PROFILE=release  WAITROOM_BIN= (a
+# binary to measure instead of building one)
 #
 # Needs wrk, redis-server and python3 (the tricklers: asyncio, one process). Starts its own Redis
 # on a free port in a temporary directory and stops everything it started on exit. Numbers from a
@@ -44,13 +45,17 @@ trap cleanup EXIT
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
-say "building waitroom ($PROFILE)"
-if [ "$PROFILE" = release ]; then
-  (cd "$ROOT" && cargo build --release --bin waitroom -q)
+if [ -n "${WAITROOM_BIN:-}" ]; then
+  BIN=$WAITROOM_BIN
 else
-  (cd "$ROOT" && cargo build --bin waitroom -q)
+  say "building waitroom ($PROFILE)"
+  if [ "$PROFILE" = release ]; then
+    (cd "$ROOT" && cargo build --release --bin waitroom -q)
+  else
+    (cd "$ROOT" && cargo build --bin waitroom -q)
+  fi
+  BIN="$ROOT/target/$PROFILE/waitroom"
 fi
-BIN="$ROOT/target/$PROFILE/waitroom"
 
 REDIS_PORT=$(free_port)
 redis-server --port "$REDIS_PORT" --save '' --appendonly no --dir "$WORKDIR" >"$WORKDIR/redis.log" 2>&1 &
