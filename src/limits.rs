@@ -157,8 +157,9 @@ impl<A> Guarded<A> {
     }
 }
 
-/// pingora's own timer on a head read, kept only as a backstop behind ours: it must never fire
-/// first, and one pending read of pingora's spans the whole idle wait and the head.
+/// pingora's own timer on a fresh connection's head reads (60 s by default), moved behind ours:
+/// it must never fire first, and one pending read of pingora's spans the idle wait and the head.
+/// A reused connection keeps pingora's setting (no timer), as our deadlines govern its heads.
 fn backstop_secs(limits: &LimitsConfig) -> u64 {
     (limits.idle_timeout + limits.header_timeout).as_secs() + 1
 }
@@ -179,23 +180,25 @@ where
         let limits = self.connections.state.settings().config.limits.clone();
         let mut stream: Stream = Box::new(LimitedStream::new(stream, slot, &limits));
         let mut persistent: Option<HttpPersistentSettings> = None;
-        let mut backstop = backstop_secs(&limits);
         loop {
             let mut session = ServerSession::new_http1(stream);
             match persistent {
                 Some(settings) => settings.apply_to_session(&mut session),
-                None => session.set_keepalive_reuses_remaining(
-                    self.app.server_options().and_then(|o| o.keepalive_request_limit),
-                ),
+                None => {
+                    session.set_keepalive(Some(backstop_secs(&limits)));
+                    session.set_keepalive_reuses_remaining(
+                        self.app.server_options().and_then(|o| o.keepalive_request_limit),
+                    );
+                }
             }
-            // A stopping server lets no connection wait for another request.
-            session.set_keepalive((!*shutdown.borrow()).then_some(backstop));
+            if *shutdown.borrow() {
+                // A stopping server lets no connection wait for another request.
+                session.set_keepalive(None);
+            }
             let reused = self.app.process_new_http(session, shutdown).await?;
             let (next, settings) = reused.consume();
             let mut limited = next.into_any().downcast::<LimitedStream>().ok()?;
-            let limits = self.connections.state.settings().config.limits.clone();
-            limited.expect_head(&limits, false);
-            backstop = backstop_secs(&limits);
+            limited.expect_head(&self.connections.state.settings().config.limits, false);
             stream = limited;
             persistent = settings;
         }
@@ -289,8 +292,8 @@ pub struct LimitedStream {
     phase: Phase,
     /// The deadline of the current head (or of the linger after a 431) ...
     deadline: Instant,
-    /// ... and the timer that wakes a read waiting for it, moved to `deadline` only when a read
-    /// has to wait: a request whose head is already there touches no timer.
+    /// ... and the timer that wakes a read waiting for it (see `poll_deadline`): a request whose
+    /// head is already there touches no timer.
     timer: Pin<Box<Sleep>>,
     header_timeout: Duration,
     max_head: usize,
@@ -333,11 +336,22 @@ impl LimitedStream {
     }
 
     /// Ready once `deadline` has passed; otherwise the timer will wake this task then.
+    ///
+    /// The timer is moved earlier at once but never later: a busy keep-alive connection pushes
+    /// its deadline forward with every request, and re-arming a timer per request costs a lock
+    /// on the runtime's timer wheel. A timer that fires before the current deadline (once per
+    /// `idle_timeout` at most) is simply re-armed then.
     fn poll_deadline(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        if self.timer.deadline() != self.deadline {
+        loop {
+            if self.timer.deadline() > self.deadline {
+                self.timer.as_mut().reset(self.deadline);
+            }
+            ready!(self.timer.as_mut().poll(cx));
+            if Instant::now() >= self.deadline {
+                return Poll::Ready(());
+            }
             self.timer.as_mut().reset(self.deadline);
         }
-        self.timer.as_mut().poll(cx)
     }
 
     /// Reading while a head is due. Returns only with the whole head (or nothing, or an error).
