@@ -346,3 +346,32 @@ async fn limits_reload_without_a_restart_and_apply_to_the_next_connection() {
     let closed = time_to_close(&mut kept, since, Duration::from_secs(1) + SLACK).await;
     assert!(closed.is_some_and(|c| c >= Duration::from_millis(950)), "closed after {closed:?}");
 }
+
+#[test]
+fn check_refuses_limits_that_would_break_serving_and_names_each() {
+    let out = run_check(
+        "upstream: 127.0.0.1:8081\nlimits: {header_timeout: 0s, idle_timeout: 10ms, upstream_timeout: 2d, \
+         max_connections: 0, max_request_head: 32KB}\n",
+    );
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let keys: Vec<&str> = stderr.lines().filter_map(|l| l.split(':').next()).collect();
+    assert_eq!(
+        keys,
+        [
+            "limits.header_timeout",
+            "limits.idle_timeout",
+            "limits.upstream_timeout",
+            "limits.max_connections",
+            "limits.max_request_head"
+        ],
+        "{stderr}"
+    );
+    let too_large = run_check("upstream: 127.0.0.1:8081\nlimits: {max_request_head: 1MiB}\n");
+    assert_eq!(too_large.status.code(), Some(2), "1MiB is above the largest head served as written");
+    let ok = run_check(
+        "upstream: 127.0.0.1:8081\nlimits: {header_timeout: 100ms, idle_timeout: 24h, max_connections: 1, \
+         upstream_timeout: 1s, max_request_head: 512KiB}\n",
+    );
+    assert_eq!(ok.status.code(), Some(0), "{}", String::from_utf8_lossy(&ok.stderr));
+}
