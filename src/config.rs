@@ -104,6 +104,8 @@ pub mod raw {
         pub abuse: Abuse,
         #[serde(default)]
         pub page: Page,
+        #[serde(default)]
+        pub limits: Limits,
     }
 
     #[derive(Debug, Deserialize)]
@@ -324,6 +326,34 @@ pub mod raw {
         }
     }
 
+    /// Durations and sizes stay text, checked (with their key path) by `Validator::limits`.
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct Limits {
+        #[serde(default = "d_header_timeout")]
+        pub header_timeout: String,
+        #[serde(default = "d_idle_timeout")]
+        pub idle_timeout: String,
+        #[serde(default = "d_max_connections")]
+        pub max_connections: i64,
+        #[serde(default = "d_upstream_timeout")]
+        pub upstream_timeout: String,
+        #[serde(default = "d_max_request_head")]
+        pub max_request_head: String,
+    }
+
+    impl Default for Limits {
+        fn default() -> Self {
+            Limits {
+                header_timeout: d_header_timeout(),
+                idle_timeout: d_idle_timeout(),
+                max_connections: d_max_connections(),
+                upstream_timeout: d_upstream_timeout(),
+                max_request_head: d_max_request_head(),
+            }
+        }
+    }
+
     fn s(v: &str) -> String {
         v.to_string()
     }
@@ -408,6 +438,21 @@ pub mod raw {
     fn d_true() -> bool {
         true
     }
+    fn d_header_timeout() -> String {
+        s("10s")
+    }
+    fn d_idle_timeout() -> String {
+        s("60s")
+    }
+    fn d_max_connections() -> i64 {
+        10_000
+    }
+    fn d_upstream_timeout() -> String {
+        s("30s")
+    }
+    fn d_max_request_head() -> String {
+        s("32KiB")
+    }
 }
 
 /// The validated configuration the proxy runs with.
@@ -431,6 +476,7 @@ pub struct Config {
     pub polling: PollingConfig,
     pub abuse: AbuseConfig,
     pub page: PageConfig,
+    pub limits: LimitsConfig,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -495,6 +541,18 @@ pub struct PollingConfig {
 pub struct AbuseConfig {
     pub identities_per_address: u32,
     pub trusted_proxies: Vec<Cidr>,
+}
+
+/// `limits` (contract section 16), enforced by [`crate::limits`] and the proxy's upstream peer.
+/// Every one is read per connection or per request, so a reload applies to what starts after it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LimitsConfig {
+    pub header_timeout: Duration,
+    pub idle_timeout: Duration,
+    pub max_connections: usize,
+    pub upstream_timeout: Duration,
+    /// Bytes of request line + headers (the blank line included).
+    pub max_request_head: usize,
 }
 
 #[derive(Debug, Clone)]
@@ -564,6 +622,7 @@ impl Config {
         let polling = v.polling(raw.polling);
         let abuse = v.abuse(raw.abuse);
         let page = v.page(raw.page);
+        let limits = v.limits(raw.limits);
 
         if let (Some(abandon), Some(tiers)) = (abandon_after, poll_after.as_ref()) {
             // What users are told: answers carry whole seconds, rounded up.
@@ -581,6 +640,19 @@ impl Config {
                     format!(
                         "must be 0s or at least twice the longest poll_after ({}), or users who poll as told are dropped",
                         humantime::format_duration(floor)
+                    ),
+                );
+            }
+        }
+        if let (Some(claim), Some(limits)) = (claim_timeout, limits.as_ref()) {
+            // A claim that ends while its order is still at the upstream would let a parallel
+            // request through: it must outlast the longest wait for an answer.
+            if claim <= limits.upstream_timeout {
+                v.fail::<()>(
+                    "token.claim_timeout",
+                    format!(
+                        "must be longer than limits.upstream_timeout ({})",
+                        humantime::format_duration(limits.upstream_timeout)
                     ),
                 );
             }
@@ -613,6 +685,7 @@ impl Config {
                 polling: polling.expect(unwrap),
                 abuse: abuse.expect(unwrap),
                 page: page.expect(unwrap),
+                limits: limits.expect(unwrap),
             })
         } else {
             Err(ConfigError { problems: v.problems })
@@ -1038,12 +1111,81 @@ impl Validator {
             .then_some(AbuseConfig { identities_per_address: limit, trusted_proxies: proxies })
     }
 
+    /// `limits`: every timeout within [`LIMIT_TIMEOUT_RANGE`] (shorter cuts off healthy clients,
+    /// longer is no limit and would overflow timer arithmetic), the head size within
+    /// [`LIMIT_HEAD_RANGE`] (smaller refuses ordinary browsers, larger meets pingora's own cap,
+    /// which answers 400 rather than 431).
+    fn limits(&mut self, l: raw::Limits) -> Option<LimitsConfig> {
+        let before = self.problems.len();
+        let timeout = |v: &mut Validator, key: &str, text: &str| {
+            let d = v.duration(key, text)?;
+            if !LIMIT_TIMEOUT_RANGE.contains(&d) {
+                return v.fail(key, "must be from 100ms to 24h");
+            }
+            Some(d)
+        };
+        let header_timeout = timeout(self, "limits.header_timeout", &l.header_timeout);
+        let idle_timeout = timeout(self, "limits.idle_timeout", &l.idle_timeout);
+        let upstream_timeout = timeout(self, "limits.upstream_timeout", &l.upstream_timeout);
+        let max_connections = self
+            .positive("limits.max_connections", l.max_connections)
+            .and_then(|n| match u32::try_from(n) {
+                Ok(n) => Some(n as usize),
+                Err(_) => self.fail("limits.max_connections", "is too large"),
+            });
+        let max_request_head = match parse_size(&l.max_request_head) {
+            Ok(n) if LIMIT_HEAD_RANGE.contains(&n) => Some(n as usize),
+            Ok(_) => self.fail("limits.max_request_head", "must be from 1KiB to 512KiB"),
+            Err(message) => self.fail("limits.max_request_head", message),
+        };
+        (self.problems.len() == before).then_some(())?;
+        Some(LimitsConfig {
+            header_timeout: header_timeout?,
+            idle_timeout: idle_timeout?,
+            max_connections: max_connections?,
+            upstream_timeout: upstream_timeout?,
+            max_request_head: max_request_head?,
+        })
+    }
+
     fn page(&mut self, p: raw::Page) -> Option<PageConfig> {
         if p.ready_url.is_empty() || p.ready_url.contains(['"', '<', '>', '\'', ' ']) {
             return self.fail("page.ready_url", "must be a URL or path without quotes, spaces or angle brackets");
         }
         Some(PageConfig { ready_url: p.ready_url, enabled: p.enabled })
     }
+}
+
+/// The timeouts of `limits` that are served as written.
+pub const LIMIT_TIMEOUT_RANGE: std::ops::RangeInclusive<Duration> =
+    Duration::from_millis(100)..=Duration::from_secs(24 * 3600);
+/// The `limits.max_request_head` values that are served as written (bytes).
+pub const LIMIT_HEAD_RANGE: std::ops::RangeInclusive<u64> = 1024..=512 * 1024;
+
+/// A size with a unit: `B`, `KiB` (1024 B) or `MiB` (1024 KiB), e.g. `32KiB`, `512 B`.
+/// `KB`, `MB`, `k` and friends are refused rather than guessed: nginx reads `32k` as 32768 bytes,
+/// SI as 32000, and an operator should not have to know which one this file means.
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (number, unit) = t.split_at(digits);
+    let hint = "write a number with a unit: 512B, 32KiB, 1MiB";
+    let Ok(number) = number.parse::<u64>() else {
+        return Err(format!("'{text}' is not a size ({hint})"));
+    };
+    let factor = match unit.trim() {
+        "B" => 1,
+        "KiB" => 1024,
+        "MiB" => 1024 * 1024,
+        "" => return Err(format!("'{text}' needs a unit ({hint})")),
+        u if ["k", "K", "KB", "kB", "kb", "m", "M", "MB", "mb"].contains(&u) => {
+            return Err(format!(
+                "'{text}' is ambiguous (1000 or 1024?): write {number}KiB or {number}MiB for powers of 1024, or the bytes with B"
+            ))
+        }
+        _ => return Err(format!("'{text}' is not a size ({hint})")),
+    };
+    number.checked_mul(factor).ok_or_else(|| format!("'{text}' is too large"))
 }
 
 /// Turns serde's message into a problem named by its key path: serde_yaml reports an unknown
@@ -1112,6 +1254,53 @@ mod tests {
         assert_eq!(tiers, vec![(60, 10), (10, 5), (0, 2)]);
         assert_eq!(c.shutdown_grace, Duration::from_secs(10));
         assert!(!c.reload_watch);
+        assert_eq!(
+            c.limits,
+            LimitsConfig {
+                header_timeout: Duration::from_secs(10),
+                idle_timeout: Duration::from_secs(60),
+                max_connections: 10_000,
+                upstream_timeout: Duration::from_secs(30),
+                max_request_head: 32 * 1024,
+            }
+        );
+    }
+
+    #[test]
+    fn sizes_need_an_unambiguous_unit() {
+        assert_eq!(parse_size("32KiB"), Ok(32768));
+        assert_eq!(parse_size(" 512 B "), Ok(512));
+        assert_eq!(parse_size("1MiB"), Ok(1 << 20));
+        assert!(parse_size("32KB").unwrap_err().contains("ambiguous"));
+        assert!(parse_size("32k").unwrap_err().contains("32KiB"));
+        assert!(parse_size("32768").unwrap_err().contains("needs a unit"));
+        assert!(parse_size("KiB").is_err());
+        assert!(parse_size("-1KiB").is_err());
+        assert!(parse_size("99999999999999999999MiB").is_err());
+        assert!(parse_size("18446744073709551615MiB").unwrap_err().contains("too large"));
+    }
+
+    #[test]
+    fn limits_that_would_break_serving_are_refused_with_their_path() {
+        let got = problems(
+            "upstream: a:1\nlimits: {header_timeout: 0s, idle_timeout: 50ms, upstream_timeout: 30d, \
+             max_connections: 0, max_request_head: 100B}",
+        );
+        assert_eq!(
+            got,
+            vec![
+                "limits.header_timeout: must be from 100ms to 24h",
+                "limits.idle_timeout: must be from 100ms to 24h",
+                "limits.upstream_timeout: must be from 100ms to 24h",
+                "limits.max_connections: must be at least 1",
+                "limits.max_request_head: must be from 1KiB to 512KiB",
+            ]
+        );
+        let got = problems("upstream: a:1\nlimits: {max_request_head: 2MB, max_connections: 99999999999}");
+        assert_eq!(got.len(), 2, "{got:?}");
+        assert!(got[0].starts_with("limits.max_connections: is too large"), "{got:?}");
+        assert!(got[1].starts_with("limits.max_request_head: '2MB' is ambiguous"), "{got:?}");
+        assert!(problems("upstream: a:1\nlimits: {max_request_hed: 1KiB}")[0].starts_with("limits.max_request_hed: unknown key"));
     }
 
     #[test]
@@ -1223,6 +1412,13 @@ mod tests {
         assert_eq!(got.len(), 3, "{got:?}");
         assert!(got[0].starts_with("protected[0].match"), "{got:?}");
         assert!(got[1].starts_with("protected[1].path") && got[2].starts_with("protected[2].path"), "{got:?}");
+    }
+
+    #[test]
+    fn a_claim_outlasts_the_upstream_timeout() {
+        let got = problems("upstream: a:1\ntoken: {claim_timeout: 30s}");
+        assert!(got.len() == 1 && got[0].starts_with("token.claim_timeout"), "{got:?}");
+        assert!(problems("upstream: a:1\ntoken: {claim_timeout: 2s}\nlimits: {upstream_timeout: 1s}").is_empty());
     }
 
     #[test]

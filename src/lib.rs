@@ -10,6 +10,7 @@ pub mod config;
 pub mod health;
 pub mod identity;
 pub mod lifecycle;
+pub mod limits;
 pub mod line;
 pub mod live;
 pub mod logging;

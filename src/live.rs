@@ -70,6 +70,9 @@ pub fn merge(running: &Config, mut next: Config) -> (Config, Changes) {
         ("polling", differs(&next.polling, &running.polling)),
         ("abuse", differs(&next.abuse, &running.abuse)),
         ("page", differs(&next.page, &running.page)),
+        // Nothing of `limits` is baked into a socket: the connection guard reads them at each
+        // accept and each request head, the upstream peer per request (see crate::limits).
+        ("limits", next.limits != running.limits),
     ];
     changes.applied = applied.iter().filter(|(_, changed)| *changed).map(|(k, _)| *k).collect();
     (next, changes)
@@ -109,7 +112,8 @@ mod tests {
         let running = Config::parse("upstream: 127.0.0.1:1").unwrap();
         let next = Config::parse(
             "upstream: 127.0.0.1:2\nlisten: 127.0.0.1:1\nadmission: {batch_size: 20}\nredis: {key_prefix: other}\n\
-             endpoints: {prefix: /line}\nidentity: {header: X-Who}\ntoken: {header: X-Pass}",
+             endpoints: {prefix: /line}\nidentity: {header: X-Who}\ntoken: {header: X-Pass}\n\
+             limits: {max_connections: 5, header_timeout: 2s}",
         )
         .unwrap();
         let (merged, changes) = merge(&running, next);
@@ -117,7 +121,8 @@ mod tests {
             changes.need_restart,
             vec!["listen", "redis", "upstream", "endpoints.prefix", "identity", "token.header"]
         );
-        assert_eq!(changes.applied, vec!["admission"]);
+        assert_eq!(changes.applied, vec!["admission", "limits"]);
+        assert_eq!(merged.limits.max_connections, 5);
         assert_eq!(merged.listen, running.listen);
         assert_eq!(merged.redis, running.redis);
         assert_eq!(merged.upstream, running.upstream);

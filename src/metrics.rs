@@ -128,3 +128,12 @@ pub fn render() -> Vec<u8> {
     }
     out
 }
+metric!(OPEN_CONNECTIONS: IntGauge = register_int_gauge!(
+    "waitroom_open_connections",
+    "Client connections open on listen (limits.max_connections caps them)"
+));
+metric!(CONNECTIONS_CLOSED_TOTAL: IntCounterVec = register_int_counter_vec!(
+    "waitroom_connections_closed_total",
+    "Client connections a limit refused or closed: max_connections, idle_timeout, header_timeout, head_too_large",
+    &["limit"]
+));

@@ -4,6 +4,7 @@
 
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use pingora::server::configuration::ServerConf;
 use pingora::server::{RunArgs, Server};
@@ -14,6 +15,7 @@ use crate::admission::Admitter;
 use crate::config::Config;
 use crate::health::{OpsEndpoints, RoomWatcher};
 use crate::lifecycle::{Drain, Reloader, StopSignals};
+use crate::limits::{AtCapacity, Connections, Guarded};
 use crate::line::LineWatcher;
 use crate::metrics;
 use crate::proxy::Waitroom;
@@ -96,11 +98,14 @@ pub fn run(config: Config, config_path: PathBuf) -> Result<(), StartError> {
         metrics::ADMISSION_BATCH.set(policy.rules.batch_size as i64);
     }
 
-    let mut proxy = pingora::proxy::http_proxy_service_with_name(
+    // pingora's proxy app, run by our connection guard (see crate::limits for why there).
+    let connections = Connections::new(state.clone());
+    let app = pingora::proxy::http_proxy(
         &server.configuration,
         Waitroom::new(state.clone(), Room::new(&redis)?, upstream),
-        "waitroom",
     );
+    let mut proxy = Service::new("waitroom".to_string(), Guarded::new(app, connections.clone()));
+    proxy.set_connection_filter(Arc::new(AtCapacity(connections)));
     proxy.add_tcp(&listen);
 
     let mut ops = Service::new("ops".to_string(), OpsEndpoints::new(state.clone()));

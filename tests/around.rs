@@ -330,7 +330,7 @@ async fn a_claim_left_by_a_dead_proxy_expires_with_claim_timeout() {
     let redis = RedisServer::start();
     let api = DemoApi::start(&["--service-time-ms", "5000"]);
     let room = Proxy::builder(&redis.url(), api.addr())
-        .yaml("admission: {interval: 20ms, batch_size: 50}\ntoken: {claim_timeout: 2s}");
+        .yaml("admission: {interval: 20ms, batch_size: 50}\ntoken: {claim_timeout: 2s}\nlimits: {upstream_timeout: 1s}");
     let dying = room.start().await;
     let token = dying.until_ready("alice", Duration::from_secs(10)).await;
     let order = tokio::spawn(send(dying.order_request("alice", Some(&token))));

@@ -6,7 +6,8 @@
 //! - `upstream_peer`: the one upstream, a prebuilt peer;
 //! - `upstream_response_filter`: spend the token on a 2xx (or release its claim) before the
 //!   client sees the response;
-//! - `fail_to_proxy`: a JSON 502 when the upstream cannot be reached;
+//! - `fail_to_proxy`: a JSON 502 when the upstream cannot be reached, 504 when it does not answer
+//!   within `limits.upstream_timeout`;
 //! - `logging`: metrics and the access log, once the response is done.
 
 mod answer;
@@ -170,10 +171,12 @@ fn limit_slow_clients(session: &mut Session) {
     session.set_write_timeout(Some(WRITE_TIMEOUT));
 }
 
-/// Whether a request to one of the proxy's own endpoints, with the method it serves (any other
-/// method gets its 405 first, whatever it carries), brings more body than they accept. A
-/// declared length decides without reading; a chunked body is read up to the limit.
-async fn own_body_too_large(session: &mut Session, endpoint: Endpoint) -> Result<bool> {
+/// What a request to one of the proxy's own endpoints may not bring, with the method it serves
+/// (any other method gets its 405 first, whatever it carries): more body than they accept (413;
+/// a declared length decides without reading, a chunked body is read up to the limit), or a body
+/// that is not all there within `limits.header_timeout` (408, and the connection is closed: what
+/// is left of the body would be read as the next request).
+async fn own_body_refusal(session: &mut Session, endpoint: Endpoint, deadline: Duration) -> Result<Option<Answer>> {
     let method = &session.req_header().method;
     let served = match endpoint {
         Endpoint::Enter => method == http::Method::POST,
@@ -181,23 +184,45 @@ async fn own_body_too_large(session: &mut Session, endpoint: Endpoint) -> Result
         Endpoint::Protected | Endpoint::Passthrough => false,
     };
     if !served {
-        return Ok(false);
+        return Ok(None);
     }
+    let too_large = || Ok(Some(Answer::error(413, "request body too large")));
     let declared = session.req_header().headers.get(http::header::CONTENT_LENGTH);
     if let Some(len) = declared.and_then(|v| v.to_str().ok()).and_then(|v| v.trim().parse::<u64>().ok()) {
         if len > OWN_BODY_LIMIT {
-            return Ok(true);
+            return too_large();
         }
     }
     // Reading a small body (rather than leaving it) keeps the connection reusable.
-    let mut read = 0u64;
-    while let Some(chunk) = session.read_request_body().await? {
-        read += chunk.len() as u64;
-        if read > OWN_BODY_LIMIT {
-            return Ok(true);
+    let read_all = async {
+        let mut read = 0u64;
+        while let Some(chunk) = session.read_request_body().await? {
+            read += chunk.len() as u64;
+            if read > OWN_BODY_LIMIT {
+                return Ok(true);
+            }
         }
+        Ok::<bool, Box<Error>>(false)
+    };
+    let stalled = match tokio::time::timeout(deadline, read_all).await {
+        Ok(Ok(true)) => return too_large(),
+        Ok(Ok(false)) => false,
+        // pingora's own timer on each read (BODY_READ_TIMEOUT) may be the shorter one.
+        Ok(Err(e)) if matches!(e.etype(), ErrorType::ReadTimedout) => true,
+        Ok(Err(e)) => return Err(e),
+        Err(_elapsed) => true,
+    };
+    if stalled {
+        session.set_keepalive(None);
+        return Ok(Some(Answer::error(408, "the request body did not arrive in time")));
     }
-    Ok(false)
+    Ok(None)
+}
+
+/// Whether `e` is the upstream not answering within `limits.upstream_timeout` (a connect that
+/// times out is an unreachable upstream: 502).
+fn upstream_timed_out(e: &Error) -> bool {
+    matches!(e.esource(), ErrorSource::Upstream) && matches!(e.etype(), ErrorType::ReadTimedout | ErrorType::WriteTimedout)
 }
 
 /// Writes an answer of the proxy's own: JSON, never cached.
@@ -260,8 +285,8 @@ impl ProxyHttp for Waitroom {
                 return Ok(true);
             }
         };
-        if own_body_too_large(session, ctx.endpoint).await? {
-            write_answer(session, Answer::error(413, "request body too large")).await?;
+        if let Some(refusal) = own_body_refusal(session, ctx.endpoint, config.limits.header_timeout).await? {
+            write_answer(session, refusal).await?;
             return Ok(true);
         }
         let header = session.req_header();
@@ -294,7 +319,14 @@ impl ProxyHttp for Waitroom {
 
     async fn upstream_peer(&self, _session: &mut Session, ctx: &mut Ctx) -> Result<Box<HttpPeer>> {
         ctx.upstream_started = Some(Instant::now());
-        Ok(self.upstream.clone())
+        let mut peer = self.upstream.clone();
+        // Without these pingora waits for a silent upstream forever (it sets only a connect
+        // timeout). They bound each read and write, so a response that has started may take
+        // longer in total as long as it keeps coming. Read per request: reloadable.
+        let timeout = self.state.settings().config.limits.upstream_timeout;
+        peer.options.read_timeout = Some(timeout);
+        peer.options.write_timeout = Some(timeout);
+        Ok(peer)
     }
 
     /// Runs after pingora has removed the hop-by-hop headers: what is set here reaches the
@@ -349,14 +381,26 @@ impl ProxyHttp for Waitroom {
     where
         Ctx: Send + Sync,
     {
+        let timed_out = upstream_timed_out(e);
+        if timed_out && ctx.endpoint == Endpoint::Protected && ctx.upstream_status.is_none() {
+            // The adaptive controller must hear of an upstream too slow to answer at all: the
+            // wait, at least upstream_timeout, is its slowest sample. (A body that stalls after
+            // the response header was already counted when the header came.)
+            if let Some(started) = ctx.upstream_started {
+                self.state.latencies().record(started.elapsed());
+            }
+        }
         // Released before the error answer leaves, so the user's immediate retry is not a 409.
         self.release_unsettled(ctx).await;
         let code = match e.etype() {
             ErrorType::HTTPStatus(code) => *code,
+            _ if timed_out => 504,
             _ => match e.esource() {
                 ErrorSource::Upstream => 502,
                 ErrorSource::Downstream => match e.etype() {
                     ErrorType::WriteError | ErrorType::ReadError | ErrorType::ConnectionClosed => 0,
+                    // A request body that stopped arriving (BODY_READ_TIMEOUT per read).
+                    ErrorType::ReadTimedout => 408,
                     _ => 400,
                 },
                 ErrorSource::Internal | ErrorSource::Unset => 500,
@@ -366,6 +410,8 @@ impl ProxyHttp for Waitroom {
         if code > 0 && session.response_written().is_none() {
             let answer = match code {
                 502 => Answer::error(502, "the upstream could not be reached"),
+                504 => Answer::error(504, "the upstream did not answer in time"),
+                408 => Answer::error(408, "the request body did not arrive in time"),
                 400 => Answer::error(400, "bad request"),
                 other => Answer::error(other, "the request could not be proxied"),
             };

@@ -1,0 +1,672 @@
+//! Connections under attack (contract section 16): the limits a connection on `listen` lives
+//! under before any request reaches [`crate::proxy`].
+//!
+//! **Why here, and why this shape.** pingora 0.9.1 bounds each *read* of a request head (60 s, and
+//! only on a connection's first request; a keep-alive connection waits for its next head forever),
+//! buffers up to about 1 MiB of unfinished head, re-parses the whole buffer after every read (a
+//! head trickled byte by byte costs quadratic CPU) and accepts every connection. No `ProxyHttp`
+//! phase runs before a head is complete, so none of this can be fixed from the proxy's phases.
+//! The narrowest places that see a connection before pingora parses anything are:
+//!
+//! - the [`ServerApp`] a listening service runs: [`Guarded`] wraps pingora's `HttpProxy` app and
+//!   drives its HTTP/1 keep-alive loop itself (the same dozen lines as pingora's blanket
+//!   `ServerApp for HttpServerApp`), so it knows when a connection starts waiting for a head,
+//!   on the first request and on every later one;
+//! - the accepted stream: each one is wrapped in a [`LimitedStream`] that implements pingora's
+//!   IO traits by delegation. While a head is awaited it holds the bytes itself and hands them to
+//!   pingora only once the blank line that ends the head has arrived. So pingora parses each head
+//!   once, never buffers an unfinished one, and never sees a connection that a limit closes (it
+//!   takes the close for a client that went away: no error line per slow client);
+//! - the listener's connection filter (pingora's `connection_filter` feature) refuses a
+//!   connection beyond `max_connections` before pingora spawns a task for it. It only reads the
+//!   count; [`Guarded`] takes the slot, so the limit holds exactly even when a burst is accepted
+//!   faster than tasks start.
+//!
+//! Deadlines, per request head: while no byte has arrived the connection is idle and is closed at
+//! `idle_timeout` (a fresh connection: at the earlier of `idle_timeout` and `header_timeout`);
+//! once bytes arrive the head must be complete `header_timeout` after its first byte (a fresh
+//! connection: after the accept). A head larger than `max_request_head` gets a 431 with a JSON
+//! body and the connection is closed after a short lingering drain, so the client reads the 431
+//! instead of a reset. Every value is read from the running settings when a head is awaited, so a
+//! reload applies from each connection's next request.
+//!
+//! A request body is pingora's again (its per-read timeout); the proxy's own endpoints bound
+//! theirs by `header_timeout` in total (408, see [`crate::proxy`]), and the upstream's answer by
+//! `upstream_timeout` (504).
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use pingora::apps::{HttpPersistentSettings, HttpServerApp, ServerApp};
+use pingora::listeners::ConnectionFilter;
+use pingora::protocols::http::ServerSession;
+use pingora::protocols::raw_connect::ProxyDigest;
+use pingora::protocols::{
+    GetProxyDigest, GetSocketDigest, GetTimingDigest, Peek, Shutdown, SocketDigest, Ssl, Stream,
+    TimingDigest, UniqueID, UniqueIDType,
+};
+use pingora::server::ShutdownWatch;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::time::{Instant, Sleep};
+
+use crate::config::LimitsConfig;
+use crate::metrics;
+use crate::state::RoomState;
+
+/// How long a refused connection's input is read and dropped after its 431, so that closing
+/// with unread bytes (a reset) does not destroy the answer before the client reads it.
+const LINGER: Duration = Duration::from_secs(1);
+
+const TOO_LARGE_BODY: &str = r#"{"error":"request header too large"}"#;
+
+/// The answer to a head over `max_request_head`: written by the stream itself, since pingora
+/// never sees that request.
+fn too_large_response() -> Vec<u8> {
+    format!(
+        "HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Type: application/json\r\n\
+         Cache-Control: no-store\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{TOO_LARGE_BODY}",
+        TOO_LARGE_BODY.len()
+    )
+    .into_bytes()
+}
+
+/// Connections open on `listen`, shared by the listener's filter and [`Guarded`].
+pub struct Connections {
+    state: Arc<RoomState>,
+    open: AtomicUsize,
+}
+
+impl Connections {
+    pub fn new(state: Arc<RoomState>) -> Arc<Connections> {
+        Arc::new(Connections { state, open: AtomicUsize::new(0) })
+    }
+
+    fn max(&self) -> usize {
+        self.state.settings().config.limits.max_connections
+    }
+
+    pub fn open(&self) -> usize {
+        self.open.load(Ordering::Acquire)
+    }
+
+    /// A slot for one more connection, or `None` at `max_connections`.
+    fn take(self: &Arc<Self>) -> Option<Slot> {
+        let max = self.max();
+        self.open.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1)).ok()?;
+        metrics::OPEN_CONNECTIONS.inc();
+        Some(Slot(self.clone()))
+    }
+}
+
+/// One open connection; dropping it (with the connection's stream) frees the slot.
+struct Slot(Arc<Connections>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Ordering::AcqRel);
+        metrics::OPEN_CONNECTIONS.dec();
+    }
+}
+
+impl std::fmt::Debug for Slot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Slot")
+    }
+}
+
+fn refused() {
+    metrics::CONNECTIONS_CLOSED_TOTAL.with_label_values(&["max_connections"]).inc();
+}
+
+/// The listener's early cut: at `max_connections`, a new connection is closed in the accept loop
+/// itself, before pingora spawns a task for it.
+pub struct AtCapacity(pub Arc<Connections>);
+
+impl std::fmt::Debug for AtCapacity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "AtCapacity(open: {})", self.0.open())
+    }
+}
+
+#[async_trait]
+impl ConnectionFilter for AtCapacity {
+    async fn should_accept(&self, _addr: Option<&std::net::SocketAddr>) -> bool {
+        let accept = self.0.open() < self.0.max();
+        if !accept {
+            refused();
+        }
+        accept
+    }
+}
+
+/// pingora's HTTP app (the proxy) with every connection held to `limits`.
+pub struct Guarded<A> {
+    app: Arc<A>,
+    connections: Arc<Connections>,
+}
+
+impl<A> Guarded<A> {
+    pub fn new(app: A, connections: Arc<Connections>) -> Guarded<A> {
+        Guarded { app: Arc::new(app), connections }
+    }
+}
+
+/// pingora's own timer on a fresh connection's head reads (60 s by default), moved behind ours:
+/// it must never fire first, and one pending read of pingora's spans the idle wait and the head.
+/// A reused connection keeps pingora's setting (no timer), as our deadlines govern its heads.
+fn backstop_secs(limits: &LimitsConfig) -> u64 {
+    (limits.idle_timeout + limits.header_timeout).as_secs() + 1
+}
+
+#[async_trait]
+impl<A> ServerApp for Guarded<A>
+where
+    A: HttpServerApp + Send + Sync + 'static,
+{
+    /// pingora's HTTP/1 loop (`apps/mod.rs`, `impl ServerApp for T: HttpServerApp`) with the
+    /// stream wrapped and told, before every request, that a head is due. h2c and TLS are not
+    /// served on `listen`, so the other branches of that loop are not needed here.
+    async fn process_new(self: &Arc<Self>, stream: Stream, shutdown: &ShutdownWatch) -> Option<Stream> {
+        let Some(slot) = self.connections.take() else {
+            refused();
+            return None; // dropping the stream closes it at once
+        };
+        let limits = self.connections.state.settings().config.limits.clone();
+        let mut stream: Stream = Box::new(LimitedStream::new(stream, slot, &limits));
+        let mut persistent: Option<HttpPersistentSettings> = None;
+        loop {
+            let mut session = ServerSession::new_http1(stream);
+            match persistent {
+                Some(settings) => settings.apply_to_session(&mut session),
+                None => {
+                    session.set_keepalive(Some(backstop_secs(&limits)));
+                    session.set_keepalive_reuses_remaining(
+                        self.app.server_options().and_then(|o| o.keepalive_request_limit),
+                    );
+                }
+            }
+            if *shutdown.borrow() {
+                // A stopping server lets no connection wait for another request.
+                session.set_keepalive(None);
+            }
+            let reused = self.app.process_new_http(session, shutdown).await?;
+            let (next, settings) = reused.consume();
+            let mut limited = next.into_any().downcast::<LimitedStream>().ok()?;
+            limited.expect_head(&self.connections.state.settings().config.limits, false);
+            stream = limited;
+            persistent = settings;
+        }
+    }
+
+    async fn cleanup(&self) {
+        self.app.http_cleanup().await;
+    }
+}
+
+/// Where a request head ends, fed as bytes arrive: the first empty line (`\n\n` or `\n\r\n`)
+/// after the request line. Empty lines before the request line are skipped, as httparse skips
+/// them, so they cannot end a head early; a bare CR only delays the end, and httparse refuses it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+enum HeadEnd {
+    #[default]
+    Leading,
+    InLine,
+    LineStart,
+    LineStartCr,
+}
+
+impl HeadEnd {
+    /// The number of bytes of `bytes` that belong to the head, once its end is among them.
+    fn feed(&mut self, bytes: &[u8]) -> Option<usize> {
+        let mut i = 0;
+        while i < bytes.len() {
+            let b = bytes[i];
+            *self = match (*self, b) {
+                (HeadEnd::Leading, b'\r' | b'\n') => HeadEnd::Leading,
+                (HeadEnd::LineStart | HeadEnd::LineStartCr, b'\n') => return Some(i + 1),
+                (HeadEnd::LineStart, b'\r') => HeadEnd::LineStartCr,
+                (_, b'\n') => HeadEnd::LineStart,
+                _ => {
+                    // Inside a line: jump to its end.
+                    *self = HeadEnd::InLine;
+                    match bytes[i..].iter().position(|&c| c == b'\n') {
+                        Some(at) => {
+                            i += at;
+                            continue;
+                        }
+                        None => return None,
+                    }
+                }
+            };
+            i += 1;
+        }
+        None
+    }
+}
+
+/// Why a limit closed a connection (the label of `waitroom_connections_closed_total`).
+#[derive(Debug, Clone, Copy)]
+enum Closed {
+    IdleTimeout,
+    HeaderTimeout,
+    HeadTooLarge,
+}
+
+impl Closed {
+    fn label(self) -> &'static str {
+        match self {
+            Closed::IdleTimeout => "idle_timeout",
+            Closed::HeaderTimeout => "header_timeout",
+            Closed::HeadTooLarge => "head_too_large",
+        }
+    }
+}
+
+#[derive(Debug)]
+enum Phase {
+    /// A request head is due: bytes are held here until it is whole.
+    Head { held: Vec<u8>, end: HeadEnd, first_byte: bool, fresh: bool, started: Instant },
+    /// A completed head (and whatever came with it) on its way to pingora.
+    Release { bytes: Vec<u8>, at: usize },
+    /// A request is being served: reads and writes pass straight through.
+    Serving,
+    /// Over `max_request_head`: the 431 is being written.
+    Refusing { response: Vec<u8>, at: usize },
+    /// The 431 is out: the client's input is read and dropped until it closes or LINGER passes.
+    Lingering,
+    /// A limit closed the connection: every read fails.
+    Closed,
+}
+
+/// An accepted connection held to `limits` (see the module doc); everything pingora asks of a
+/// stream besides reading is passed to the one inside.
+#[derive(Debug)]
+pub struct LimitedStream {
+    inner: Stream,
+    phase: Phase,
+    /// The deadline of the current head (or of the linger after a 431) ...
+    deadline: Instant,
+    /// ... and the timer that wakes a read waiting for it (see `poll_deadline`): a request whose
+    /// head is already there touches no timer.
+    timer: Pin<Box<Sleep>>,
+    header_timeout: Duration,
+    max_head: usize,
+    _slot: Slot,
+}
+
+impl LimitedStream {
+    fn new(inner: Stream, slot: Slot, limits: &LimitsConfig) -> LimitedStream {
+        let mut stream = LimitedStream {
+            inner,
+            phase: Phase::Serving,
+            deadline: Instant::now(),
+            timer: Box::pin(tokio::time::sleep(Duration::ZERO)),
+            header_timeout: limits.header_timeout,
+            max_head: limits.max_request_head,
+            _slot: slot,
+        };
+        stream.expect_head(limits, true);
+        stream
+    }
+
+    /// A request head is due now: on a fresh connection (`fresh`) or after a response.
+    fn expect_head(&mut self, limits: &LimitsConfig, fresh: bool) {
+        let now = Instant::now();
+        self.header_timeout = limits.header_timeout;
+        self.max_head = limits.max_request_head;
+        let idle = if fresh { limits.idle_timeout.min(limits.header_timeout) } else { limits.idle_timeout };
+        self.deadline = now + idle;
+        self.phase = Phase::Head { held: Vec::new(), end: HeadEnd::default(), first_byte: false, fresh, started: now };
+    }
+
+    fn close(&mut self, why: Closed) -> io::Error {
+        metrics::CONNECTIONS_CLOSED_TOTAL.with_label_values(&[why.label()]).inc();
+        self.phase = Phase::Closed;
+        let kind = match why {
+            Closed::HeadTooLarge => io::ErrorKind::InvalidData,
+            _ => io::ErrorKind::TimedOut,
+        };
+        io::Error::new(kind, why.label())
+    }
+
+    /// Ready once `deadline` has passed; otherwise the timer will wake this task then.
+    ///
+    /// The timer is moved earlier at once but never later: a busy keep-alive connection pushes
+    /// its deadline forward with every request, and re-arming a timer per request costs a lock
+    /// on the runtime's timer wheel. A timer that fires before the current deadline (once per
+    /// `idle_timeout` at most) is simply re-armed then.
+    fn poll_deadline(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        loop {
+            if self.timer.deadline() > self.deadline {
+                self.timer.as_mut().reset(self.deadline);
+            }
+            ready!(self.timer.as_mut().poll(cx));
+            if Instant::now() >= self.deadline {
+                return Poll::Ready(());
+            }
+            self.timer.as_mut().reset(self.deadline);
+        }
+    }
+
+    /// Reading while a head is due. Returns only with the whole head (or nothing, or an error).
+    fn poll_head(&mut self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        loop {
+            let Phase::Head { first_byte, .. } = &self.phase else { return self.poll_phase(cx, buf) };
+            let why = if *first_byte { Closed::HeaderTimeout } else { Closed::IdleTimeout };
+            let before = buf.filled().len();
+            match Pin::new(&mut self.inner).poll_read(cx, buf) {
+                Poll::Pending => {
+                    ready!(self.poll_deadline(cx));
+                    return Poll::Ready(Err(self.close(why)));
+                }
+                Poll::Ready(result) => result?,
+            }
+            if Instant::now() >= self.deadline {
+                // Bytes that keep coming (a trickle) do not move the deadline.
+                buf.set_filled(before);
+                return Poll::Ready(Err(self.close(why)));
+            }
+            let Phase::Head { held, end, first_byte, fresh, started } = &mut self.phase else { unreachable!() };
+            let new = &buf.filled()[before..];
+            if new.is_empty() {
+                // The client closed: pingora sees a connection that went away without a request.
+                held.clear();
+                return Poll::Ready(Ok(()));
+            }
+            if !*first_byte {
+                *first_byte = true;
+                // From the first byte the head has header_timeout (a fresh connection's is
+                // counted from the accept).
+                let from = if *fresh { *started } else { Instant::now() };
+                self.deadline = from + self.header_timeout;
+            }
+            let done = end.feed(new);
+            let head_len = held.len() + done.unwrap_or(new.len());
+            if head_len > self.max_head {
+                buf.set_filled(before);
+                self.phase = Phase::Refusing { response: too_large_response(), at: 0 };
+                return self.poll_phase(cx, buf);
+            }
+            match done {
+                // The usual case: the whole head in one read, passed on as it is.
+                Some(_) if held.is_empty() => {
+                    self.phase = Phase::Serving;
+                    return Poll::Ready(Ok(()));
+                }
+                Some(_) => {
+                    held.extend_from_slice(new);
+                    buf.set_filled(before);
+                    let bytes = std::mem::take(held);
+                    self.phase = Phase::Release { bytes, at: 0 };
+                    return self.poll_phase(cx, buf);
+                }
+                None => {
+                    held.extend_from_slice(new);
+                    buf.set_filled(before);
+                }
+            }
+        }
+    }
+
+    fn poll_phase(&mut self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        loop {
+            match &mut self.phase {
+                Phase::Head { .. } => return self.poll_head(cx, buf),
+                Phase::Serving => return Pin::new(&mut self.inner).poll_read(cx, buf),
+                Phase::Release { bytes, at } => {
+                    let n = (bytes.len() - *at).min(buf.remaining());
+                    buf.put_slice(&bytes[*at..*at + n]);
+                    *at += n;
+                    if *at == bytes.len() {
+                        self.phase = Phase::Serving;
+                    }
+                    return Poll::Ready(Ok(()));
+                }
+                Phase::Refusing { response, at } => {
+                    while *at < response.len() {
+                        match ready!(Pin::new(&mut self.inner).poll_write(cx, &response[*at..])) {
+                            Ok(0) | Err(_) => return Poll::Ready(Err(self.close(Closed::HeadTooLarge))),
+                            Ok(n) => *at += n,
+                        }
+                    }
+                    if ready!(Pin::new(&mut self.inner).poll_flush(cx)).is_err()
+                        || ready!(Pin::new(&mut self.inner).poll_shutdown(cx)).is_err()
+                    {
+                        return Poll::Ready(Err(self.close(Closed::HeadTooLarge)));
+                    }
+                    self.deadline = Instant::now() + LINGER;
+                    self.phase = Phase::Lingering;
+                }
+                Phase::Lingering => {
+                    if self.poll_deadline(cx).is_ready() {
+                        return Poll::Ready(Err(self.close(Closed::HeadTooLarge)));
+                    }
+                    // Read into the caller's buffer and drop it: no memory of ours.
+                    let before = buf.filled().len();
+                    let read = ready!(Pin::new(&mut self.inner).poll_read(cx, buf));
+                    let got = buf.filled().len() - before;
+                    buf.set_filled(before);
+                    if read.is_err() || got == 0 || buf.remaining() == 0 {
+                        return Poll::Ready(Err(self.close(Closed::HeadTooLarge)));
+                    }
+                }
+                Phase::Closed => return Poll::Ready(Err(io::Error::from(io::ErrorKind::NotConnected))),
+            }
+        }
+    }
+}
+
+impl AsyncRead for LimitedStream {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        self.get_mut().poll_phase(cx, buf)
+    }
+}
+
+impl AsyncWrite for LimitedStream {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+}
+
+#[async_trait]
+impl Shutdown for LimitedStream {
+    async fn shutdown(&mut self) {
+        self.inner.shutdown().await
+    }
+}
+
+impl UniqueID for LimitedStream {
+    fn id(&self) -> UniqueIDType {
+        self.inner.id()
+    }
+}
+
+impl Ssl for LimitedStream {
+    fn get_ssl_digest(&self) -> Option<Arc<pingora::protocols::tls::SslDigest>> {
+        self.inner.get_ssl_digest()
+    }
+
+    fn selected_alpn_proto(&self) -> Option<pingora::protocols::ALPN> {
+        self.inner.selected_alpn_proto()
+    }
+}
+
+impl GetTimingDigest for LimitedStream {
+    fn get_timing_digest(&self) -> Vec<Option<TimingDigest>> {
+        self.inner.get_timing_digest()
+    }
+
+    fn get_read_pending_time(&self) -> Duration {
+        self.inner.get_read_pending_time()
+    }
+
+    fn get_write_pending_time(&self) -> Duration {
+        self.inner.get_write_pending_time()
+    }
+}
+
+impl GetProxyDigest for LimitedStream {
+    fn get_proxy_digest(&self) -> Option<Arc<ProxyDigest>> {
+        self.inner.get_proxy_digest()
+    }
+}
+
+impl GetSocketDigest for LimitedStream {
+    fn get_socket_digest(&self) -> Option<Arc<SocketDigest>> {
+        self.inner.get_socket_digest()
+    }
+}
+
+#[async_trait]
+impl Peek for LimitedStream {
+    // pingora peeks only for an h2c preface, which `listen` does not serve; a peek would bypass
+    // the head deadline, so there is none.
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
+
+    fn limits(header_ms: u64, idle_ms: u64, max_head: usize) -> LimitsConfig {
+        LimitsConfig {
+            header_timeout: Duration::from_millis(header_ms),
+            idle_timeout: Duration::from_millis(idle_ms),
+            max_connections: 10,
+            upstream_timeout: Duration::from_secs(30),
+            max_request_head: max_head,
+        }
+    }
+
+    /// A limited stream as pingora would read it, and the client's end of its socket.
+    fn connection(limits: &LimitsConfig) -> (LimitedStream, DuplexStream) {
+        let state = RoomState::new(Config::parse("upstream: 127.0.0.1:1").unwrap());
+        let slot = Connections::new(state).take().unwrap();
+        let (server, client) = tokio::io::duplex(64 * 1024);
+        (LimitedStream::new(Box::new(server), slot, limits), client)
+    }
+
+    #[tokio::test]
+    async fn a_split_head_is_handed_on_whole_and_only_once_complete() {
+        let (mut s, mut client) = connection(&limits(5000, 5000, 1024));
+        let mut buf = [0u8; 4096];
+        client.write_all(b"GET / HTTP/1.1\r\n").await.unwrap();
+        // Cancelled while the head is incomplete: nothing is lost, nothing handed on.
+        assert!(tokio::time::timeout(Duration::from_millis(100), s.read(&mut buf)).await.is_err());
+        client.write_all(b"Host: a\r\n\r\nBODY").await.unwrap();
+        let n = s.read(&mut buf).await.unwrap();
+        assert_eq!(&buf[..n], b"GET / HTTP/1.1\r\nHost: a\r\n\r\nBODY");
+        assert!(matches!(s.phase, Phase::Serving));
+    }
+
+    #[tokio::test]
+    async fn a_silent_connection_fails_its_read_at_the_idle_deadline() {
+        let (mut s, _client) = connection(&limits(5000, 200, 1024));
+        let started = Instant::now();
+        let error = s.read(&mut [0u8; 64]).await.unwrap_err();
+        assert_eq!(error.kind(), io::ErrorKind::TimedOut);
+        assert!(started.elapsed() >= Duration::from_millis(200), "{:?}", started.elapsed());
+    }
+
+    #[tokio::test]
+    async fn a_keep_alive_head_has_header_timeout_from_its_first_byte() {
+        let l = limits(300, 5000, 1024);
+        let (mut s, mut client) = connection(&l);
+        let mut buf = [0u8; 256];
+        client.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
+        assert_eq!(s.read(&mut buf).await.unwrap(), 18);
+        s.expect_head(&l, false);
+        // Idle for longer than header_timeout is fine (idle_timeout rules until a byte comes).
+        assert!(tokio::time::timeout(Duration::from_millis(500), s.read(&mut buf)).await.is_err());
+        client.write_all(b"G").await.unwrap();
+        let first_byte = Instant::now();
+        let error = s.read(&mut buf).await.unwrap_err();
+        assert_eq!(error.kind(), io::ErrorKind::TimedOut);
+        assert!(first_byte.elapsed() >= Duration::from_millis(290), "{:?}", first_byte.elapsed());
+    }
+
+    #[tokio::test]
+    async fn a_head_over_the_limit_gets_431_and_nothing_of_it_reaches_the_reader() {
+        let (mut s, mut client) = connection(&limits(5000, 5000, 1024));
+        // Exactly the limit passes.
+        let fits = format!("GET / HTTP/1.1\r\nX: {}\r\n\r\n", "a".repeat(1024 - 23));
+        assert_eq!(fits.len(), 1024);
+        client.write_all(fits.as_bytes()).await.unwrap();
+        let mut buf = vec![0u8; 4096];
+        assert_eq!(s.read(&mut buf).await.unwrap(), 1024);
+
+        s.expect_head(&limits(5000, 5000, 1024), false);
+        client.write_all(&[b'a'; 1500]).await.unwrap();
+        let server = s.read(&mut buf);
+        let client_side = async {
+            let mut answer = Vec::new();
+            client.read_to_end(&mut answer).await.unwrap();
+            AsyncWriteExt::shutdown(&mut client).await.unwrap(); // ends the linger at once
+            answer
+        };
+        let (read, answer) = tokio::join!(server, client_side);
+        assert_eq!(read.unwrap_err().kind(), io::ErrorKind::InvalidData);
+        assert_eq!(answer, too_large_response());
+    }
+
+    fn end_of(parts: &[&[u8]]) -> Option<usize> {
+        let mut end = HeadEnd::default();
+        let mut seen = 0;
+        for part in parts {
+            if let Some(n) = end.feed(part) {
+                return Some(seen + n);
+            }
+            seen += part.len();
+        }
+        None
+    }
+
+    #[test]
+    fn a_head_ends_at_its_first_empty_line_however_it_is_split() {
+        let head = b"GET / HTTP/1.1\r\nHost: a\r\n\r\nBODY";
+        assert_eq!(end_of(&[head]), Some(head.len() - 4));
+        for cut in 0..head.len() {
+            assert_eq!(end_of(&[&head[..cut], &head[cut..]]), Some(head.len() - 4), "cut at {cut}");
+        }
+        let bytes: Vec<&[u8]> = head.chunks(1).collect();
+        assert_eq!(end_of(&bytes), Some(head.len() - 4));
+        assert_eq!(end_of(&[b"GET / HTTP/1.1\nHost: a\n\n"]), Some(24));
+        assert_eq!(end_of(&[b"GET / HTTP/1.1\r\nHost: a\n\r\n"]), Some(26));
+    }
+
+    #[test]
+    fn empty_lines_before_the_request_line_do_not_end_a_head() {
+        assert_eq!(end_of(&[b"\r\n\r\n\n\n", b"GET / HTTP/1.1\r\n"]), None);
+        assert_eq!(end_of(&[b"\r\n\r\nGET / HTTP/1.1\r\n\r\n"]), Some(22));
+        // A bare CR at a line start is no end (httparse refuses it; the deadline still runs).
+        assert_eq!(end_of(&[b"GET / HTTP/1.1\r\n\rX: y\r\n"]), None);
+        assert_eq!(end_of(&[b"GET / HTTP/1.1\r\nX: y"]), None);
+    }
+}
