@@ -36,9 +36,7 @@ fn echoed(echo: &Value, name: &str) -> Vec<String> {
 
 #[tokio::test]
 async fn connection_cannot_drop_the_identity_or_the_token_header() {
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&[]);
-    let proxy = Proxy::builder(&redis.url(), api.addr()).yaml(ECHO_ROOM).start().await;
+    let (_redis, _api, proxy) = room(&[], ECHO_ROOM).await;
     let token = proxy.until_ready("alice", Duration::from_secs(10)).await;
     let request = format!(
         "POST /api/echo HTTP/1.1\r\nHost: shop\r\nX-User-Id: alice\r\nX-Entry-Token: {token}\r\n\
@@ -61,12 +59,7 @@ async fn connection_cannot_drop_the_identity_or_the_token_header() {
 
 #[tokio::test]
 async fn a_second_token_header_is_refused_before_the_upstream() {
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&[]);
-    let proxy = Proxy::builder(&redis.url(), api.addr())
-        .yaml("admission: {interval: 20ms, batch_size: 50}")
-        .start()
-        .await;
+    let (_redis, api, proxy) = room(&[], "admission: {interval: 20ms, batch_size: 50}").await;
     let token = proxy.until_ready("alice", Duration::from_secs(10)).await;
     for second in [token.as_str(), "forged"] {
         let request = format!(
@@ -101,12 +94,7 @@ async fn an_h2c_upgrade_is_forwarded_without_its_upgrade_headers() {
 
 #[tokio::test]
 async fn every_forwarded_for_line_counts_toward_the_client_address() {
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&[]);
-    let proxy = Proxy::builder(&redis.url(), api.addr())
-        .yaml("abuse: {identities_per_address: 1, trusted_proxies: ['127.0.0.1/32']}")
-        .start()
-        .await;
+    let (_redis, _api, proxy) = room(&[], "abuse: {identities_per_address: 1, trusted_proxies: ['127.0.0.1/32']}").await;
     // The client forges a first line; the balancer in front appends its own with the real
     // address. Each user forges another first line.
     let enter = |user: &str, forged: &str| {
@@ -276,12 +264,7 @@ async fn a_prefix_rule_protects_everything_below_its_path() {
 
 #[tokio::test]
 async fn parallel_orders_with_one_token_forward_exactly_one() {
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&["--service-time-ms", "400"]);
-    let proxy = Proxy::builder(&redis.url(), api.addr())
-        .yaml("admission: {interval: 20ms, batch_size: 50}")
-        .start()
-        .await;
+    let (_redis, api, proxy) = room(&["--service-time-ms", "400"], "admission: {interval: 20ms, batch_size: 50}").await;
     let token = proxy.until_ready("alice", Duration::from_secs(10)).await;
     let answers = futures::future::join_all((0..8).map(|_| send(proxy.order_request("alice", Some(&token))))).await;
     let mut statuses: Vec<u16> = answers.iter().map(|r| r.status).collect();
@@ -297,12 +280,7 @@ async fn parallel_orders_with_one_token_forward_exactly_one() {
 
 #[tokio::test]
 async fn a_failed_order_releases_the_claim_for_an_immediate_retry() {
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&[]);
-    let proxy = Proxy::builder(&redis.url(), api.addr())
-        .yaml("admission: {interval: 20ms, batch_size: 50}")
-        .start()
-        .await;
+    let (_redis, _api, proxy) = room(&[], "admission: {interval: 20ms, batch_size: 50}").await;
     let token = proxy.until_ready("alice", Duration::from_secs(10)).await;
     let failed = send(proxy.order_request("alice", Some(&token)).header("x-demo-fail", "500")).await;
     assert_eq!(failed.status, 500, "{}", failed.body);

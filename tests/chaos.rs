@@ -458,10 +458,14 @@ async fn no_user_is_lost_or_admitted_twice_while_processes_die() {
 
     let mut redis = RedisServer::start_with(&["--appendonly", "yes", "--appendfsync", "always"]);
     let api = DemoApi::start(&["--slots", "200", "--service-time-ms", "2"]);
+    // A proxy killed mid-order leaves its claim behind (section 12): claims here end within the
+    // run, after the orders' short upstream wait.
     let builder = Proxy::builder(&redis.url(), api.addr()).yaml(&format!(
         "admission: {{interval: {INTERVAL_MS}ms, batch_size: {BATCH}}}\n\
          redis: {{timeout: 300ms}}\n\
          queue: {{retry_after: 1s}}\n\
+         token: {{claim_timeout: 3s}}\n\
+         limits: {{upstream_timeout: 2s}}\n\
          poll_after: [{{min_wait: 10s, poll_after: 3s}}, {{min_wait: 0s, poll_after: 1s}}]"
     ));
     let mut proxies: Vec<Option<Proxy>> = Vec::new();

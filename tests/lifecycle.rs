@@ -30,6 +30,14 @@ fn room_builder(redis: &RedisServer, api: &DemoApi) -> ProxyBuilder {
     Proxy::builder(&redis.url(), api.addr()).yaml("redis: {timeout: 2s}")
 }
 
+/// A Redis, a demo API and a proxy of [`room_builder`] with `yaml` on top.
+async fn lifecycle_room(yaml: &str) -> (RedisServer, DemoApi, Proxy) {
+    let redis = RedisServer::start();
+    let api = DemoApi::start(&[]);
+    let proxy = room_builder(&redis, &api).yaml(yaml).start().await;
+    (redis, api, proxy)
+}
+
 /// A port held closed for the whole run of this test binary: a socket bound to it that never
 /// listens, so a connection is refused at once and no other process can take the port meanwhile.
 /// (A `free_port()` is only free until a neighbour's server binds it, and then "nobody listens
@@ -548,12 +556,7 @@ async fn cli_a_taken_port_exits_1_with_a_message() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sighup_doubling_batch_size_doubles_the_drain_rate_and_etas_follow_at_once() {
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&[]);
-    let proxy = room_builder(&redis, &api)
-        .yaml("admission: {interval: 100ms, batch_size: 5}")
-        .start()
-        .await;
+    let (redis, _api, proxy) = lifecycle_room("admission: {interval: 100ms, batch_size: 5}").await;
     // Enough that the line outlasts both windows even when entering them all is slow.
     enqueue(&proxy, "u", 500).await;
     let tail = tail_of(&proxy, "u", 500).await;
@@ -609,12 +612,7 @@ async fn sighup_doubling_batch_size_doubles_the_drain_rate_and_etas_follow_at_on
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_invalid_file_keeps_the_running_configuration() {
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&[]);
-    let proxy = room_builder(&redis, &api)
-        .yaml("admission: {interval: 100ms, batch_size: 5}")
-        .start()
-        .await;
+    let (redis, _api, proxy) = lifecycle_room("admission: {interval: 100ms, batch_size: 5}").await;
     enqueue(&proxy, "u", 400).await;
 
     // 1. Not even YAML.
@@ -851,12 +849,7 @@ async fn queue_poll_after_and_protected_apply_on_sighup() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn token_ttl_applies_to_tokens_issued_after_the_reload() {
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&[]);
-    let proxy = room_builder(&redis, &api)
-        .yaml("admission: {interval: 50ms, batch_size: 10}\ntoken: {ttl: 5m}")
-        .start()
-        .await;
+    let (redis, _api, proxy) = lifecycle_room("admission: {interval: 50ms, batch_size: 10}\ntoken: {ttl: 5m}").await;
     proxy.until_ready("early", Duration::from_secs(5)).await;
     proxy.rewrite_config("token: {ttl: 20s}");
     proxy.signal("HUP");
@@ -1142,12 +1135,7 @@ async fn changing_addresses_or_redis_needs_a_restart_and_keeps_serving() {
 /// header until the restart; the new ones do nothing yet.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn changing_prefix_identity_or_token_header_needs_a_restart_and_keeps_serving() {
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&[]);
-    let proxy = room_builder(&redis, &api)
-        .yaml("admission: {interval: 50ms, batch_size: 10}")
-        .start()
-        .await;
+    let (_redis, _api, proxy) = lifecycle_room("admission: {interval: 50ms, batch_size: 10}").await;
     let token = proxy.until_ready("buyer", Duration::from_secs(5)).await;
     proxy.rewrite_config(
         "endpoints: {prefix: /line}\nidentity: {header: X-Shopper}\ntoken: {header: X-Pass}",
@@ -1328,12 +1316,7 @@ async fn watched_file_reloads_on_edit_and_on_rename() {
 /// not served, the process exits 0 within the grace.
 async fn graceful_stop_with_a_request_in_flight(sig: &str, delay_ms: u64) {
     let grace = Duration::from_secs(5);
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&[]);
-    let proxy = room_builder(&redis, &api)
-        .yaml("admission: {interval: 50ms, batch_size: 10}\nshutdown: {grace: 5s}")
-        .start()
-        .await;
+    let (_redis, api, proxy) = lifecycle_room("admission: {interval: 50ms, batch_size: 10}\nshutdown: {grace: 5s}").await;
     let token = proxy.until_ready("buyer", Duration::from_secs(5)).await;
     // An idle keep-alive connection, opened and used before the signal (observed, not asserted:
     // the contract says "stop accepting", and this one was accepted before).
@@ -1407,12 +1390,7 @@ async fn sigint_is_graceful_too() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_with_nothing_in_flight_exits_at_once() {
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&[]);
-    let proxy = room_builder(&redis, &api)
-        .yaml("shutdown: {grace: 5s}")
-        .start()
-        .await;
+    let (_redis, _api, proxy) = lifecycle_room("shutdown: {grace: 5s}").await;
     // An idle keep-alive connection stays open: it is not a request in flight.
     assert_eq!(proxy.enter("idle").await.status, 200);
     assert_eq!(proxy.get("/catalog").await.status, 200);
@@ -1430,12 +1408,7 @@ async fn sigterm_with_nothing_in_flight_exits_at_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_longer_than_the_grace_does_not_hold_the_exit() {
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&[]);
-    let proxy = room_builder(&redis, &api)
-        .yaml("admission: {interval: 50ms, batch_size: 10}\nshutdown: {grace: 1s}")
-        .start()
-        .await;
+    let (_redis, api, proxy) = lifecycle_room("admission: {interval: 50ms, batch_size: 10}\nshutdown: {grace: 1s}").await;
     let token = proxy.until_ready("slow", Duration::from_secs(5)).await;
     let order = slow_order(&proxy, "slow", &token, 4000);
     await_upstream_busy(&api).await;

@@ -11,12 +11,7 @@ use common::*;
 /// while it was still live (the delete is lost and the token is back in Redis).
 #[tokio::test]
 async fn a_spent_token_stays_refused_after_redis_restarts_from_an_older_snapshot() {
-    let mut redis = RedisServer::start();
-    let api = DemoApi::start(&[]);
-    let proxy = Proxy::builder(&redis.url(), api.addr())
-        .yaml("admission: {interval: 20ms, batch_size: 50}")
-        .start()
-        .await;
+    let (mut redis, api, proxy) = room(&[], "admission: {interval: 20ms, batch_size: 50}").await;
     let token = proxy.until_ready("alice", Duration::from_secs(10)).await;
     let mut conn = redis.conn().await;
     let _: () = redis::cmd("SAVE").query_async(&mut conn).await.unwrap();

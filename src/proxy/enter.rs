@@ -4,7 +4,7 @@
 
 use pingora::proxy::Session;
 
-use super::{identity, Answer, Ctx};
+use super::{caller, Answer, Ctx};
 use crate::config::Config;
 use crate::metrics;
 use crate::policy::Settings;
@@ -20,12 +20,9 @@ pub async fn handle(
     ctx: &mut Ctx,
 ) -> Answer {
     let (config, policy) = (&settings.config, &settings.policy);
-    if session.req_header().method != http::Method::POST {
-        return Answer::method_not_allowed("POST");
-    }
-    let user = match identity(config, session) {
-        Ok(user) => ctx.user.insert(user),
-        Err(problem) => return Answer::identity(problem),
+    let user = match caller(config, session, ctx, http::Method::POST, "POST") {
+        Ok(user) => user,
+        Err(refusal) => return refusal,
     };
     let address = (config.abuse.identities_per_address > 0).then(|| client_address(config, session));
     let pacing = state.pacing(settings);

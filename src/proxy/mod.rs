@@ -147,6 +147,24 @@ fn shield_room_headers(config: &Config, session: &mut Session) -> Result<()> {
     Ok(())
 }
 
+/// The parse step enter and status share: the one method the endpoint serves (any other gets its
+/// 405 first, whatever it carries), then who is asking.
+fn caller<'c>(
+    config: &Config,
+    session: &Session,
+    ctx: &'c mut Ctx,
+    served: http::Method,
+    allow: &'static str,
+) -> std::result::Result<&'c str, Answer> {
+    if session.req_header().method != served {
+        return Err(Answer::method_not_allowed(allow));
+    }
+    match identity(config, session) {
+        Ok(user) => Ok(ctx.user.insert(user)),
+        Err(problem) => Err(Answer::identity(problem)),
+    }
+}
+
 /// The user named by the request (trusted header or verified JWT, see [`crate::identity`]),
 /// checked by the identity rules.
 fn identity(config: &Config, session: &Session) -> Result<String, Refusal> {

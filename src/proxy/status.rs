@@ -3,7 +3,7 @@
 
 use pingora::proxy::Session;
 
-use super::{identity, Answer, Ctx};
+use super::{caller, Answer, Ctx};
 use crate::metrics;
 use crate::policy::Settings;
 use crate::state::RoomState;
@@ -17,12 +17,9 @@ pub async fn handle(
     ctx: &mut Ctx,
 ) -> Answer {
     let (config, policy) = (&settings.config, &settings.policy);
-    if session.req_header().method != http::Method::GET {
-        return Answer::method_not_allowed("GET");
-    }
-    let user = match identity(config, session) {
-        Ok(user) => ctx.user.insert(user),
-        Err(problem) => return Answer::identity(problem),
+    let user = match caller(config, session, ctx, http::Method::GET, "GET") {
+        Ok(user) => user,
+        Err(refusal) => return refusal,
     };
     let pacing = state.pacing(settings);
     let local = policy.local_answers.then_some(state.line());
