@@ -51,20 +51,14 @@ command -v redis-cli >/dev/null || missing+=(redis-tools)
 command -v curl >/dev/null || missing+=(curl)
 [ "${#missing[@]}" -eq 0 ] || apt_install "${missing[@]}"
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
-WRBENCH=$BENCH/target/release/wrbench
-[ -x "$WRBENCH" ] || cargo build --release --quiet --manifest-path "$BENCH/Cargo.toml"
+WRBENCH=${CARGO_TARGET_DIR:-$ROOT/target}/release/wrbench
+[ -x "$WRBENCH" ] || (cd "$ROOT" && cargo build --release --quiet -p waitroom-bench)
 
 OUT=${OUT:-$BENCH/out/callgrind}
 rm -rf "$OUT"
 mkdir -p "$OUT"
 PIDS=()
-cleanup() {
-  local pid
-  for pid in "${PIDS[@]}"; do kill -INT "$pid" 2>/dev/null || true; done
-  sleep 0.5
-  for pid in "${PIDS[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-}
+cleanup() { stop_all 0.5 "${PIDS[@]}"; }
 trap cleanup EXIT
 
 port() { local p; for _ in $(seq 1 100); do p=$((20000 + RANDOM % 12000)); port_in_use "$p" || { echo "$p"; return; }; done; die "no port"; }

@@ -4,10 +4,12 @@
 #   bench/run.sh            full mode: 3 interleaved rounds of 10 s per path, a crowd of 20,000
 #                           (about 25 minutes of measuring, plus the release build)
 #   bench/run.sh --quick    smoke mode: 1 round of 2 s, a crowd of 500 (well under a minute once
-#                           built; reuses existing binaries; no thresholds)
+#                           built; reuses existing binaries; no thresholds, but it fails when a
+#                           load generator does: wrk, redis-benchmark or the idle connections)
 #
-# It installs what is missing (nginx, wrk, redis-server, redis-tools; apt-get), builds waitroom in
-# release (`cargo build --release --bins`) and the bench tools (bench/, its own Cargo package),
+# It installs what is missing (nginx, wrk, redis-server, redis-tools; apt-get), builds waitroom and
+# the demo order API in release (`cargo build --release --bins`) and the bench tools (`wrbench`,
+# bench/, a workspace member left out of `cargo test`: `cargo build -p waitroom-bench`),
 # then starts on free loopback ports: the demo order API, nginx as the baseline reverse proxy
 # (proxy_pass, upstream keepalive), a fresh Redis without persistence, and waitroom (its own
 # generated configuration); and measures:
@@ -165,10 +167,16 @@ fi
 [ -x "$API_BIN" ] || die "no demo-order-api binary at $API_BIN"
 say "measuring $WR_BIN ($PROFILE, built $(date -r "$WR_BIN" '+%F %T'))"
 
-WRBENCH=$BENCH/target/release/wrbench
+# The smoke mode's wrbench is a debug build too: 500 users need no optimiser, and the debug build
+# reuses much of what the test suite compiled just before in CI.
+if [ "$QUICK" -eq 1 ]; then
+  WRBENCH=$TARGET_DIR/debug/wrbench BENCH_PROFILE=()
+else
+  WRBENCH=$TARGET_DIR/release/wrbench BENCH_PROFILE=(--release)
+fi
 if [ "$BUILD" -eq 1 ] || [ ! -x "$WRBENCH" ]; then
-  say "building the bench tools (bench/)"
-  cargo build --release --quiet --manifest-path "$BENCH/Cargo.toml"
+  say "building the bench tools (cargo build${BENCH_PROFILE[*]:+ ${BENCH_PROFILE[*]}} -p waitroom-bench)"
+  (cd "$ROOT" && cargo build "${BENCH_PROFILE[@]}" --quiet -p waitroom-bench)
 fi
 
 # ------------------------------------------------------------------------------------------------
@@ -190,13 +198,7 @@ RAW=$OUT/raw.jsonl
 [ "$APPEND" -eq 1 ] || : >"$RAW"
 
 PIDS=()
-cleanup() {
-  local pid
-  for pid in "${PIDS[@]}"; do kill -INT "$pid" 2>/dev/null || true; done
-  sleep 0.3
-  for pid in "${PIDS[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-}
+cleanup() { stop_all 0.3 "${PIDS[@]}"; }
 trap cleanup EXIT
 stop_pid() {
   kill -INT "$1" 2>/dev/null || true
@@ -370,21 +372,43 @@ mint() {
 # wrk
 # ------------------------------------------------------------------------------------------------
 for s in status_one users enter_new pass protected; do
-  cat "$BENCH/wrk/$s.lua" "$BENCH/wrk/report.lua" >"$OUT/wrk/$s.lua"
+  cat "$BENCH/wrk/$s.lua" "$BENCH/wrk/common.lua" >"$OUT/wrk/$s.lua"
 done
+
+# json_num KEY JSON: the number KEY holds in a flat JSON object (empty when absent).
+json_num() { grep -o "\"$1\":[0-9.]*" <<<"$2" | head -n 1 | cut -d: -f2 || true; }
+
+# strict WHAT DETAILS...: in the smoke mode, a load generator that failed fails the run. The smoke
+# mode is CI's proof that the suite works, and a run that measured nothing proves nothing. The
+# full mode keeps going: there a failed run shows as missing or odd numbers in a report that is
+# read by a person, and a timeout on a busy machine is part of the measurement.
+strict() {
+  local what=$1
+  shift
+  [ "$QUICK" -eq 1 ] || return 0
+  [ "$#" -eq 0 ] || printf '%s\n' "$@" >&2
+  die "$what (the smoke mode stops on a failed load generator)"
+}
 
 # wrk_run KIND BENCH TARGET ROUND URL SCRIPT DURATION EXTRA_JSON [VAR=VALUE...]
 wrk_run() {
   local kind=$1 bench=$2 target=$3 round=$4 url=$5 script=$6 dur=$7 extra=$8
   shift 8
-  local out json l
+  local out json l rc=0
   l=$(load1)
   out=$(env WR_THREADS=$WRK_THREADS "$@" wrk -t"$WRK_THREADS" -c"$WRK_CONNS" -d"${dur}s" --timeout 5s \
-    -s "$OUT/wrk/$script.lua" "$url" 2>&1) || true
+    -s "$OUT/wrk/$script.lua" "$url" 2>&1) || rc=$?
   json=$(grep '^WRKJSON ' <<<"$out" | sed 's/^WRKJSON //' || true)
   if [ -z "$json" ]; then
     printf '%s\n' "$out" >&2
     die "wrk gave no result for $bench on $target"
+  fi
+  # Socket errors (connect, read, write, timeout), not answers: non-2xx answers are counted apart
+  # and can be deliberate (protected.lua's spent tokens once its pairs wrap around).
+  local requests errors
+  requests=$(json_num requests "$json") errors=$(json_num errors "$json")
+  if [ "$rc" -ne 0 ] || [ "${requests:-0}" -eq 0 ] || [ "${errors:-0}" -gt 0 ]; then
+    strict "wrk failed for $bench on $target: exit $rc, ${requests:-0} requests, ${errors:-?} socket errors" "$out"
   fi
   printf '{"kind":"%s","bench":"%s","target":"%s","round":%d,"load":%s%s,"wrk":%s}\n' \
     "$kind" "$bench" "$target" "$round" "$l" "$extra" "$json" >>"$RAW"
@@ -470,6 +494,7 @@ rb() {
   rps=$(grep -o '[0-9.]* requests per second' <<<"$out" | tail -n 1 | cut -d' ' -f1 || true)
   if [ -z "$rps" ]; then
     printf '%s\n' "$out" | tail -n 3 >&2
+    strict "redis-benchmark gave no result for $name"
     say "redis-benchmark gave no result for $name: skipped"
     return 0
   fi
@@ -580,6 +605,9 @@ idle_rss() {
   local idle
   idle=$(head -n 1 "$result")
   [ -n "$idle" ] || idle='{"opened":0}'
+  if [ "$(json_num opened "$idle")" = 0 ] || [ "$(json_num failed "$idle")" != 0 ]; then
+    strict "wrbench idle could not hold its connections to $target: $idle" "$(tail -n 5 "$OUT/logs/idle-$target.log")"
+  fi
   printf '{"kind":"rss","target":"%s","conns":%d,"before_kb":%d,"after_kb":%d,"idle":%s}\n' \
     "$target" "$IDLE_CONNS" "$before" "$after" "$idle" >>"$RAW"
   say "$target RSS: $before kB idle, $after kB with $IDLE_CONNS idle connections ($idle)"

@@ -3,32 +3,36 @@
 -- is due (Redis TIME and a stored schedule decide, as for admit.lua), claims that step: it gets
 -- every report received since the previous step and the batch in force, and computes the next
 -- batch (src/rules.rs, control_step), which adapt_commit.lua stores. However many proxies call,
--- the room steps once a second.
+-- the room steps once a second. After a prelude that binds the names below (declared in
+-- src/store/adapt.rs).
 --
--- KEYS[1] the adaptive state (hash: batch = the batch in force; settle, served, wait = the rest
---         of the controller's state, see ControlState in src/rules.rs; next = when the next step
---         is due, in us of Redis TIME)
--- KEYS[2] the latencies reported since the last step (hash: histogram bucket -> count)
--- ARGV[1] the step period (us), ARGV[2] how long the state outlives the last call (ms): a room
---         nobody adapts for that long starts again at batch_size,
--- ARGV[3..] this proxy's report as pairs (bucket, count)
+-- KEYS
+--   adaptive   the adaptive state (hash: batch = the batch in force; settle, served, wait = the
+--              rest of the controller's state, see ControlState in src/rules.rs; next = when the
+--              next step is due, in us of Redis TIME)
+--   latencies  the latencies reported since the last step (hash: histogram bucket -> count)
+-- ARGV
+--   period_us  the step period
+--   keep_ms    how long the state outlives the last call: a room nobody adapts for that long
+--              starts again at batch_size
+--   from ARGV[REST], this proxy's report as pairs (bucket, count)
 --
--- Returns {0, us until the next step is due}
---       | {1, us until the next step is due, the step's id, batch (-1: none stored), settle,
---          served, wait, bucket, count, bucket, count, ...}
+-- Reply, in the order src/store/adapt.rs declares it (AdaptReply): claimed (1: this call claimed
+-- the step), wait_us (until the next step is due); a claimed step adds step (its id), batch (-1:
+-- none before the first commit), settle, served_at_cut, probe_wait and latencies (every report
+-- since the previous step, as one array of pairs bucket, count).
 
-local keep = tonumber(ARGV[2])
-for i = 3, #ARGV - 1, 2 do
-  redis.call('HINCRBY', KEYS[2], ARGV[i], ARGV[i + 1])
+for i = REST, #ARGV - 1, 2 do
+  redis.call('HINCRBY', latencies, ARGV[i], ARGV[i + 1])
 end
-if #ARGV >= 4 then
-  redis.call('PEXPIRE', KEYS[2], keep)
+if #ARGV > REST then
+  redis.call('PEXPIRE', latencies, keep_ms)
 end
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local period = tonumber(ARGV[1])
-local due = tonumber(redis.call('HGET', KEYS[1], 'next') or '0')
+local period = tonumber(period_us)
+local due = tonumber(redis.call('HGET', adaptive, 'next') or '0')
 if now < due then
   return {0, due - now}
 end
@@ -38,15 +42,11 @@ if next_due <= now then
   next_due = now + period
 end
 local step = string.format('%.0f', next_due)
-redis.call('HSET', KEYS[1], 'next', step)
-redis.call('PEXPIRE', KEYS[1], keep)
+redis.call('HSET', adaptive, 'next', step)
+redis.call('PEXPIRE', adaptive, keep_ms)
 
-local state = redis.call('HMGET', KEYS[1], 'batch', 'settle', 'served', 'wait')
-local reply = {1, next_due - now, step, tonumber(state[1]) or -1, tonumber(state[2]) or 0,
-  tonumber(state[3]) or 0, tonumber(state[4]) or 0}
-local reported = redis.call('HGETALL', KEYS[2])
-redis.call('DEL', KEYS[2])
-for i = 1, #reported do
-  reply[#reply + 1] = tonumber(reported[i])
-end
-return reply
+local state = redis.call('HMGET', adaptive, 'batch', 'settle', 'served', 'wait')
+local reported = redis.call('HGETALL', latencies)
+redis.call('DEL', latencies)
+return {1, next_due - now, step, tonumber(state[1]) or -1, tonumber(state[2]) or 0, tonumber(state[3]) or 0,
+  tonumber(state[4]) or 0, reported}

@@ -1,4 +1,5 @@
--- Shared by admit.lua and enter.lua: prepended to both when the binary is built.
+-- Shared by admit.lua and enter.lua: placed after their generated prelude when the binary is
+-- built (src/store/script.rs). Everything a helper needs comes as a parameter.
 --
 -- The admission switches of contract section 11 (instant, max_active, adaptive) and the
 -- abandonment of queue.abandon_after. The proxy hands each over as data, 0 meaning off; every

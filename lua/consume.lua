@@ -1,12 +1,20 @@
--- Spend a token after the order succeeded: delete it only if it is still the one that was used,
--- so a newer token (the user entered again and was admitted again) is never removed.
+-- Settle a claimed token once the upstream answered: spend it after a successful order, and end
+-- the request's claim either way. The token is deleted only if it is still the one that was used,
+-- so a newer token (the user entered again and was admitted again) is never removed, and the
+-- claim only if it is still this request's.
+-- After a prelude that binds the names below (declared in src/store/consume.rs).
 --
--- KEYS[1] the user's token, KEYS[2] live tokens (see admit.lua)
--- ARGV[1] the token that was used, ARGV[2] the user
--- Returns 1 when deleted, 0 when the token had already changed or expired.
+-- KEYS  user_token (the user's token), user_claim (the claim on it), tokens (live tokens, see
+--       admit.lua)
+-- ARGV  token (the one that was used), user, claim (the request's claim id), spend (1: the
+--       order succeeded)
+-- Returns 1 when the token was deleted, else 0.
 
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('ZREM', KEYS[2], ARGV[2])
-  return redis.call('DEL', KEYS[1])
+if redis.call('GET', user_claim) == claim then
+  redis.call('DEL', user_claim)
+end
+if spend and redis.call('GET', user_token) == token then
+  redis.call('ZREM', tokens, user)
+  return redis.call('DEL', user_token)
 end
 return 0

@@ -1,68 +1,74 @@
 -- Enter the line: one atomic step, so no burst of concurrent enters can exceed the capacity,
--- share a number, or hold two places for one user. lua/poll_clock.lua and lua/admission.lua are
--- prepended.
+-- share a number, or hold two places for one user. Built after a prelude that binds the names
+-- below (declared in src/store/enter.rs) and after lua/poll_clock.lua and lua/admission.lua.
 --
--- KEYS[1] the line (sorted set, member = user, score = arrival number)
--- KEYS[2] the arrival counter
--- KEYS[3] this user's token
--- KEYS[4] this user's poll clock (see poll_clock.lua)
--- KEYS[5] the client address's identity counter, without its window (the script appends it)
--- KEYS[6] live tokens, KEYS[7] the admission schedule, KEYS[8] the interval's spent budget,
--- KEYS[9] the adaptive state, KEYS[10] the admissions log, KEYS[11] heard-from times
---         (all as in admit.lua)
--- KEYS[12] the room's epoch (see src/line.rs)
--- ARGV[1] user, ARGV[2] capacity, ARGV[3] identities per address per minute (0 = no limit),
--- ARGV[4] abandon_after (ms, 0 = off),
--- ARGV[5] instant: the token to issue if this user may pass at once, '' when instant is off,
--- ARGV[6] token ttl (ms), ARGV[7] interval (us), ARGV[8] batch size, ARGV[9] min_batch
--- (0 = not adaptive), ARGV[10] max_active (0 = no cap), ARGV[11] 1 = log admissions,
--- ARGV[12..] the poll clock
+-- KEYS
+--   queue            the line (sorted set, member = user, score = arrival number)
+--   seq              the arrival counter
+--   user_token       this user's token
+--   user_clock       this user's poll clock (see poll_clock.lua)
+--   address_counter  the identities the client address brought in (sorted set, score = the
+--                    minute, in Redis time, that counted each)
+--   tokens, next_admission, admission_spent, adaptive, admissions, heard
+--                    live tokens, the admission schedule, the interval's spent budget, the
+--                    adaptive state, the admissions log, heard-from times (as in admit.lua)
+--   epoch            the room's epoch (see src/line.rs)
+-- ARGV
+--   user, capacity, per_address (identities per address per minute, 0 = no limit),
+--   abandon_ms (0 = off),
+--   instant_token    the token to issue if this user may pass at once, '' when instant is off,
+--   ttl_ms, interval_us, batch_size, min_batch (0 = not adaptive), max_active (0 = no cap),
+--   listens          log admissions for the measured rate,
+--   poll_factor and, from ARGV[REST], the poll clock's tiers
 --
--- Returns {"READY", token, pttl_ms, 1 = an instant pass given now / 0, abandoned}
---       | {"WAITING", position, 0 = new / 1 = already waiting, abandoned, arrival number, epoch}
---       | {"FULL", abandoned} | {"LIMITED", seconds until the address's window ends, abandoned}
--- where abandoned (0 or 1) says this call found the user's place lost and removed it.
+-- Replies: a tag, then its fields in the order src/store/enter.rs declares them (EnterReply),
+-- where abandoned (0 or 1) says this call found the user's place lost and removed it:
+--   READY    token, remaining_ms, instant (1: an instant pass given now), abandoned
+--   WAITING  position, already (1: was waiting), abandoned, arrival (the user's number), epoch
+--   FULL     abandoned
+--   LIMITED  retry_secs (until the address's window ends), abandoned
+-- Numbers arrive as text (see src/store/script.rs): each is converted on the paths that use it.
 
-local CLOCK = 12
-local user = ARGV[1]
-local abandon = tonumber(ARGV[4])
+abandon_ms = tonumber(abandon_ms)
 
-local token = redis.call('GET', KEYS[3])
-if token then
-  stop_poll_clock(KEYS[4], CLOCK)
-  return {'READY', token, redis.call('PTTL', KEYS[3]), 0, 0}
+local held = redis.call('GET', user_token)
+if held then
+  stop_poll_clock(user_clock)
+  return {'READY', held, redis.call('PTTL', user_token), 0, 0}
 end
 
 local abandoned = 0
-local rank = redis.call('ZRANK', KEYS[1], user)
-if rank and abandon > 0 then
+local rank = redis.call('ZRANK', queue, user)
+if rank and abandon_ms > 0 then
   local now = now_ms()
-  if is_stale(KEYS[11], user, abandon, now) then
+  if is_stale(heard, user, abandon_ms, now) then
     -- Not heard from for too long: the place is lost, and this enter queues at the back.
-    redis.call('ZREM', KEYS[1], user)
+    redis.call('ZREM', queue, user)
     abandoned = 1
     rank = nil
   else
-    redis.call('ZADD', KEYS[11], now, user)
+    redis.call('ZADD', heard, now, user)
   end
 end
 if rank then
-  start_poll_clock(KEYS[4], rank + 1, CLOCK)
-  return {'WAITING', rank + 1, 1, 0, tonumber(redis.call('ZSCORE', KEYS[1], user)), redis.call('GET', KEYS[12])}
+  start_poll_clock(user_clock, rank + 1)
+  return {'WAITING', rank + 1, 1, 0, tonumber(redis.call('ZSCORE', queue, user)), redis.call('GET', epoch)}
 end
 
--- Hoarding places with many identities from one address: only new places are limited.
-local limit = tonumber(ARGV[3])
+-- Hoarding places with many identities from one address: only new places are limited. The
+-- count is per minute of Redis's clock; the minute is the score, not part of the key's name, so
+-- the one key is declared (KEYS) and the last minute's entries simply go.
+local limit = tonumber(per_address)
 if limit > 0 then
   local now = now_ms()
   local window = math.floor(now / 60000)
-  local counter = KEYS[5] .. ':' .. window
-  if redis.call('SISMEMBER', counter, user) == 0 then
-    if redis.call('SCARD', counter) >= limit then
+  redis.call('ZREMRANGEBYSCORE', address_counter, '-inf', '(' .. int_text(window))
+  if not redis.call('ZSCORE', address_counter, user) then
+    if redis.call('ZCARD', address_counter) >= limit then
       return {'LIMITED', math.max(1, math.ceil(((window + 1) * 60000 - now) / 1000)), abandoned}
     end
-    redis.call('SADD', counter, user)
-    redis.call('EXPIRE', counter, 120)
+    redis.call('ZADD', address_counter, int_text(window), user)
+    redis.call('EXPIRE', address_counter, 120)
   end
 end
 
@@ -70,47 +76,47 @@ end
 -- admission like the tick's: it spends the same interval's batch in force and respects
 -- max_active, so the room never admits more than its batch per interval.
 local function instant_pass()
-  if redis.call('ZCARD', KEYS[1]) > 0 then return false end
+  if redis.call('ZCARD', queue) > 0 then return false end
   local now = redis_now_us()
   local ms = math.floor(now / 1000)
-  local due = tonumber(redis.call('GET', KEYS[7]) or '0')
+  local due = tonumber(redis.call('GET', next_admission) or '0')
   local next_due = due
   local spent = 0
   if now >= due then
     -- The tick that opens the next interval is due but has not run; with nobody waiting it
     -- would admit no one, so open that interval here, exactly as it would have.
-    next_due = next_tick(due, now, tonumber(ARGV[7]))
+    next_due = next_tick(due, now, tonumber(interval_us))
   else
-    local budget = redis.call('HMGET', KEYS[8], 'due', 'count')
+    local budget = redis.call('HMGET', admission_spent, 'due', 'count')
     if tonumber(budget[1]) == due then spent = tonumber(budget[2]) or 0 end
   end
-  if spent >= batch_in_force(KEYS[9], tonumber(ARGV[8]), tonumber(ARGV[9])) then return false end
-  if room_under_cap(KEYS[6], tonumber(ARGV[10]), ms) < 1 then return false end
+  if spent >= batch_in_force(adaptive, tonumber(batch_size), tonumber(min_batch)) then return false end
+  if room_under_cap(tokens, tonumber(max_active), ms) < 1 then return false end
   if next_due ~= due then
-    redis.call('SET', KEYS[7], int_text(next_due))
+    redis.call('SET', next_admission, int_text(next_due))
   end
-  redis.call('HSET', KEYS[8], 'due', int_text(next_due), 'count', spent + 1)
-  issue_token(KEYS[3], KEYS[6], user, ARGV[5], tonumber(ARGV[6]), ms)
-  if ARGV[11] == '1' then record_admissions(KEYS[10], 1, ms) end
+  redis.call('HSET', admission_spent, 'due', int_text(next_due), 'count', spent + 1)
+  issue_token(user_token, tokens, user, instant_token, tonumber(ttl_ms), ms)
+  if listens then record_admissions(admissions, 1, ms) end
   return true
 end
 
-if ARGV[5] ~= '' and instant_pass() then
-  stop_poll_clock(KEYS[4], CLOCK)
-  return {'READY', ARGV[5], redis.call('PTTL', KEYS[3]), 1, abandoned}
+if instant_token ~= '' and instant_pass() then
+  stop_poll_clock(user_clock)
+  return {'READY', instant_token, redis.call('PTTL', user_token), 1, abandoned}
 end
 
-if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then
+if redis.call('ZCARD', queue) >= tonumber(capacity) then
   return {'FULL', abandoned}
 end
 
 -- The score is Redis's own counter, never a server clock: arrival order at Redis is the order.
-local seq = redis.call('INCR', KEYS[2])
-redis.call('ZADD', KEYS[1], 'NX', seq, user)
-if abandon > 0 then
-  redis.call('ZADD', KEYS[11], now_ms(), user)
+local number = redis.call('INCR', seq)
+redis.call('ZADD', queue, 'NX', number, user)
+if abandon_ms > 0 then
+  redis.call('ZADD', heard, now_ms(), user)
 end
 -- The newest number is the largest, so the new place is the last one.
-local position = redis.call('ZCARD', KEYS[1])
-start_poll_clock(KEYS[4], position, CLOCK)
-return {'WAITING', position, 0, abandoned, seq, redis.call('GET', KEYS[12])}
+local position = redis.call('ZCARD', queue)
+start_poll_clock(user_clock, position)
+return {'WAITING', position, 0, abandoned, number, redis.call('GET', epoch)}

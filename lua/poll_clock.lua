@@ -1,14 +1,15 @@
--- Shared by enter.lua and status.lua: prepended to both when the binary is built.
+-- Shared by enter.lua and status.lua: placed after their generated prelude when the binary is
+-- built (src/store/script.rs).
 --
 -- Server-enforced polling (contract section 9). An answer that tells a waiting user to poll
 -- again in pollAfter seconds starts that user's clock: a status call before
 -- pollAfter * (1 - grace) has passed is refused. The proxy hands the rules over as data, so the
--- arithmetic lives in one place (src/rules.rs):
---   ARGV[clock]      1 - grace, or 0 when enforcement is off
---   ARGV[clock+1..]  pairs (first position of a tier, pollAfter in ms), in tier order
+-- arithmetic lives in one place (src/rules.rs). Needs from the script's prelude:
+--   poll_factor       1 - grace, or 0 when enforcement is off (as text, like every number)
+--   ARGV[REST..]      pairs (first position of a tier, pollAfter in ms), in tier order
 
-local function poll_after_ms(position, clock)
-  for i = clock + 1, #ARGV - 1, 2 do
+local function poll_after_ms(position)
+  for i = REST, #ARGV - 1, 2 do
     if position >= tonumber(ARGV[i]) then
       return tonumber(ARGV[i + 1])
     end
@@ -16,8 +17,8 @@ local function poll_after_ms(position, clock)
   return nil
 end
 
-local function enforcing(clock)
-  return tonumber(ARGV[clock]) > 0
+local function enforcing()
+  return tonumber(poll_factor) > 0
 end
 
 local function now_ms()
@@ -26,16 +27,16 @@ local function now_ms()
 end
 
 -- An answer with a pollAfter was just given: the next status call is on time from then on.
-local function start_poll_clock(key, position, clock)
-  if not enforcing(clock) then return end
-  local ms = poll_after_ms(position, clock)
+local function start_poll_clock(key, position)
+  if not enforcing() then return end
+  local ms = poll_after_ms(position)
   if not ms then return end
-  local on_time = now_ms() + math.floor(ms * tonumber(ARGV[clock]))
+  local on_time = now_ms() + math.floor(ms * tonumber(poll_factor))
   -- The record outlives the wait it enforces, then goes by itself.
   redis.call('SET', key, string.format('%.0f', on_time), 'PX', ms * 2 + 1000)
 end
 
 -- A null pollAfter (READY, NOT_IN_QUEUE) enforces nothing.
-local function stop_poll_clock(key, clock)
-  if enforcing(clock) then redis.call('DEL', key) end
+local function stop_poll_clock(key)
+  if enforcing() then redis.call('DEL', key) end
 end

@@ -1,38 +1,40 @@
 -- Where a user stands: waiting (and where), admitted (and the token), or neither.
 -- A script because it may write (abandonment, the poll clock); without either the proxy sends
--- the same reads as one MULTI/EXEC instead (src/store/mod.rs, read_status).
--- lua/poll_clock.lua is prepended.
+-- the same reads as one MULTI/EXEC instead (src/store/status.rs, read_status).
+-- Built after a prelude that binds the names below (declared in src/store/status.rs) and after
+-- lua/poll_clock.lua.
 --
--- KEYS[1] the line, KEYS[2] this user's token, KEYS[3] this user's poll clock,
--- KEYS[4] heard-from times (see admit.lua)
--- ARGV[1] user, ARGV[2] abandon_after (ms, 0 = off), ARGV[3..] the poll clock
+-- KEYS  queue (the line), user_token, user_clock (see poll_clock.lua), heard (heard-from times,
+--       see admit.lua)
+-- ARGV  user, abandon_ms (0 = off), poll_factor and, from ARGV[REST], the poll clock's tiers
 --
--- Returns {"WAITING", position} | {"READY", token, pttl_ms} | {"NOT_IN_QUEUE", abandoned}
---       | {"TOO_EARLY", seconds until the call would be on time}
--- where abandoned is 1 when this call found the user's place lost and removed it.
+-- Replies: a tag, then its fields in the order src/store/status.rs declares them (StatusReply):
+--   WAITING       position
+--   READY         token, remaining_ms
+--   NOT_IN_QUEUE  abandoned (1 when this call found the user's place lost and removed it)
+--   TOO_EARLY     retry_secs (until the call would be on time)
+-- Numbers arrive as text (see src/store/script.rs).
 
-local CLOCK = 3
-local user = ARGV[1]
-local abandon = tonumber(ARGV[2])
+abandon_ms = tonumber(abandon_ms)
 
 -- Abandonment: every call counts as heard from, one refused as TOO_EARLY below included; a call
 -- that comes too late finds the place gone.
 local lost = 0
-local heard = nil
-if abandon > 0 then
+local heard_at = nil
+if abandon_ms > 0 then
   local now = now_ms()
-  heard = tonumber(redis.call('ZSCORE', KEYS[4], user))
-  if heard and now - heard > abandon then
-    lost = redis.call('ZREM', KEYS[1], user)
-    redis.call('ZREM', KEYS[4], user)
-  elseif heard then
-    redis.call('ZADD', KEYS[4], now, user)
+  heard_at = tonumber(redis.call('ZSCORE', heard, user))
+  if heard_at and now - heard_at > abandon_ms then
+    lost = redis.call('ZREM', queue, user)
+    redis.call('ZREM', heard, user)
+  elseif heard_at then
+    redis.call('ZADD', heard, now, user)
   end
 end
 
 -- A refused call does not restart the clock.
-if lost == 0 and enforcing(CLOCK) then
-  local on_time = tonumber(redis.call('GET', KEYS[3]))
+if lost == 0 and enforcing() then
+  local on_time = tonumber(redis.call('GET', user_clock))
   if on_time then
     local now = now_ms()
     if now < on_time then
@@ -41,20 +43,20 @@ if lost == 0 and enforcing(CLOCK) then
   end
 end
 
-local rank = redis.call('ZRANK', KEYS[1], user)
+local rank = redis.call('ZRANK', queue, user)
 if rank then
-  if abandon > 0 and not heard then
+  if abandon_ms > 0 and not heard_at then
     -- Queued before abandonment was switched on: tracked from now.
-    redis.call('ZADD', KEYS[4], now_ms(), user)
+    redis.call('ZADD', heard, now_ms(), user)
   end
-  start_poll_clock(KEYS[3], rank + 1, CLOCK)
+  start_poll_clock(user_clock, rank + 1)
   return {'WAITING', rank + 1}
 end
 
-stop_poll_clock(KEYS[3], CLOCK)
-local token = redis.call('GET', KEYS[2])
+stop_poll_clock(user_clock)
+local token = redis.call('GET', user_token)
 if token then
-  return {'READY', token, redis.call('PTTL', KEYS[2])}
+  return {'READY', token, redis.call('PTTL', user_token)}
 end
 
 return {'NOT_IN_QUEUE', lost}

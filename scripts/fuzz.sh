@@ -48,6 +48,10 @@ abuse: {identities_per_address: 3, trusted_proxies: [10.0.0.0/8, "::1"]}'
 seed identity_headers user 'alice'
 seed identity_headers jwt 'eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9.eyJzdWIiOiJhbGljZSIsImlzcyI6Im1lIiwiYXVkIjoic2hvcCJ9.c2lnbmF0dXJl'
 seed jwt_claims claims '{"sub":"alice","iss":"me","aud":"shop","exp":4102444800,"nbf":0}'
+# canonical_path: the first byte picks the method ('0' POST, '5' GET with a POST override).
+seed canonical_path orders '0/api//../orders;x=1?id=%2e#f'
+seed canonical_path ambiguous '5/api%2Fzz/../orders'
+seed canonical_path absolute '0http://shop.example/api/%6Frders/./?q'
 seed token_compare token '$0b5c1f0e-7d2a-4c8e-9f1b-3a6d5e4c2b1a0b5c1f0e-7d2a-4c8e-9f1b-3a6d5e4c2b1a'
 
 say "building the fuzz targets ($toolchain)"

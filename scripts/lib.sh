@@ -1,5 +1,6 @@
 # shellcheck shell=bash
-# Shared helpers for scripts/demo.sh, scripts/test.sh and .ci/run. Source it; do not run it.
+# Shared helpers for scripts/demo.sh, scripts/test.sh, .ci/run and bench/*.sh. Source it; do not
+# run it.
 #
 # Everything here is for a Debian/Ubuntu machine with Rust installed: missing system tools come
 # from apt-get, with sudo only when we are not already root.
@@ -101,6 +102,17 @@ wait_until() {
   done
   say "gave up waiting for $what"
   return 1
+}
+
+# stop_all GRACE PID...: SIGINT to every PID (their own clean shutdown), SIGKILL to whichever is
+# still there GRACE seconds later, then reaps them all. Made for EXIT traps.
+stop_all() {
+  local grace=$1 pid
+  shift
+  for pid in "$@"; do kill -INT "$pid" 2>/dev/null || true; done
+  sleep "$grace"
+  for pid in "$@"; do kill -KILL "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
 }
 
 # ensure_cargo: finds cargo, also in a fresh shell where rustup's PATH line was not read yet.

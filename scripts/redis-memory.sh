@@ -15,7 +15,7 @@
 #
 # The writes mirror the scripts rather than calling them, so the figures do not depend on the
 # scripts' argument lists (which grow with features); keep them in step with the key layout in
-# src/store/mod.rs (`Keys`) if it changes.
+# src/store/keys.rs (`Keys`) if it changes.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

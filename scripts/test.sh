@@ -5,11 +5,17 @@
 #      cmake (pingora builds zlib-ng with it), redis-server and redis-cli (every integration test
 #      starts its own redis-server on a free port), promtool (checks the /metrics exposition and
 #      the alert rules), node, npm and chromium (the waiting page's tests);
-#   2. builds the binaries and runs `waitroom --check` on every configuration shipped in the
+#   2. builds the binaries (the proxy's, and the demo order API and the crowd of tools/, which the
+#      integration tests start) and runs `waitroom --check` on every configuration shipped in the
 #      repository (proxy.yaml, examples/**/*.yaml), so an example can never drift from the code;
-#   3. runs `cargo test`: unit tests, the integration tests under tests/ and doctests.
+#   3. runs `cargo test`: unit tests and the integration tests under tests/ and tools/tests/.
 #
 # Arguments go to `cargo test`, e.g. `scripts/test.sh --test endpoints` runs one test file.
+#
+# Plain `cargo build` and `cargo test`, not `--workspace`: they cover the workspace's default
+# members, the proxy and tools/, and leave out bench/, whose chart library the tests do not need
+# (see Cargo.toml). The binaries are built first because a test of the proxy finds the demo order
+# API in the target directory (tests/common/demo_api.rs), and `cargo test --test X` builds only X.
 #
 # Why plain `cargo test`: test binaries run one after another and the tests inside one binary run
 # in parallel, one thread per core. Every test starts its own redis-server, proxy and demo order

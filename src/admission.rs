@@ -125,7 +125,7 @@ impl Admitter {
         let settings = self.state.settings();
         let rules = &settings.policy.rules;
         let interval = rules.interval;
-        match self.room.admit_with(rules).await {
+        match self.room.admit(rules).await {
             Ok(outcome) => {
                 let label = match (outcome.was_due, outcome.admitted) {
                     (false, _) => "early",

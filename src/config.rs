@@ -18,6 +18,17 @@ use crate::rules::{Cidr, PollTier};
 
 pub use crate::identity::{IdentityConfig, JwtConfig};
 
+/// The shortest admission interval served: the ticker and the Redis schedule count in
+/// microseconds, but below a millisecond a tick's own round trip is the interval.
+const MIN_INTERVAL: Duration = Duration::from_millis(1);
+/// Longer intervals (and token lifetimes) than a day are typos, and a duration of years would
+/// overflow the microsecond and millisecond counts handed to Redis.
+const MAX_INTERVAL: Duration = Duration::from_secs(24 * 3600);
+const MAX_TOKEN_TTL: Duration = Duration::from_secs(24 * 3600);
+/// Every tick hands the admit script one fresh token per place in the batch (Lua has no secure
+/// randomness): 10,000 is about 370 KB per call. A higher rate takes a shorter interval.
+const MAX_BATCH: u32 = 10_000;
+
 /// One problem in a configuration file, named by its key path.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Problem {
@@ -153,6 +164,8 @@ pub mod raw {
         pub audience: Option<String>,
         #[serde(default = "d_jwt_leeway")]
         pub leeway: String,
+        #[serde(default = "d_jwt_forward_header")]
+        pub forward_header: String,
     }
 
     #[derive(Debug, Deserialize)]
@@ -162,11 +175,13 @@ pub mod raw {
         pub header: String,
         #[serde(default = "d_token_ttl")]
         pub ttl: String,
+        #[serde(default = "d_claim_timeout")]
+        pub claim_timeout: String,
     }
 
     impl Default for Token {
         fn default() -> Self {
-            Token { header: d_token_header(), ttl: d_token_ttl() }
+            Token { header: d_token_header(), ttl: d_token_ttl(), claim_timeout: d_claim_timeout() }
         }
     }
 
@@ -175,6 +190,9 @@ pub mod raw {
     pub struct Route {
         pub method: String,
         pub path: String,
+        /// `exact` (the default) or `prefix`.
+        #[serde(default, rename = "match")]
+        pub matching: Option<String>,
     }
 
     #[derive(Debug, Deserialize)]
@@ -360,17 +378,23 @@ pub mod raw {
     fn d_jwt_claim() -> String {
         s("sub")
     }
+    fn d_jwt_forward_header() -> String {
+        s("X-User-Id")
+    }
     fn d_jwt_leeway() -> String {
         s("30s")
     }
     fn d_token_header() -> String {
         s("X-Entry-Token")
     }
+    fn d_claim_timeout() -> String {
+        s("60s")
+    }
     fn d_token_ttl() -> String {
         s("5m")
     }
     fn d_protected() -> Vec<Route> {
-        vec![Route { method: s("POST"), path: s("/api/orders") }]
+        vec![Route { method: s("POST"), path: s("/api/orders"), matching: None }]
     }
     fn d_interval() -> String {
         s("100ms")
@@ -441,7 +465,8 @@ pub struct Config {
     pub redis: RedisConfig,
     pub identity: IdentityConfig,
     pub token: TokenConfig,
-    pub protected: Vec<Route>,
+    /// Compiled once per load (canonical paths, see [`crate::paths`]).
+    pub protected: Vec<crate::paths::Rule>,
     pub admission: AdmissionConfig,
     pub queue: QueueConfig,
     pub endpoints: EndpointsConfig,
@@ -473,12 +498,9 @@ pub struct RedisConfig {
 pub struct TokenConfig {
     pub header: HeaderName,
     pub ttl: Duration,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Route {
-    pub method: Method,
-    pub path: String,
+    /// How long a protected request's claim on a token holds when nobody ends it (a proxy that
+    /// died mid-request); never past the token's own expiry.
+    pub claim_timeout: Duration,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -586,7 +608,9 @@ impl Config {
         let redis = v.redis(raw.redis);
         let identity = v.identity(raw.identity, folder);
         let token_header = v.header_name("token.header", &raw.token.header);
-        let ttl = v.positive_duration("token.ttl", &raw.token.ttl);
+        let ttl = v.bounded_duration("token.ttl", &raw.token.ttl, Duration::from_millis(1), MAX_TOKEN_TTL);
+        let claim_timeout =
+            v.bounded_duration("token.claim_timeout", &raw.token.claim_timeout, Duration::from_millis(1), MAX_TOKEN_TTL);
         let protected = v.routes(raw.protected);
         let admission = v.admission(raw.admission);
         let capacity = v.positive("queue.capacity", raw.queue.capacity);
@@ -607,12 +631,28 @@ impl Config {
                 .map(|t| Duration::from_secs(crate::rules::ceil_secs(t.poll_after)))
                 .max()
                 .unwrap_or_default();
-            if !abandon.is_zero() && abandon < longest {
+            // Twice: a user who polls as told is late by network delays and the page's jitter,
+            // and one lost poll must not cost the place.
+            let floor = longest * 2;
+            if !abandon.is_zero() && abandon < floor {
                 v.fail::<()>(
                     "queue.abandon_after",
                     format!(
-                        "must be 0s or at least the longest poll_after ({}), or users who poll as told are dropped",
-                        humantime::format_duration(longest)
+                        "must be 0s or at least twice the longest poll_after ({}), or users who poll as told are dropped",
+                        humantime::format_duration(floor)
+                    ),
+                );
+            }
+        }
+        if let (Some(claim), Some(limits)) = (claim_timeout, limits.as_ref()) {
+            // A claim that ends while its order is still at the upstream would let a parallel
+            // request through: it must outlast the longest wait for an answer.
+            if claim <= limits.upstream_timeout {
+                v.fail::<()>(
+                    "token.claim_timeout",
+                    format!(
+                        "must be longer than limits.upstream_timeout ({})",
+                        humantime::format_duration(limits.upstream_timeout)
                     ),
                 );
             }
@@ -626,7 +666,11 @@ impl Config {
                 upstream: upstream.expect(unwrap),
                 redis: redis.expect(unwrap),
                 identity: identity.expect(unwrap),
-                token: TokenConfig { header: token_header.expect(unwrap), ttl: ttl.expect(unwrap) },
+                token: TokenConfig {
+                    header: token_header.expect(unwrap),
+                    ttl: ttl.expect(unwrap),
+                    claim_timeout: claim_timeout.expect(unwrap),
+                },
                 protected: protected.expect(unwrap),
                 admission: admission.expect(unwrap),
                 queue: QueueConfig {
@@ -682,6 +726,22 @@ impl Validator {
         let d = self.duration(path, text)?;
         if d.is_zero() {
             return self.fail(path, "must be greater than 0");
+        }
+        Some(d)
+    }
+
+    /// A duration within `min..=max`, both shown in the message when it is not.
+    fn bounded_duration(&mut self, path: &str, text: &str, min: Duration, max: Duration) -> Option<Duration> {
+        let d = self.duration(path, text)?;
+        if d < min || d > max {
+            return self.fail(
+                path,
+                format!(
+                    "must be between {} and {}",
+                    humantime::format_duration(min),
+                    humantime::format_duration(max)
+                ),
+            );
         }
         Some(d)
     }
@@ -901,6 +961,7 @@ impl Validator {
             }
         }
         let leeway = self.duration("identity.jwt.leeway", &j.leeway);
+        let forward_header = self.header_name("identity.jwt.forward_header", &j.forward_header);
         (self.problems.len() == before).then_some(())?;
         Some(JwtConfig {
             from: from?,
@@ -911,33 +972,53 @@ impl Validator {
             issuer: j.issuer,
             audience: j.audience,
             leeway: leeway?,
+            forward_header: forward_header?,
         })
     }
 
-    fn routes(&mut self, routes: Vec<raw::Route>) -> Option<Vec<Route>> {
+    fn routes(&mut self, routes: Vec<raw::Route>) -> Option<Vec<crate::paths::Rule>> {
+        use crate::paths::{PathMatch, Rule};
         let before = self.problems.len();
         let mut out = Vec::with_capacity(routes.len());
         for (i, r) in routes.into_iter().enumerate() {
-            let method = match Method::from_bytes(r.method.as_bytes()) {
+            // Requests' methods are compared case-insensitively, so `post` names POST.
+            let method = match Method::from_bytes(r.method.to_ascii_uppercase().as_bytes()) {
                 Ok(m) if is_standard_method(&m) => Some(m),
                 _ => self.fail(
                     &format!("protected[{i}].method"),
                     format!("'{}' is not an HTTP method", r.method),
                 ),
             };
+            let matching = match r.matching.as_deref() {
+                None | Some("exact") => Some(PathMatch::Exact),
+                Some("prefix") => Some(PathMatch::Prefix),
+                Some(other) => self.fail(
+                    &format!("protected[{i}].match"),
+                    format!("'{other}' is not exact or prefix"),
+                ),
+            };
             if !r.path.starts_with('/') {
                 self.fail::<()>(&format!("protected[{i}].path"), "must start with /");
+                continue;
             }
-            if let Some(method) = method {
-                out.push(Route { method, path: r.path });
+            let (Some(method), Some(matching)) = (method, matching) else { continue };
+            match Rule::new(method, &r.path, matching) {
+                Ok(rule) => out.push(rule),
+                Err(refusal) => {
+                    self.fail::<()>(&format!("protected[{i}].path"), refusal.message());
+                }
             }
         }
         (self.problems.len() == before).then_some(out)
     }
 
     fn admission(&mut self, a: raw::Admission) -> Option<AdmissionConfig> {
-        let interval = self.positive_duration("admission.interval", &a.interval);
+        let interval = self.bounded_duration("admission.interval", &a.interval, MIN_INTERVAL, MAX_INTERVAL);
         let batch_size = self.batch("admission.batch_size", a.batch_size);
+        if batch_size.is_some_and(|b| b.get() > MAX_BATCH) {
+            self.fail::<()>("admission.batch_size", format!("must be at most {MAX_BATCH} (raise the rate with a shorter interval)"));
+            return None;
+        }
         let max_active = self.non_negative("admission.max_active", a.max_active);
         let adaptive = match a.adaptive {
             None => Some(None),
@@ -1161,7 +1242,8 @@ mod tests {
         assert!(matches!(&c.identity, IdentityConfig::Header(h) if h == "x-user-id"));
         assert_eq!(c.token.header, "x-entry-token");
         assert_eq!(c.token.ttl, Duration::from_secs(300));
-        assert_eq!(c.protected, vec![Route { method: Method::POST, path: "/api/orders".into() }]);
+        let order = crate::paths::Rule::new(Method::POST, "/api/orders", crate::paths::PathMatch::Exact).unwrap();
+        assert_eq!(c.protected, vec![order]);
         assert_eq!(c.admission.interval, Duration::from_millis(100));
         assert_eq!(c.admission.batch_size.get(), 10);
         assert_eq!(c.queue.capacity.get(), 100_000);
@@ -1306,9 +1388,50 @@ mod tests {
     }
 
     #[test]
-    fn abandon_after_must_cover_the_longest_poll() {
-        let got = problems("upstream: a:1\nqueue: {abandon_after: 5s}");
-        assert!(got[0].starts_with("queue.abandon_after"), "{got:?}");
+    fn abandon_after_must_cover_twice_the_longest_poll() {
+        for short in ["5s", "19s", "19999ms"] {
+            let got = problems(&format!("upstream: a:1\nqueue: {{abandon_after: {short}}}"));
+            assert!(got[0].starts_with("queue.abandon_after"), "{short}: {got:?}");
+        }
+        assert!(problems("upstream: a:1\nqueue: {abandon_after: 20s}").is_empty());
         assert!(problems("upstream: a:1\nqueue: {abandon_after: 0s}").is_empty());
+        // Told in whole seconds: a 1.5 s tier is a 2 s pollAfter, so 4 s is the floor.
+        let tiers = "poll_after: [{min_wait: 0s, poll_after: 1500ms}]";
+        assert!(!problems(&format!("upstream: a:1\n{tiers}\nqueue: {{abandon_after: 3s}}")).is_empty());
+        assert!(problems(&format!("upstream: a:1\n{tiers}\nqueue: {{abandon_after: 4s}}")).is_empty());
+    }
+
+    #[test]
+    fn protected_rules_take_a_match_and_any_case_of_method() {
+        use crate::paths::{PathMatch, Rule};
+        let c = Config::parse("upstream: a:1\nprotected: [{method: post, path: /api/orders/, match: prefix}]").unwrap();
+        assert_eq!(c.protected, vec![Rule::new(Method::POST, "/api/orders", PathMatch::Prefix).unwrap()]);
+        let got = problems(
+            "upstream: a:1\nprotected: [{method: POST, path: /a, match: fuzzy}, {method: POST, path: '/a/%zz'}, {method: POST, path: /../x}]",
+        );
+        assert_eq!(got.len(), 3, "{got:?}");
+        assert!(got[0].starts_with("protected[0].match"), "{got:?}");
+        assert!(got[1].starts_with("protected[1].path") && got[2].starts_with("protected[2].path"), "{got:?}");
+    }
+
+    #[test]
+    fn a_claim_outlasts_the_upstream_timeout() {
+        let got = problems("upstream: a:1\ntoken: {claim_timeout: 30s}");
+        assert!(got.len() == 1 && got[0].starts_with("token.claim_timeout"), "{got:?}");
+        assert!(problems("upstream: a:1\ntoken: {claim_timeout: 2s}\nlimits: {upstream_timeout: 1s}").is_empty());
+    }
+
+    #[test]
+    fn values_that_would_stop_admission_are_refused() {
+        for (yaml, key) in [
+            ("admission: {interval: 200us}", "admission.interval"),
+            ("admission: {interval: 25h}", "admission.interval"),
+            ("admission: {batch_size: 10001}", "admission.batch_size"),
+            ("token: {ttl: 25h}", "token.ttl"),
+        ] {
+            let got = problems(&format!("upstream: a:1\n{yaml}"));
+            assert!(got.len() == 1 && got[0].starts_with(key), "{yaml}: {got:?}");
+        }
+        assert!(problems("upstream: a:1\nadmission: {interval: 1ms, batch_size: 10000}\ntoken: {ttl: 24h}").is_empty());
     }
 }

@@ -45,7 +45,7 @@ impl RoomWatcher {
     async fn probe(&self) {
         let settings = self.state.settings();
         let (config, policy) = (&settings.config, &settings.policy);
-        match self.room.watch(Some(&policy.rules)).await {
+        match self.room.watch(&policy.rules).await {
             Ok(stats) => {
                 let batch = policy.batch_in_force(stats.stored_batch);
                 let pace = if policy.listens {

@@ -91,6 +91,8 @@ pub struct JwtConfig {
     pub issuer: Option<String>,
     pub audience: Option<String>,
     pub leeway: Duration,
+    /// The header the proxy sets on a forwarded protected request to the verified identity.
+    pub forward_header: HeaderName,
 }
 
 impl fmt::Debug for JwtConfig {
@@ -105,6 +107,7 @@ impl fmt::Debug for JwtConfig {
             .field("issuer", &self.issuer)
             .field("audience", &self.audience)
             .field("leeway", &self.leeway)
+            .field("forward_header", &self.forward_header)
             .finish()
     }
 }
@@ -269,6 +272,9 @@ struct Accepted {
 pub struct JwtVerifier {
     from: TokenSource,
     claim: String,
+    /// Set by the proxy on forwarded protected requests, replacing whatever the client sent, so
+    /// the upstream can trust it (contract section 12).
+    pub forward_header: HeaderName,
     accepted: Vec<Accepted>,
     /// Bytes of the HS256 secret, for the start-up warning about short ones.
     secret_len: Option<usize>,
@@ -280,6 +286,7 @@ impl fmt::Debug for JwtVerifier {
         f.debug_struct("JwtVerifier")
             .field("from", &self.from)
             .field("claim", &self.claim)
+            .field("forward_header", &self.forward_header)
             .field("algorithms", &self.algorithms())
             .finish_non_exhaustive()
     }
@@ -311,6 +318,7 @@ impl JwtVerifier {
         Ok(JwtVerifier {
             from: config.from.clone(),
             claim: config.claim.clone(),
+            forward_header: config.forward_header.clone(),
             accepted,
             secret_len: config.secret.as_ref().map(Vec::len),
         })

@@ -22,41 +22,51 @@ pub struct Changes {
 /// Merges a freshly validated file into the running configuration.
 pub fn merge(running: &Config, mut next: Config) -> (Config, Changes) {
     let mut changes = Changes::default();
-    // Sockets and the Redis connection are made once at start-up.
-    if next.listen != running.listen {
-        changes.need_restart.push("listen");
-        next.listen = running.listen;
-    }
-    if next.metrics_listen != running.metrics_listen {
-        changes.need_restart.push("metrics_listen");
-        next.metrics_listen = running.metrics_listen;
-    }
-    if next.redis != running.redis {
-        changes.need_restart.push("redis");
-        next.redis = running.redis.clone();
-    }
-    if next.upstream != running.upstream {
-        changes.need_restart.push("upstream");
-        next.upstream = running.upstream.clone();
-    }
-    // The file watcher is started (or not) with the process.
-    if next.reload_watch != running.reload_watch {
-        changes.need_restart.push("reload.watch");
-        next.reload_watch = running.reload_watch;
-    }
     // Types without a natural equality (verified identity holds keys) compare by their debug
     // form, which names every setting.
     let differs = |a: &dyn std::fmt::Debug, b: &dyn std::fmt::Debug| format!("{a:?}") != format!("{b:?}");
+    let mut needs_restart = |key: &'static str, changed: bool| {
+        if changed {
+            changes.need_restart.push(key);
+        }
+        changed
+    };
+    // Sockets and the Redis connection are made once at start-up; the file watcher is started
+    // (or not) with the process.
+    if needs_restart("listen", next.listen != running.listen) {
+        next.listen = running.listen;
+    }
+    if needs_restart("metrics_listen", next.metrics_listen != running.metrics_listen) {
+        next.metrics_listen = running.metrics_listen;
+    }
+    if needs_restart("redis", next.redis != running.redis) {
+        next.redis = running.redis.clone();
+    }
+    if needs_restart("upstream", next.upstream != running.upstream) {
+        next.upstream = running.upstream.clone();
+    }
+    if needs_restart("reload.watch", next.reload_watch != running.reload_watch) {
+        next.reload_watch = running.reload_watch;
+    }
+    // What open waiting pages and clients already use: a new prefix would turn their polls into
+    // pass-through 404s, a new identity mode would rename every user, a new token header would
+    // make every token already handed out unusable.
+    if needs_restart("endpoints.prefix", next.endpoints.prefix != running.endpoints.prefix) {
+        next.endpoints.prefix = running.endpoints.prefix.clone();
+    }
+    if needs_restart("identity", differs(&next.identity, &running.identity)) {
+        next.identity = running.identity.clone();
+    }
+    if needs_restart("token.header", next.token.header != running.token.header) {
+        next.token.header = running.token.header.clone();
+    }
     let applied = [
         ("admission", next.admission != running.admission),
         ("queue", next.queue != running.queue),
         ("token.ttl", next.token.ttl != running.token.ttl),
-        ("token.header", next.token.header != running.token.header),
         ("poll_after", next.poll_after != running.poll_after),
         ("protected", next.protected != running.protected),
-        ("endpoints.prefix", next.endpoints.prefix != running.endpoints.prefix),
         ("shutdown.grace", next.shutdown_grace != running.shutdown_grace),
-        ("identity", differs(&next.identity, &running.identity)),
         ("polling", differs(&next.polling, &running.polling)),
         ("abuse", differs(&next.abuse, &running.abuse)),
         ("page", differs(&next.page, &running.page)),
@@ -102,16 +112,23 @@ mod tests {
         let running = Config::parse("upstream: 127.0.0.1:1").unwrap();
         let next = Config::parse(
             "upstream: 127.0.0.1:2\nlisten: 127.0.0.1:1\nadmission: {batch_size: 20}\nredis: {key_prefix: other}\n\
+             endpoints: {prefix: /line}\nidentity: {header: X-Who}\ntoken: {header: X-Pass}\n\
              limits: {max_connections: 5, header_timeout: 2s}",
         )
         .unwrap();
         let (merged, changes) = merge(&running, next);
-        assert_eq!(changes.need_restart, vec!["listen", "redis", "upstream"]);
+        assert_eq!(
+            changes.need_restart,
+            vec!["listen", "redis", "upstream", "endpoints.prefix", "identity", "token.header"]
+        );
         assert_eq!(changes.applied, vec!["admission", "limits"]);
         assert_eq!(merged.limits.max_connections, 5);
         assert_eq!(merged.listen, running.listen);
         assert_eq!(merged.redis, running.redis);
         assert_eq!(merged.upstream, running.upstream);
+        assert_eq!(merged.endpoints.prefix, "/queue");
+        assert_eq!(merged.token.header, running.token.header);
+        assert_eq!(format!("{:?}", merged.identity), format!("{:?}", running.identity));
         assert_eq!(merged.admission.batch_size.get(), 20);
     }
 }

@@ -14,6 +14,7 @@ use crate::admission::{LatencyHistogram, Pacing, RoomView};
 use crate::config::Config;
 use crate::line::LocalLine;
 use crate::policy::Settings;
+use crate::spent::SpentTokens;
 
 pub struct RoomState {
     /// The running configuration and its compiled policy, swapped whole by a reload.
@@ -28,6 +29,8 @@ pub struct RoomState {
     in_flight: AtomicUsize,
     /// This proxy's view of the line, for polls answered without Redis.
     line: LocalLine,
+    /// Tokens spent through this proxy, refused even if Redis loses the spend.
+    spent: SpentTokens,
 }
 
 impl RoomState {
@@ -39,6 +42,7 @@ impl RoomState {
             redis_ready: AtomicBool::new(false),
             in_flight: AtomicUsize::new(0),
             line: LocalLine::default(),
+            spent: SpentTokens::default(),
         })
     }
 
@@ -70,6 +74,10 @@ impl RoomState {
 
     pub fn line(&self) -> &LocalLine {
         &self.line
+    }
+
+    pub fn spent(&self) -> &SpentTokens {
+        &self.spent
     }
 
     pub fn redis_ready(&self) -> bool {

@@ -16,25 +16,10 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use redis::aio::MultiplexedConnection;
-use waitroom::config::Config;
 use waitroom::rules::{self, ControlState};
-use waitroom::store::{
-    EnterOutcome, EnterRequest, Keys, PollClock, Room, RoomRules, StatusOutcome,
-};
+use waitroom::store::{EnterOutcome, EnterRequest, Keys, PollClock, RoomRules, StatusOutcome};
 
 const TTL_MS: f64 = 300_000.0;
-
-fn keys(proxy: &Proxy) -> Keys {
-    Keys::new(&proxy.key_prefix())
-}
-
-async fn zcard(conn: &mut MultiplexedConnection, key: &str) -> u64 {
-    redis::cmd("ZCARD")
-        .arg(key)
-        .query_async(conn)
-        .await
-        .expect("ZCARD")
-}
 
 /// Admission times (Redis ms) of every live token, sorted.
 async fn admission_times(conn: &mut MultiplexedConnection, keys: &Keys, ttl_ms: f64) -> Vec<f64> {
@@ -79,36 +64,22 @@ async fn early_in_an_interval(conn: &mut MultiplexedConnection, keys: &Keys, lef
     }
 }
 
-fn status_of(r: &Resp) -> String {
-    r.json()["status"].as_str().unwrap_or("-").to_owned()
-}
-
-async fn metric(proxy: &Proxy, series: &str) -> f64 {
-    proxy.metric(series).await.unwrap_or(0.0)
-}
-
-/// The room of `prefix` through the library.
-fn library_room(redis: &RedisServer, prefix: &str) -> Room {
-    let yaml = format!(
-        "upstream: 127.0.0.1:1\nredis: {{url: \"{}\", key_prefix: \"{prefix}\", timeout: 2s}}\n",
-        redis.url()
+/// Orders with `token` once: the upstream must answer 2xx. No retry, not even of a 502: a 502 is
+/// the proxy's own "upstream unreachable", and the demo API on loopback is always reachable, so a
+/// 502 here is a proxy bug (a broken upstream connection pool, say) the test must show.
+async fn assert_ordered(proxy: &Proxy, user: &str, token: &str) {
+    let r = proxy.order(user, Some(token)).await;
+    assert!(
+        (200..300).contains(&r.status),
+        "{user}: {} {}",
+        r.status,
+        r.body
     );
-    Room::new(&Config::parse(&yaml).expect("valid").redis).expect("room")
 }
 
-/// Orders with `token` until the upstream answers (a non-2xx keeps the token, so a retry is
-/// what a client does): the tests here are about admission, not about a busy machine dropping a
-/// connection to the demo API now and then. Returns the final response and the retries.
-async fn order_until_answered(proxy: &Proxy, user: &str, token: &str) -> (Resp, u32) {
-    let mut retries = 0;
-    loop {
-        let r = proxy.order(user, Some(token)).await;
-        if r.status != 502 || retries == 5 {
-            return (r, retries);
-        }
-        retries += 1;
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+/// `room` in front of a demo API that answers orders in 1 ms.
+async fn quick_room(yaml: &str) -> (RedisServer, DemoApi, Proxy) {
+    room(&["--service-time-ms", "1"], yaml).await
 }
 
 async fn put_service_time(api: &DemoApi, ms: u64) {
@@ -128,12 +99,8 @@ async fn put_service_time(api: &DemoApi, ms: u64) {
 /// and of instant passes share the interval's batch.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn instant_passes_only_when_nobody_waits_and_the_interval_has_room() {
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&["--service-time-ms", "1"]);
-    let proxy = Proxy::builder(&redis.url(), api.addr())
-        .yaml("admission: {interval: 1s, batch_size: 2, instant: true}")
-        .start()
-        .await;
+    let (redis, _api, proxy) =
+        quick_room("admission: {interval: 1s, batch_size: 2, instant: true}").await;
     let mut conn = redis.conn().await;
     early_in_an_interval(&mut conn, &keys(&proxy), Duration::from_millis(700)).await;
 
@@ -162,11 +129,15 @@ async fn instant_passes_only_when_nobody_waits_and_the_interval_has_room() {
     // A user already admitted is answered READY again, not counted as a pass.
     assert_eq!(status_of(&proxy.enter("a").await), "READY");
     assert_eq!(
-        metric(&proxy, "waitroom_enter_total{result=\"instant\"}").await,
+        proxy
+            .counter("waitroom_enter_total{result=\"instant\"}")
+            .await,
         2.0
     );
     assert_eq!(
-        metric(&proxy, "waitroom_enter_total{result=\"ready\"}").await,
+        proxy
+            .counter("waitroom_enter_total{result=\"ready\"}")
+            .await,
         1.0
     );
 
@@ -177,12 +148,7 @@ async fn instant_passes_only_when_nobody_waits_and_the_interval_has_room() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let r = proxy.enter("e").await;
-    assert_eq!(
-        (status_of(&r), r.json()["position"].clone()),
-        ("WAITING".into(), 1.into()),
-        "{}",
-        r.body
-    );
+    assert_waiting_at(&r, 1);
 
     // The tick after admits e alone: one place of its interval is left, and nobody waits.
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -199,25 +165,22 @@ async fn instant_passes_only_when_nobody_waits_and_the_interval_has_room() {
     assert_eq!(status_of(&r), "WAITING", "{}", r.body);
 
     assert_eq!(
-        metric(&proxy, "waitroom_enter_total{result=\"instant\"}").await,
+        proxy
+            .counter("waitroom_enter_total{result=\"instant\"}")
+            .await,
         3.0
     );
     // 3 passes + c, d, e by ticks.
-    assert_eq!(metric(&proxy, "waitroom_admitted_total").await, 6.0);
+    assert_eq!(proxy.counter("waitroom_admitted_total").await, 6.0);
 }
 
 /// 200 concurrent enters with instant on, batch 5 per second: 5 passes, the rest in line, and
 /// the room never admits more than 5 in any interval (from the tokens' issue times in Redis).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn instant_never_exceeds_the_rate_under_a_burst() {
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&["--service-time-ms", "1"]);
-    let proxy = Arc::new(
-        Proxy::builder(&redis.url(), api.addr())
-            .yaml("admission: {interval: 1s, batch_size: 5, instant: true}")
-            .start()
-            .await,
-    );
+    let (redis, _api, proxy) =
+        quick_room("admission: {interval: 1s, batch_size: 5, instant: true}").await;
+    let proxy = Arc::new(proxy);
     let keys = keys(&proxy);
     let mut conn = redis.conn().await;
     early_in_an_interval(&mut conn, &keys, Duration::from_millis(500)).await;
@@ -242,7 +205,9 @@ async fn instant_never_exceeds_the_rate_under_a_burst() {
     assert_eq!(ready, 5, "exactly the interval's batch passes at once");
     assert_eq!(positions.len(), 195);
     assert_eq!(
-        metric(&proxy, "waitroom_enter_total{result=\"instant\"}").await,
+        proxy
+            .counter("waitroom_enter_total{result=\"instant\"}")
+            .await,
         5.0
     );
 
@@ -276,14 +241,12 @@ async fn instant_never_exceeds_the_rate_under_a_burst() {
 /// the gauge), while everyone gets through as tokens are spent. Instant passes respect it too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_active_cap_holds_under_a_burst() {
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&["--service-time-ms", "30"]);
-    let proxy = Arc::new(
-        Proxy::builder(&redis.url(), api.addr())
-            .yaml("admission: {interval: 50ms, batch_size: 10, instant: true, max_active: 7}")
-            .start()
-            .await,
-    );
+    let (redis, _api, proxy) = room(
+        &["--service-time-ms", "30"],
+        "admission: {interval: 50ms, batch_size: 10, instant: true, max_active: 7}",
+    )
+    .await;
+    let proxy = Arc::new(proxy);
     let keys = keys(&proxy);
 
     let done = Arc::new(AtomicBool::new(false));
@@ -334,12 +297,7 @@ async fn the_active_cap_holds_under_a_burst() {
                 }
                 // Hold the token a moment, then spend it.
                 tokio::time::sleep(Duration::from_millis(30)).await;
-                let (order, retries) =
-                    order_until_answered(&proxy, &user, body["token"].as_str().unwrap()).await;
-                assert!((200..300).contains(&order.status), "{user}: {}", order.body);
-                if retries > 0 {
-                    eprintln!("{user}: {retries} order retries after 502");
-                }
+                assert_ordered(&proxy, &user, body["token"].as_str().unwrap()).await;
             })
         })
         .collect();
@@ -363,38 +321,28 @@ async fn the_active_cap_holds_under_a_burst() {
         7,
         "instant passes stop at the cap"
     );
-    assert_eq!(metric(&proxy, "waitroom_admitted_total").await, 60.0);
+    assert_eq!(proxy.counter("waitroom_admitted_total").await, 60.0);
 }
 
 /// While someone waits, a newcomer queues behind, even when the interval has room and the cap
 /// allows: the instant pass never jumps the line.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nobody_passes_while_someone_waits() {
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&["--service-time-ms", "1"]);
-    let proxy = Proxy::builder(&redis.url(), api.addr())
-        .yaml("admission: {interval: 10s, batch_size: 5, instant: true, max_active: 1}")
-        .start()
-        .await;
+    let (_redis, _api, proxy) =
+        quick_room("admission: {interval: 10s, batch_size: 5, instant: true, max_active: 1}").await;
     let first = proxy.enter("holder").await;
     assert_eq!(status_of(&first), "READY", "{}", first.body);
     let r = proxy.enter("waiter").await;
-    assert_eq!(
-        (status_of(&r), r.json()["position"].clone()),
-        ("WAITING".into(), 1.into())
-    );
+    assert_waiting_at(&r, 1);
     // The holder spends the token: the cap and the interval have room now, but waiter waits.
     let token = first.json()["token"].as_str().unwrap().to_owned();
     assert!((200..300).contains(&proxy.order("holder", Some(&token)).await.status));
     let r = proxy.enter("newcomer").await;
+    assert_waiting_at(&r, 2);
     assert_eq!(
-        (status_of(&r), r.json()["position"].clone()),
-        ("WAITING".into(), 2.into()),
-        "{}",
-        r.body
-    );
-    assert_eq!(
-        metric(&proxy, "waitroom_enter_total{result=\"instant\"}").await,
+        proxy
+            .counter("waitroom_enter_total{result=\"instant\"}")
+            .await,
         1.0
     );
 }
@@ -418,13 +366,24 @@ async fn abandoned_places_move_the_line_up_and_are_never_admitted() {
     let mut conn = redis.conn().await;
 
     let holder = a.until_ready("holder", Duration::from_secs(5)).await;
+    // Redis heard from quiet-1 no earlier than the moment its enter was sent, and from quiet-3 no
+    // later than the moment its answer came back: the bounds of "abandon_after since last heard".
+    let mut quiet_1_sent = None;
+    let mut quiet_3_answered = None;
     for (i, user) in ["quiet-1", "poller-2", "quiet-3", "poller-4"]
         .iter()
         .enumerate()
     {
         let proxy = if i % 2 == 0 { &a } else { &b };
+        let sent = Instant::now();
         assert_eq!(proxy.enter(user).await.json()["position"], i as u64 + 1);
+        match *user {
+            "quiet-1" => quiet_1_sent = Some(sent),
+            "quiet-3" => quiet_3_answered = Some(Instant::now()),
+            _ => {}
+        }
     }
+    let (quiet_1_sent, quiet_3_answered) = (quiet_1_sent.unwrap(), quiet_3_answered.unwrap());
     // The pollers poll every 500 ms, alternating proxies; the quiet ones never again.
     let stop = Arc::new(AtomicBool::new(false));
     let pollers: Vec<_> = ["poller-2", "poller-4"]
@@ -447,25 +406,38 @@ async fn abandoned_places_move_the_line_up_and_are_never_admitted() {
         })
         .collect();
 
-    // Within abandon_after + an interval (+ slack), the places behind have moved up.
-    let deadline = Instant::now() + Duration::from_secs(6);
+    // Nobody moves up before abandon_after; the places behind have moved up within one interval
+    // (100 ms) of it (section 11). A status sent after that deadline must show the new line.
+    let (abandon_after, interval) = (Duration::from_secs(2), Duration::from_millis(100));
+    let deadline = quiet_3_answered + abandon_after + interval;
     loop {
+        let sent = Instant::now();
         let p2 = a.status("poller-2").await.json()["position"].clone();
         let p4 = b.status("poller-4").await.json()["position"].clone();
+        // Both answers came back before quiet-1 could have been abandoned: Redis read them then.
+        if Instant::now() < quiet_1_sent + abandon_after {
+            assert_eq!(
+                (&p2, &p4),
+                (&2.into(), &4.into()),
+                "the line moved before abandon_after"
+            );
+        }
         if p2 == 1 && p4 == 2 {
             break;
         }
         assert!(
-            Instant::now() < deadline,
-            "the line did not move up: poller-2 at {p2}, poller-4 at {p4}"
+            sent < deadline,
+            "the line did not move up within one interval of abandon_after: poller-2 at {p2}, \
+             poller-4 at {p4}, {:?} after quiet-3 was last heard from",
+            sent - quiet_3_answered
         );
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(zcard(&mut conn, &keys.queue).await, 2);
     assert_eq!(status_of(&b.status("quiet-1").await), "NOT_IN_QUEUE");
     assert_eq!(status_of(&a.status("quiet-3").await), "NOT_IN_QUEUE");
     let abandoned =
-        metric(&a, "waitroom_abandoned_total").await + metric(&b, "waitroom_abandoned_total").await;
+        a.counter("waitroom_abandoned_total").await + b.counter("waitroom_abandoned_total").await;
     assert_eq!(
         abandoned, 2.0,
         "each lost place counted once across the room"
@@ -492,15 +464,13 @@ async fn abandoned_places_move_the_line_up_and_are_never_admitted() {
     }
     // A quitter who comes back queues at the back.
     let r = a.enter("quiet-1").await;
-    assert_eq!(
-        (status_of(&r), r.json()["position"].clone()),
-        ("WAITING".into(), 2.into()),
-        "{}",
-        r.body
-    );
+    assert_waiting_at(&r, 2);
 }
 
-/// A status call refused as TOO_EARLY still counts as heard from.
+/// A status call refused as TOO_EARLY still counts as heard from. pollAfter 2 s, abandon_after
+/// 4 s (twice it, the floor): "eager" polls early at 1.5 s and is refused. At 4.75 s a user last
+/// heard from at 0 s has lost the place (since 4 s) and one heard from at 1.5 s has not (until
+/// 5.5 s): 0.75 s either side for a busy machine.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_early_poll_still_counts_as_heard_from() {
     let redis = RedisServer::start();
@@ -508,32 +478,21 @@ async fn a_refused_early_poll_still_counts_as_heard_from() {
     let proxy = Proxy::builder(&redis.url(), api.addr())
         .yaml(
             "admission: {interval: 100ms, batch_size: 1, max_active: 1, instant: true}\n\
-             poll_after: [{min_wait: 0s, poll_after: 2s}]\nqueue: {abandon_after: 2s}\n\
+             poll_after: [{min_wait: 0s, poll_after: 2s}]\nqueue: {abandon_after: 4s}\n\
              polling: {enforce: true, grace: 0%}",
         )
         .start()
         .await;
     let first = proxy.enter("holder").await;
     assert_eq!(status_of(&first), "READY", "{}", first.body);
+    let entered = Instant::now();
     assert_eq!(proxy.enter("eager").await.json()["position"], 1);
     assert_eq!(proxy.enter("gone").await.json()["position"], 2);
-    tokio::time::sleep(Duration::from_millis(1_500)).await;
-    let early = proxy.status("eager").await;
-    assert_eq!(
-        (early.status, status_of(&early)),
-        (429, "TOO_EARLY".into()),
-        "{}",
-        early.body
-    );
-    // 3 s after entering, 1.5 s after the refused call: still in line; "gone" is not.
-    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    tokio::time::sleep_until((entered + Duration::from_millis(1_500)).into()).await;
+    assert_status_is(&proxy.status("eager").await, 429, "TOO_EARLY");
+    tokio::time::sleep_until((entered + Duration::from_millis(4_750)).into()).await;
     let r = proxy.status("eager").await;
-    assert_eq!(
-        (status_of(&r), r.json()["position"].clone()),
-        ("WAITING".into(), 1.into()),
-        "{}",
-        r.body
-    );
+    assert_waiting_at(&r, 1);
     assert_eq!(status_of(&proxy.status("gone").await), "NOT_IN_QUEUE");
 }
 
@@ -542,9 +501,8 @@ async fn a_refused_early_poll_still_counts_as_heard_from() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_tick_skips_stale_users_it_pops() {
     let redis = RedisServer::start();
-    let room = library_room(&redis, "stale");
+    let (room, mut conn) = (library_room(&redis, "stale"), redis.conn().await);
     let keys = room.keys().clone();
-    let mut conn = redis.conn().await;
     let rules = RoomRules {
         abandon_after: Duration::from_secs(10),
         ..RoomRules::fixed(Duration::from_millis(10), 2, Duration::from_secs(60))
@@ -556,24 +514,24 @@ async fn the_tick_skips_stale_users_it_pops() {
             per_address: None,
             poll: PollClock::OFF,
         };
-        let entered = room.enter_with(request, &rules).await.unwrap();
+        let entered = room.enter(request, &rules).await.unwrap();
         assert!(matches!(
             entered.outcome,
             EnterOutcome::Waiting { already: false, .. }
         ));
     }
     // u0 and u2 were last heard from a minute ago.
-    let (secs, _): (i64, i64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
+    let minute_ago = redis_now_ms(&mut conn).await - 60_000;
     for u in ["u0", "u2"] {
         let _: () = redis::cmd("ZADD")
             .arg(&keys.heard)
-            .arg((secs - 60) * 1000)
+            .arg(minute_ago)
             .arg(u)
             .query_async(&mut conn)
             .await
             .unwrap();
     }
-    let outcome = room.admit_with(&rules).await.unwrap();
+    let outcome = room.admit(&rules).await.unwrap();
     assert_eq!((outcome.admitted, outcome.abandoned), (2, 2), "{outcome:?}");
     for (u, admitted) in [("u0", false), ("u1", true), ("u2", false), ("u3", true)] {
         assert_eq!(
@@ -583,12 +541,12 @@ async fn the_tick_skips_stale_users_it_pops() {
         );
     }
     let status = room
-        .status_with("u4", PollClock::OFF, &rules)
+        .status("u4", PollClock::OFF, &rules)
         .await
         .unwrap();
     assert_eq!(status.outcome, StatusOutcome::Waiting { position: 1 });
     let status = room
-        .status_with("u0", PollClock::OFF, &rules)
+        .status("u0", PollClock::OFF, &rules)
         .await
         .unwrap();
     assert_eq!(status.outcome, StatusOutcome::NotInQueue);
@@ -622,7 +580,7 @@ async fn defaults_touch_none_of_the_listening_keys() {
             .unwrap();
         assert_eq!(exists, 0, "{key} written with every switch off");
     }
-    assert_eq!(metric(&proxy, "waitroom_admission_batch").await, 10.0);
+    assert_eq!(proxy.counter("waitroom_admission_batch").await, 10.0);
 }
 
 // ---- adaptive -------------------------------------------------------------------------------
@@ -630,8 +588,15 @@ async fn defaults_touch_none_of_the_listening_keys() {
 /// Protected traffic from workers spread over two proxies of one room. The demo order API is
 /// made slow (800 ms, target p95 300 ms): the batch falls to min_batch; made fast again (50 ms):
 /// it climbs back to batch_size, one a second. Both proxies report the same batch throughout.
+///
+/// The bounds come from section 11 ("acts within 2 s of the second it measured", gauges at most
+/// 1 s old): after a switch of the backend, orders already in flight answer for up to 0.8 s more,
+/// the first second made only of new answers ends at most 1 s later, the step acts within 2 s and
+/// the gauge shows it within 1 s: the first move is visible within 0.8 + 1 + 2 + 1 < 5 s; 6 s
+/// leave 1 s for the 200 ms sampling on a busy machine.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_adaptive_batch_follows_the_backend_identically_on_two_proxies() {
+    const FIRST_MOVE: Duration = Duration::from_secs(6);
     let redis = RedisServer::start();
     let api = DemoApi::start(&["--slots", "20", "--service-time-ms", "50"]);
     let room = Proxy::builder(&redis.url(), api.addr()).yaml(
@@ -641,22 +606,29 @@ async fn the_adaptive_batch_follows_the_backend_identically_on_two_proxies() {
     let b = Arc::new(room.start().await);
 
     let stop = Arc::new(AtomicBool::new(false));
+    let pause = Arc::new(AtomicBool::new(false));
     let orders = Arc::new(AtomicU64::new(0));
     let workers: Vec<_> = (0..12)
         .map(|w| {
-            let (a, b, stop, orders) = (a.clone(), b.clone(), stop.clone(), orders.clone());
+            let (a, b, stop, pause, orders) = (
+                a.clone(),
+                b.clone(),
+                stop.clone(),
+                pause.clone(),
+                orders.clone(),
+            );
             tokio::spawn(async move {
                 let mut n = 0;
                 while !stop.load(Ordering::Acquire) {
+                    if pause.load(Ordering::Acquire) {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        continue;
+                    }
                     let proxy = if (w + n) % 2 == 0 { &a } else { &b };
                     let user = format!("w{w}-{n}");
                     n += 1;
                     let token = proxy.until_ready(&user, Duration::from_secs(30)).await;
-                    let (r, retries) = order_until_answered(proxy, &user, &token).await;
-                    assert!((200..300).contains(&r.status), "{user}: {}", r.body);
-                    if retries > 0 {
-                        eprintln!("{user}: {retries} order retries after 502");
-                    }
+                    assert_ordered(proxy, &user, &token).await;
                     orders.fetch_add(1, Ordering::AcqRel);
                 }
             })
@@ -664,91 +636,152 @@ async fn the_adaptive_batch_follows_the_backend_identically_on_two_proxies() {
         .collect();
 
     let started = Instant::now();
-    let mut series: Vec<(f64, f64, f64)> = Vec::new();
-    let sample = |series: &mut Vec<(f64, f64, f64)>, (x, y): (f64, f64)| {
-        series.push((started.elapsed().as_secs_f64(), x, y));
-    };
+    let series = std::sync::Mutex::new(Vec::<(f64, f64, f64)>::new());
+    // Samples both gauges, records them, and returns them.
     let both = || async {
-        (
-            metric(&a, "waitroom_admission_batch").await,
-            metric(&b, "waitroom_admission_batch").await,
-        )
+        let v = (
+            a.counter("waitroom_admission_batch").await,
+            b.counter("waitroom_admission_batch").await,
+        );
+        series
+            .lock()
+            .unwrap()
+            .push((started.elapsed().as_secs_f64(), v.0, v.1));
+        v
+    };
+    // Samples every 200 ms until `done` holds for both proxies; the time it first held, if
+    // within `limit`, and the time anything first moved off `from`.
+    let until = |from: f64, done: fn(f64) -> bool, limit: Duration| async move {
+        let since = Instant::now();
+        let mut moved = None;
+        while since.elapsed() < limit {
+            let (x, y) = both().await;
+            if moved.is_none() && (x != from || y != from) {
+                moved = Some(since.elapsed());
+            }
+            if done(x) && done(y) {
+                return (moved, Some(since.elapsed()));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        (moved, None)
     };
 
     // Fast backend: the batch stays at its ceiling.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let fast = both().await;
-    sample(&mut series, fast);
     // At the ceiling; a busy test machine may push one second's p95 over the target.
     assert!(
         fast.0 >= 5.0 && fast.1 >= 5.0,
         "p95 well under the target must keep the ceiling: {fast:?}"
     );
 
-    // Slow backend: down to min_batch.
+    // Slow backend: down to min_batch. The first cut halves (6 -> 3); src/rules.rs then lets two
+    // steps pass before the next cut (SETTLE_STEPS), so 1 comes at most 3 steps (+1 s of gauge
+    // age) after the first move.
     put_service_time(&api, 800).await;
-    let slowed = Instant::now();
-    let mut fell_at = None;
-    while slowed.elapsed() < Duration::from_secs(10) {
-        let v = both().await;
-        sample(&mut series, v);
-        if v == (1.0, 1.0) {
-            fell_at = Some(slowed.elapsed());
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    let fell_at =
-        fell_at.unwrap_or_else(|| panic!("the batch did not fall to 1 within 10 s: {series:?}"));
+    let (first_cut, fell_at) = until(fast.0, |v| v == 1.0, Duration::from_secs(12)).await;
+    let first_cut = first_cut.expect("the batch never moved on a slow backend");
+    let fell_at = fell_at.unwrap_or_else(|| panic!("the batch never fell to 1: {series:?}"));
+    assert!(
+        first_cut <= FIRST_MOVE,
+        "first cut {first_cut:?} after the backend slowed (contract: within 2 s of the second \
+         measured): {series:?}"
+    );
+    assert!(
+        fell_at <= first_cut + Duration::from_secs(4),
+        "fell to 1 {fell_at:?} after, first cut at {first_cut:?}: {series:?}"
+    );
 
-    // While the batch is 1, "within the first batch" is position 1 only: a newcomer behind the
-    // workers is told a wait.
-    let probe = a.enter("probe").await.json();
-    if probe["position"].as_u64().unwrap_or(0) >= 2 {
-        assert!(probe["estimatedWaitTime"].as_u64().unwrap() >= 1, "{probe}");
+    // While the batch is 1, "within the first batch" is position 1 only (section 11). The
+    // workers pause and the line drains, so that the probes' positions are small and known:
+    // with batch_size (6) used instead, positions 2..=6 would be told no wait.
+    pause.store(true, Ordering::Release);
+    let conn = redis.conn().await;
+    let queue = keys(&a).queue;
+    let drained = wait_until(Duration::from_secs(10), Duration::from_millis(20), || {
+        let mut conn = conn.clone();
+        let queue = queue.clone();
+        async move { zcard(&mut conn, &queue).await == 0 }
+    })
+    .await;
+    assert!(drained, "the line did not drain with the workers paused");
+    assert_eq!(
+        both().await,
+        (1.0, 1.0),
+        "the batch moved with no protected traffic"
+    );
+    let mut probed = Vec::new();
+    for i in 0..6 {
+        let r = a.enter(&format!("probe-{i}")).await;
+        let body = r.json();
+        assert_eq!(status_of(&r), "WAITING", "{body}");
+        probed.push((
+            body["position"].as_u64().unwrap(),
+            body["estimatedWaitTime"].as_u64().unwrap(),
+        ));
     }
+    for &(position, eta) in &probed {
+        assert_eq!(
+            eta == 0,
+            position <= 1,
+            "position {position}, eta {eta}: {probed:?}"
+        );
+    }
+    assert!(
+        probed.iter().any(|&(p, _)| (2..=6).contains(&p)),
+        "no probe landed within batch_size, the test proves nothing: {probed:?}"
+    );
+    pause.store(false, Ordering::Release);
 
-    // Fast again: back to 6, one step a second.
+    // Fast again: back to 6, one step a second (4 steps after the first, +1 s of gauge age).
     put_service_time(&api, 50).await;
-    let recovered = Instant::now();
-    let mut back_at = None;
-    while recovered.elapsed() < Duration::from_secs(15) {
-        let v = both().await;
-        sample(&mut series, v);
-        if v == (6.0, 6.0) {
-            back_at = Some(recovered.elapsed());
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let (first_rise, back_at) = until(1.0, |v| v == 6.0, Duration::from_secs(15)).await;
     stop.store(true, Ordering::Release);
-    let back_at =
-        back_at.unwrap_or_else(|| panic!("the batch did not recover to 6 within 15 s: {series:?}"));
+    let first_rise = first_rise.expect("the batch never rose on a fast backend");
+    let back_at = back_at.unwrap_or_else(|| panic!("the batch never recovered to 6: {series:?}"));
     for w in workers {
         w.await.unwrap();
     }
-
-    let differing = series.iter().filter(|(_, x, y)| x != y).count();
+    let series = series.into_inner().unwrap();
     println!("batch over time (s since start, proxy a, proxy b): {series:?}");
     println!(
-        "fell to 1 after {fell_at:?}, back to 6 after {back_at:?}, {} orders, {differing} of {} samples differ",
-        orders.load(Ordering::Acquire),
-        series.len()
+        "first cut {first_cut:?}, at 1 after {fell_at:?}; first rise {first_rise:?}, back to 6 \
+         after {back_at:?}; {} orders",
+        orders.load(Ordering::Acquire)
     );
-    // The two proxies read one stored batch; they can only differ for the quarter second
-    // between their watchers' reads after a step.
     assert!(
-        differing * 4 <= series.len(),
-        "proxies disagree too often: {series:?}"
+        first_rise <= FIRST_MOVE,
+        "first rise {first_rise:?} after the backend recovered: {series:?}"
     );
-    // Never below min_batch nor above batch_size; the climb is one a second, so at least 4 s.
+    assert!(
+        back_at <= first_rise + Duration::from_secs(5),
+        "back to 6 {back_at:?} after, first rise at {first_rise:?}: {series:?}"
+    );
+    // The climb is one a second: at least 4 s from the first rise (2) to 6, less 1 s of gauge age.
+    assert!(
+        back_at >= first_rise + Duration::from_secs(3),
+        "recovered faster than one a second: {series:?}"
+    );
+    // Never below min_batch nor above batch_size.
     assert!(series
         .iter()
         .all(|(_, x, y)| (1.0..=6.0).contains(x) && (1.0..=6.0).contains(y)));
-    assert!(
-        back_at >= Duration::from_secs(4),
-        "recovered faster than one a second: {series:?}"
-    );
+    // Both proxies admit with the room's one stored batch; their gauges, each at most 1 s old,
+    // may disagree only during the second after a step: never for longer.
+    let mut disagreeing_since: Option<f64> = None;
+    for &(t, x, y) in &series {
+        if x == y {
+            disagreeing_since = None;
+            continue;
+        }
+        let since = *disagreeing_since.get_or_insert(t);
+        assert!(
+            t - since <= 1.0,
+            "proxies disagree on the batch for {:.2} s at {t:.2} s: {series:?}",
+            t - since
+        );
+    }
 }
 
 /// Through the library: however many proxies call at once, the room's controller steps once a
@@ -757,9 +790,7 @@ async fn the_adaptive_batch_follows_the_backend_identically_on_two_proxies() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_controller_steps_once_a_second_whoever_calls() {
     let redis = RedisServer::start();
-    let rooms: Vec<Arc<Room>> = (0..4)
-        .map(|_| Arc::new(library_room(&redis, "ctl")))
-        .collect();
+    let rooms = library_rooms(&redis, "ctl", 4);
     let bucket = rules::latency_bucket(Duration::from_millis(500));
 
     // Four proxies report 10 samples each, at once: exactly one claims the step.
@@ -793,7 +824,7 @@ async fn the_controller_steps_once_a_second_whoever_calls() {
         probe_wait: 0,
     };
     assert!(rooms[0].adapt_commit(&step.id, state).await.unwrap());
-    let watch = rooms[1].watch(Some(&adaptive_rules())).await.unwrap();
+    let watch = rooms[1].watch(&adaptive_rules()).await.unwrap();
     assert_eq!(watch.stored_batch, Some(5));
 
     // The next step, a second later, gets the reports the first one did not.
@@ -815,7 +846,7 @@ async fn the_controller_steps_once_a_second_whoever_calls() {
     assert!(!rooms[3].adapt_commit(&step.id, stale).await.unwrap());
     assert_eq!(
         rooms[1]
-            .watch(Some(&adaptive_rules()))
+            .watch(&adaptive_rules())
             .await
             .unwrap()
             .stored_batch,
@@ -836,12 +867,8 @@ fn adaptive_rules() -> RoomRules {
 /// so estimates use the floor, min_batch (1) / interval = 10 users/s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn estimates_use_the_floor_when_the_room_admits_almost_nobody() {
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&["--service-time-ms", "1"]);
-    let proxy = Proxy::builder(&redis.url(), api.addr())
-        .yaml("admission: {interval: 100ms, batch_size: 10, max_active: 2}")
-        .start()
-        .await;
+    let (_redis, _api, proxy) =
+        quick_room("admission: {interval: 100ms, batch_size: 10, max_active: 2}").await;
     proxy.until_ready("h1", Duration::from_secs(5)).await;
     proxy.until_ready("h2", Duration::from_secs(5)).await;
     for i in 0..60 {
@@ -871,14 +898,16 @@ async fn estimates_use_the_floor_when_the_room_admits_almost_nobody() {
     }
     assert!(ok);
     assert_eq!(
-        metric(&proxy, "waitroom_admission_estimate_rate_per_second").await,
+        proxy
+            .counter("waitroom_admission_estimate_rate_per_second")
+            .await,
         10.0
     );
     // The tail's wait, at most a second old: 60 waiting at 10/s.
     let tail = wait_until(
         Duration::from_secs(2),
         Duration::from_millis(50),
-        || async { metric(&proxy, "waitroom_queue_tail_wait_seconds").await == 6.0 },
+        || async { proxy.counter("waitroom_queue_tail_wait_seconds").await == 6.0 },
     )
     .await;
     assert!(tail, "{}", proxy.metrics().await);
@@ -888,12 +917,9 @@ async fn estimates_use_the_floor_when_the_room_admits_almost_nobody() {
 /// a second: estimates follow the measured 3 a second.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn estimates_follow_the_measured_rate() {
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&["--service-time-ms", "1"]);
-    let proxy = Proxy::builder(&redis.url(), api.addr())
-        .yaml("admission: {interval: 1s, batch_size: 5, max_active: 3}\ntoken: {ttl: 800ms}")
-        .start()
-        .await;
+    let (_redis, _api, proxy) =
+        quick_room("admission: {interval: 1s, batch_size: 5, max_active: 3}\ntoken: {ttl: 800ms}")
+            .await;
     for i in 0..80 {
         proxy.enter(&format!("m{i:02}")).await;
     }
@@ -908,7 +934,9 @@ async fn estimates_follow_the_measured_rate() {
         "position {position}: eta {eta}, expected {fastest}..={slowest} (configured rate: {})",
         position.div_ceil(5)
     );
-    let rate = metric(&proxy, "waitroom_admission_estimate_rate_per_second").await;
+    let rate = proxy
+        .counter("waitroom_admission_estimate_rate_per_second")
+        .await;
     assert!((2.4..=3.0).contains(&rate), "measured rate {rate}");
 }
 
@@ -918,22 +946,49 @@ async fn estimates_follow_the_measured_rate() {
 #[test]
 fn the_switches_are_validated() {
     let base = "upstream: 127.0.0.1:1\n";
-    let ok = run_check(&format!(
-        "{base}admission: {{interval: 100ms, batch_size: 10, instant: true, max_active: 50, \
-         adaptive: {{target_p95: 250ms, min_batch: 2}}}}\nqueue: {{abandon_after: 30s}}\n"
-    ));
-    assert_eq!(ok.status.code(), Some(0), "{}", String::from_utf8_lossy(&ok.stderr));
-    let defaults = run_check(&format!("{base}admission: {{adaptive: {{}}}}\n"));
-    assert_eq!(defaults.status.code(), Some(0), "{}", String::from_utf8_lossy(&defaults.stderr));
+    // Accepted: every switch at once, the defaults, and exactly twice the largest poll_after
+    // (the abandon floor).
+    for yaml in [
+        "admission: {interval: 100ms, batch_size: 10, instant: true, max_active: 50, \
+         adaptive: {target_p95: 250ms, min_batch: 2}}\nqueue: {abandon_after: 30s}",
+        "admission: {adaptive: {}}",
+        "queue: {abandon_after: 20s}",
+        "poll_after: [{min_wait: 0s, poll_after: 3s}]\nqueue: {abandon_after: 6s}",
+    ] {
+        let out = run_check(&format!("{base}{yaml}\n"));
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{yaml}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
     for (yaml, key) in [
-        ("admission: {batch_size: 3, adaptive: {min_batch: 4}}", "admission.adaptive.min_batch"),
-        ("admission: {adaptive: {target_p95: 0s}}", "admission.adaptive.target_p95"),
+        (
+            "admission: {batch_size: 3, adaptive: {min_batch: 4}}",
+            "admission.adaptive.min_batch",
+        ),
+        (
+            "admission: {adaptive: {target_p95: 0s}}",
+            "admission.adaptive.target_p95",
+        ),
         ("admission: {max_active: -1}", "admission.max_active"),
+        // Section 11: shorter than twice the largest poll_after (10 s by default) is an error,
+        // so 1x (10 s) and 1.5x (15 s) are refused, not only values under 1x.
         ("queue: {abandon_after: 5s}", "queue.abandon_after"),
+        ("queue: {abandon_after: 10s}", "queue.abandon_after"),
+        ("queue: {abandon_after: 19s}", "queue.abandon_after"),
+        (
+            "poll_after: [{min_wait: 0s, poll_after: 3s}]\nqueue: {abandon_after: 5s}",
+            "queue.abandon_after",
+        ),
     ] {
         let out = run_check(&format!("{base}{yaml}\n"));
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{yaml}: {stderr}");
-        assert!(stderr.lines().any(|l| l.starts_with(key)), "{yaml}: {stderr}");
+        assert!(
+            stderr.lines().any(|l| l.starts_with(key)),
+            "{yaml}: {stderr}"
+        );
     }
 }

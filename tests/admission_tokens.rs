@@ -17,8 +17,6 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use serde_json::Value;
-use waitroom::config::Config;
-use waitroom::store::{EnterOutcome, EnterRequest, Keys, PollClock, Room, StoreError};
 
 const LONG_TTL_MS: i64 = 300_000;
 
@@ -26,35 +24,6 @@ const LONG_TTL_MS: i64 = 300_000;
 
 fn users(tag: &str, n: usize) -> Vec<String> {
     (0..n).map(|i| format!("{tag}-{i:03}")).collect()
-}
-
-/// The room of `prefix` through the library, to seed a line before any proxy runs.
-fn library_room(redis: &RedisServer, prefix: &str) -> Room {
-    let yaml = format!(
-        "upstream: 127.0.0.1:1\nredis: {{url: \"{}\", key_prefix: \"{prefix}\", timeout: 2s}}\n",
-        redis.url()
-    );
-    Room::new(&Config::parse(&yaml).expect("valid").redis).expect("room")
-}
-
-/// Queues `user` straight in Redis, as a proxy's enter would.
-async fn enter_room(room: &Room, user: &str, capacity: u64) -> Result<EnterOutcome, StoreError> {
-    room.enter(EnterRequest {
-        user,
-        capacity,
-        per_address: None,
-        poll: PollClock::OFF,
-    })
-    .await
-}
-
-/// Redis's clock in milliseconds.
-async fn redis_now_ms(redis: &RedisServer) -> i64 {
-    let (secs, micros): (i64, i64) = redis::cmd("TIME")
-        .query_async(&mut redis.conn().await)
-        .await
-        .expect("TIME");
-    secs * 1000 + micros / 1000
 }
 
 /// For each user, when (Redis ms) their live token was issued; None without a token.
@@ -118,11 +87,35 @@ fn max_in_window(times: &[i64], window_ms: i64) -> usize {
         .unwrap_or(0)
 }
 
+/// No batch over `batch`, and never more than two batches' worth within any 100 ms (the
+/// interval in these tests): admission never bursts, not even to catch up.
+#[track_caller]
+fn assert_paced(times: &[i64], groups: &[(i64, usize)], batch: usize) {
+    assert!(
+        groups.iter().all(|g| g.1 <= batch),
+        "a batch over {batch}: {groups:?}"
+    );
+    assert!(
+        max_in_window(times, 100) <= 2 * batch,
+        "more than two batches within 100 ms: {groups:?}"
+    );
+}
+
+/// The line drained within `ms` (milliseconds): not faster than the rate, nor far slower.
+#[track_caller]
+fn assert_drained(drained: Duration, ms: std::ops::RangeInclusive<u64>, what: &str) {
+    let bounds = Duration::from_millis(*ms.start())..=Duration::from_millis(*ms.end());
+    assert!(
+        bounds.contains(&drained),
+        "{what}: drained in {drained:?}, not within {bounds:?}"
+    );
+}
+
 fn gaps(batches: &[(i64, usize)]) -> Vec<i64> {
     batches.windows(2).map(|w| w[1].0 - w[0].0).collect()
 }
 
-async fn status_of(proxy: &Proxy, user: &str) -> Value {
+async fn polled(proxy: &Proxy, user: &str) -> Value {
     let r = proxy.status(user).await;
     assert_eq!(r.status, 200, "status {user}: {}", r.body);
     r.json()
@@ -132,7 +125,7 @@ async fn status_of(proxy: &Proxy, user: &str) -> Value {
 async fn await_ready(proxy: &Proxy, user: &str, timeout: Duration) -> (Value, Instant) {
     let deadline = Instant::now() + timeout;
     loop {
-        let body = status_of(proxy, user).await;
+        let body = polled(proxy, user).await;
         if body["status"] == "READY" {
             return (body, Instant::now());
         }
@@ -150,6 +143,42 @@ async fn enter_waiting(proxy: &Proxy, user: &str) -> Value {
     let body = r.json();
     assert_eq!(body["status"], "WAITING", "enter {user}: {body}");
     body
+}
+
+/// Queues `users` in the room of `prefix` straight in Redis, in order, as proxies would have.
+async fn seed_line<U: AsRef<str>>(redis: &RedisServer, prefix: &str, users: &[U]) {
+    let seed = library_room(redis, prefix);
+    for u in users {
+        enter_room(&seed, u.as_ref(), 100_000).await.expect("seed");
+    }
+}
+
+/// A fresh Redis and `fast_api`, a room prefix, and a builder of proxies for that room.
+fn prefixed_room(yaml: &str) -> (RedisServer, DemoApi, String, ProxyBuilder) {
+    let redis = RedisServer::start();
+    let api = fast_api();
+    let prefix = unique_prefix();
+    let builder = Proxy::builder(&redis.url(), api.addr())
+        .key_prefix(&prefix)
+        .yaml(yaml);
+    (redis, api, prefix, builder)
+}
+
+/// A room admitting `batch` every 100 ms (tokens living 5 min) and `n` users `tag-000`.. who
+/// entered it in order, each told WAITING; with when the first enter was sent.
+async fn line_of(
+    n: usize,
+    tag: &str,
+    batch: usize,
+) -> (RedisServer, DemoApi, Proxy, Vec<String>, Instant) {
+    let yaml = format!("admission: {{interval: 100ms, batch_size: {batch}}}\ntoken: {{ttl: 5m}}");
+    let (redis, api, proxy) = room_with(&yaml).await;
+    let line = users(tag, n);
+    let t0 = Instant::now();
+    for u in &line {
+        enter_waiting(&proxy, u).await;
+    }
+    (redis, api, proxy, line, t0)
 }
 
 /// A request on a protected route (or any path) with identity and token as given.
@@ -176,19 +205,6 @@ fn order(proxy: &Proxy, user: Option<&str>, token: Option<&str>) -> reqwest::Req
         .body(r#"{"item":"widget","quantity":1}"#)
 }
 
-/// A response the proxy wrote itself: JSON, not cached, with exactly an `error` string.
-fn assert_error_answer(r: &Resp, status: u16) {
-    assert_eq!(r.status, status, "{}", r.body);
-    assert_eq!(r.header("content-type"), Some("application/json"), "{r:?}");
-    assert_eq!(r.header("cache-control"), Some("no-store"), "{r:?}");
-    let body = r.json();
-    let obj = body
-        .as_object()
-        .unwrap_or_else(|| panic!("not an object: {body}"));
-    assert_eq!(obj.len(), 1, "exactly one key: {body}");
-    assert!(obj["error"].is_string(), "{body}");
-}
-
 /// Orders the demo API has seen (completed + failed).
 async fn orders_seen(api: &DemoApi) -> u64 {
     let s = api.stats().await;
@@ -201,6 +217,25 @@ fn fast_api() -> DemoApi {
     DemoApi::start(&["--service-time-ms", "20"])
 }
 
+/// A running proxy configured with `yaml`, on a fresh Redis, in front of `fast_api`.
+async fn room_with(yaml: &str) -> (RedisServer, DemoApi, Proxy) {
+    room(&["--service-time-ms", "20"], yaml).await
+}
+
+async fn tokens_room() -> (RedisServer, DemoApi, Proxy) {
+    room_with(TOKENS_YAML).await
+}
+
+/// When (Redis ms) each of `users` was admitted; every one of them must hold a token.
+async fn issued_times(redis: &RedisServer, prefix: &str, users: &[String]) -> Vec<i64> {
+    admission_times(redis, prefix, users, LONG_TTL_MS)
+        .await
+        .into_iter()
+        .zip(users)
+        .map(|(t, u)| t.unwrap_or_else(|| panic!("{u} holds no token")))
+        .collect()
+}
+
 /// Protected: the orders route, and an echoing one so that a test can see what reached the API.
 const TOKENS_YAML: &str = "admission: {interval: 50ms, batch_size: 10}\n\
     protected: [{method: POST, path: /api/orders}, {method: POST, path: /api/checkout}]";
@@ -209,18 +244,7 @@ const TOKENS_YAML: &str = "admission: {interval: 50ms, batch_size: 10}\n\
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admission_is_fifo_at_the_configured_rate() {
-    let redis = RedisServer::start();
-    let api = fast_api();
-    let proxy = Proxy::builder(&redis.url(), api.addr())
-        .yaml("admission: {interval: 100ms, batch_size: 5}\ntoken: {ttl: 5m}")
-        .start()
-        .await;
-    let line = users("fifo", 60);
-
-    let t0 = Instant::now();
-    for u in &line {
-        enter_waiting(&proxy, u).await;
-    }
+    let (redis, _api, proxy, line, t0) = line_of(60, "fifo", 5).await;
     let enqueued = t0.elapsed();
 
     // Sweeps in reverse arrival order: a user polled later in a sweep arrived earlier, so once
@@ -238,7 +262,7 @@ async fn admission_is_fifo_at_the_configured_rate() {
         let mut ready_later: Option<usize> = None;
         let mut waiting_later: Option<(usize, u64)> = None;
         for i in (0..line.len()).rev() {
-            let body = status_of(&proxy, &line[i]).await;
+            let body = polled(&proxy, &line[i]).await;
             match body["status"].as_str() {
                 Some("READY") => {
                     first_ready[i].get_or_insert(t0.elapsed());
@@ -268,11 +292,7 @@ async fn admission_is_fifo_at_the_configured_rate() {
     );
     let drained = first_ready.iter().flatten().max().copied().unwrap();
 
-    let times: Vec<i64> = admission_times(&redis, &proxy.key_prefix(), &line, LONG_TTL_MS)
-        .await
-        .into_iter()
-        .map(|t| t.expect("every user holds a token"))
-        .collect();
+    let times: Vec<i64> = issued_times(&redis, &proxy.key_prefix(), &line).await;
     // Batches are ~100 ms apart; 2 ms of slack absorbs the PTTL rounding within one batch.
     for i in 1..times.len() {
         assert!(
@@ -292,47 +312,19 @@ async fn admission_is_fifo_at_the_configured_rate() {
         groups.iter().map(|g| g.1).collect::<Vec<_>>(),
         gaps(&groups)
     );
-    assert!(
-        groups.iter().all(|g| g.1 <= 5),
-        "a batch over 5: {groups:?}"
-    );
+    assert_paced(&times, &groups, 5);
     assert!(groups.len() >= 12, "{groups:?}");
-    assert!(
-        max_in_window(&times, 100) <= 10,
-        "more than two batches within 100 ms: {groups:?}"
-    );
     // 60 users at 50/s: twelve batches, eleven intervals at least between the first and the last.
-    assert!(
-        drained >= Duration::from_millis(1100),
-        "drained in {drained:?}, faster than 50/s"
-    );
-    assert!(
-        drained <= Duration::from_millis(4800),
-        "drained in {drained:?}, 4x slower than 50/s"
-    );
+    assert_drained(drained, 1100..=4800, "60 users at 50/s");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn batches_are_evenly_spaced_never_a_burst() {
-    let redis = RedisServer::start();
-    let api = fast_api();
-    let proxy = Proxy::builder(&redis.url(), api.addr())
-        .yaml("admission: {interval: 100ms, batch_size: 10}\ntoken: {ttl: 5m}")
-        .start()
-        .await;
-    let line = users("even", 100);
-    let t0 = Instant::now();
-    for u in &line {
-        enter_waiting(&proxy, u).await;
-    }
+    let (redis, _api, proxy, line, t0) = line_of(100, "even", 10).await;
     let (_, last_ready) = await_ready(&proxy, &line[99], Duration::from_secs(20)).await;
     let drained = last_ready - t0;
 
-    let times: Vec<i64> = admission_times(&redis, &proxy.key_prefix(), &line, LONG_TTL_MS)
-        .await
-        .into_iter()
-        .map(|t| t.expect("every user holds a token"))
-        .collect();
+    let times: Vec<i64> = issued_times(&redis, &proxy.key_prefix(), &line).await;
     let groups = batches(&times);
     let g = gaps(&groups);
     let mut sorted = g.clone();
@@ -343,38 +335,20 @@ async fn batches_are_evenly_spaced_never_a_burst() {
         groups.len(),
         groups.iter().map(|g| g.1).collect::<Vec<_>>()
     );
-    assert!(
-        groups.iter().all(|g| g.1 <= 10),
-        "a batch over 10: {groups:?}"
-    );
-    assert!(
-        max_in_window(&times, 100) <= 20,
-        "over 10 + 10 in 100 ms: {groups:?}"
-    );
+    assert_paced(&times, &groups, 10);
     assert!(
         (80..=150).contains(&median),
         "batches not ~100 ms apart: {g:?}"
     );
     // Ten batches, nine intervals; the first may come early in its interval (the schedule was
     // set by the start-up tick before anybody entered), hence 800 ms.
-    assert!(
-        drained >= Duration::from_millis(800),
-        "100 users at 100/s in {drained:?}"
-    );
-    assert!(
-        drained <= Duration::from_secs(4),
-        "100 users at 100/s in {drained:?}"
-    );
+    assert_drained(drained, 800..=4000, "100 users at 100/s");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn intervals_missed_while_no_proxy_ran_are_not_made_up() {
-    let redis = RedisServer::start();
-    let api = fast_api();
-    let prefix = unique_prefix();
-    let builder = Proxy::builder(&redis.url(), api.addr())
-        .key_prefix(&prefix)
-        .yaml("admission: {interval: 100ms, batch_size: 5}\ntoken: {ttl: 5m}");
+    let (redis, _api, prefix, builder) =
+        prefixed_room("admission: {interval: 100ms, batch_size: 5}\ntoken: {ttl: 5m}");
 
     // The room has run (its schedule is in Redis), then its only proxy died.
     let first = builder.start().await;
@@ -383,30 +357,19 @@ async fn intervals_missed_while_no_proxy_ran_are_not_made_up() {
 
     // Forty users wait through ten missed intervals with no proxy at all.
     let line = users("missed", 40);
-    let seed = library_room(&redis, &prefix);
-    for u in &line {
-        enter_room(&seed, u, 100_000).await.expect("seed");
-    }
+    seed_line(&redis, &prefix, &line).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
 
     let second = builder.start().await;
     await_ready(&second, &line[39], Duration::from_secs(20)).await;
-    let times: Vec<i64> = admission_times(&redis, &prefix, &line, LONG_TTL_MS)
-        .await
-        .into_iter()
-        .map(|t| t.expect("every user holds a token"))
-        .collect();
+    let times: Vec<i64> = issued_times(&redis, &prefix, &line).await;
     let groups = batches(&times);
     println!(
         "resume: sizes {:?}, gaps {:?}",
         groups.iter().map(|g| g.1).collect::<Vec<_>>(),
         gaps(&groups)
     );
-    assert!(
-        groups.iter().all(|g| g.1 <= 5),
-        "a catch-up burst: {groups:?}"
-    );
-    assert!(max_in_window(&times, 100) <= 10, "{groups:?}");
+    assert_paced(&times, &groups, 5);
     let span = times[39] - times[0];
     assert!(
         span >= 690,
@@ -422,10 +385,7 @@ async fn the_first_batch_leaves_within_one_interval_of_start() {
 
     // A line that formed before any proxy ran.
     let prefix = unique_prefix();
-    let seed = library_room(&redis, &prefix);
-    for u in ["pre-1", "pre-2"] {
-        enter_room(&seed, u, 100_000).await.unwrap();
-    }
+    seed_line(&redis, &prefix, &["pre-1", "pre-2"]).await;
     let spawned = Instant::now();
     let proxy = Proxy::builder(&redis.url(), api.addr())
         .key_prefix(&prefix)
@@ -435,7 +395,7 @@ async fn the_first_batch_leaves_within_one_interval_of_start() {
     let ready = Instant::now();
     let (_, first) = await_ready(&proxy, "pre-1", Duration::from_secs(5)).await;
     assert_eq!(
-        status_of(&proxy, "pre-2").await["status"],
+        polled(&proxy, "pre-2").await["status"],
         "WAITING",
         "batch_size is 1"
     );
@@ -491,9 +451,7 @@ async fn a_proxy_restarted_with_a_shorter_interval_admits_within_it() {
     let room = Proxy::builder(&redis.url(), api.addr()).key_prefix(&prefix);
     // The room ran slowly (one user per 30 s): its start-up tick admitted the one waiting user,
     // so the next admission is scheduled 30 s later. Then its operator restarts it faster.
-    enter_room(&library_room(&redis, &prefix), "waiting-before", 100_000)
-        .await
-        .unwrap();
+    seed_line(&redis, &prefix, &["waiting-before"]).await;
     let slow = room
         .clone()
         .yaml("admission: {interval: 30s, batch_size: 1}")
@@ -509,7 +467,7 @@ async fn a_proxy_restarted_with_a_shorter_interval_admits_within_it() {
     enter_waiting(&fast, "eager").await;
     let deadline = started + Duration::from_secs(3);
     let (admitted, last) = loop {
-        let body = status_of(&fast, "eager").await;
+        let body = polled(&fast, "eager").await;
         if body["status"] == "READY" || Instant::now() >= deadline {
             break (body["status"] == "READY", body);
         }
@@ -545,15 +503,11 @@ async fn two_proxies_admit_at_the_rate_of_one_room_and_go_on_when_one_dies() {
     }
     let (_, hundredth) = await_ready(&b, &line[99], Duration::from_secs(20)).await;
     a.kill();
-    let killed_at = redis_now_ms(&redis).await;
+    let killed_at = redis_now_ms(&mut redis.conn().await).await;
     let after_kill = Instant::now();
     let (_, last) = await_ready(&b, &line[149], Duration::from_secs(20)).await;
 
-    let times: Vec<i64> = admission_times(&redis, &prefix, &line, LONG_TTL_MS)
-        .await
-        .into_iter()
-        .map(|t| t.expect("every user holds a token"))
-        .collect();
+    let times: Vec<i64> = issued_times(&redis, &prefix, &line).await;
     // Both proxies: from the first batch to the batch of user 100.
     let both: Vec<i64> = times.iter().copied().filter(|&t| t <= times[99]).collect();
     let first_batch = batches(&both)[0].1;
@@ -596,12 +550,7 @@ async fn two_proxies_admit_at_the_rate_of_one_room_and_go_on_when_one_dies() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_valid_token_passes_the_request_through_unchanged_and_is_spent_on_2xx() {
-    let redis = RedisServer::start();
-    let api = fast_api();
-    let proxy = Proxy::builder(&redis.url(), api.addr())
-        .yaml(TOKENS_YAML)
-        .start()
-        .await;
+    let (_redis, api, proxy) = tokens_room().await;
 
     // The echoing protected route shows what reached the API: exactly what the API would have
     // seen without the proxy.
@@ -645,8 +594,8 @@ async fn a_valid_token_passes_the_request_through_unchanged_and_is_spent_on_2xx(
     }
     // Spent on the 2xx, before the client got it.
     let again = send(order(&proxy, Some("alice"), Some(&token))).await;
-    assert_error_answer(&again, 403);
-    assert_eq!(status_of(&proxy, "alice").await["status"], "NOT_IN_QUEUE");
+    assert_error("403", &again, 403);
+    assert_eq!(polled(&proxy, "alice").await["status"], "NOT_IN_QUEUE");
 
     // The orders route: 201 and the API's body, unchanged.
     let token = proxy.until_ready("bob", Duration::from_secs(5)).await;
@@ -661,7 +610,7 @@ async fn a_valid_token_passes_the_request_through_unchanged_and_is_spent_on_2xx(
     assert_eq!(api.stats().await["completed"].as_u64().unwrap(), before + 1);
 
     let again = send(order(&proxy, Some("bob"), Some(&token))).await;
-    assert_error_answer(&again, 403);
+    assert_error("403", &again, 403);
     assert_eq!(
         api.stats().await["completed"].as_u64().unwrap(),
         before + 1,
@@ -671,12 +620,7 @@ async fn a_valid_token_passes_the_request_through_unchanged_and_is_spent_on_2xx(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_errors_keep_the_token_for_a_retry() {
-    let redis = RedisServer::start();
-    let api = fast_api();
-    let proxy = Proxy::builder(&redis.url(), api.addr())
-        .yaml(TOKENS_YAML)
-        .start()
-        .await;
+    let (_redis, api, proxy) = tokens_room().await;
     let token = proxy.until_ready("carol", Duration::from_secs(5)).await;
 
     for fail in ["409", "500", "503"] {
@@ -687,7 +631,7 @@ async fn upstream_errors_keep_the_token_for_a_retry() {
             serde_json::json!({"error": "forced failure"}),
             "the API's body"
         );
-        let s = status_of(&proxy, "carol").await;
+        let s = polled(&proxy, "carol").await;
         assert_eq!(
             (s["status"].as_str(), s["token"].as_str()),
             (Some("READY"), Some(&*token)),
@@ -709,7 +653,7 @@ async fn upstream_errors_keep_the_token_for_a_retry() {
         assert_eq!(r.status.to_string(), echo_status, "{}", r.body);
         assert_eq!(r.header("x-echo"), Some("yes"));
         assert_eq!(
-            status_of(&proxy, "carol").await["token"],
+            polled(&proxy, "carol").await["token"],
             token,
             "after echo {echo_status}"
         );
@@ -720,7 +664,11 @@ async fn upstream_errors_keep_the_token_for_a_retry() {
     // The retry goes through, and spends it.
     let r = send(order(&proxy, Some("carol"), Some(&token))).await;
     assert_eq!(r.status, 201, "{}", r.body);
-    assert_error_answer(&send(order(&proxy, Some("carol"), Some(&token))).await, 403);
+    assert_error(
+        "403",
+        &send(order(&proxy, Some("carol"), Some(&token))).await,
+        403,
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -729,11 +677,11 @@ async fn an_unreachable_upstream_is_a_json_502_and_keeps_the_token() {
     let api = fast_api();
     let builder = Proxy::builder(&redis.url(), api.addr()).yaml(TOKENS_YAML);
     let good = builder.start().await;
-    // Same room, but its upstream is a port nobody listens on.
-    let closed = free_port();
+    // Same room, but its upstream is a port that refuses connections (checked, not assumed).
+    let closed = refused_addr();
     let broken = builder
         .clone()
-        .yaml(&format!("upstream: \"127.0.0.1:{closed}\""))
+        .yaml(&format!("upstream: \"{closed}\""))
         .start()
         .await;
 
@@ -741,14 +689,27 @@ async fn an_unreachable_upstream_is_a_json_502_and_keeps_the_token() {
     let started = Instant::now();
     let r = send(order(&broken, Some("dave"), Some(&token))).await;
     println!("502 after {:?}", started.elapsed());
-    assert_error_answer(&r, 502);
+    assert_error("502", &r, 502);
     assert_eq!(
-        status_of(&good, "dave").await["token"],
+        polled(&good, "dave").await["token"],
         token,
         "token kept after 502"
     );
     let r = send(order(&broken, Some("dave"), Some(&token))).await;
-    assert_error_answer(&r, 502);
+    assert_error("502", &r, 502);
+    // Both count as upstream responses of class "error" (section 4), and as nothing else.
+    let errors = "waitroom_upstream_responses_total{class=\"error\"}";
+    let counted = wait_until(
+        Duration::from_secs(3),
+        Duration::from_millis(20),
+        || async { broken.counter(errors).await == 2.0 },
+    )
+    .await;
+    assert!(counted, "{errors}:\n{}", broken.metrics().await);
+    for class in ["2xx", "3xx", "4xx", "5xx"] {
+        let series = format!("waitroom_upstream_responses_total{{class=\"{class}\"}}");
+        assert_eq!(broken.counter(&series).await, 0.0, "{series}");
+    }
 
     assert_eq!(orders_seen(&api).await, 0);
     let r = send(order(&good, Some("dave"), Some(&token))).await;
@@ -761,12 +722,7 @@ async fn an_unreachable_upstream_is_a_json_502_and_keeps_the_token() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_without_the_users_current_token_are_refused_and_never_forwarded() {
-    let redis = RedisServer::start();
-    let api = fast_api();
-    let proxy = Proxy::builder(&redis.url(), api.addr())
-        .yaml(TOKENS_YAML)
-        .start()
-        .await;
+    let (_redis, api, proxy) = tokens_room().await;
     let erin = proxy.until_ready("erin", Duration::from_secs(5)).await;
     let frank = proxy.until_ready("frank", Duration::from_secs(5)).await;
     assert_ne!(erin, frank);
@@ -783,6 +739,7 @@ async fn requests_without_the_users_current_token_are_refused_and_never_forwarde
     wrong_token.replace_range(0..1, if erin.starts_with('0') { "1" } else { "0" });
     let made_up = uuid::Uuid::new_v4().to_string();
     let longer = format!("{erin}0");
+    let too_long = "e".repeat(257);
     let orders = "/api/orders";
     // (what, path, identity, token, expected status)
     type Case<'a> = (&'a str, &'a str, Option<&'a str>, Option<&'a str>, u16);
@@ -834,11 +791,26 @@ async fn requests_without_the_users_current_token_are_refused_and_never_forwarde
         ),
         ("no identity", orders, None, Some(&erin), 401),
         ("empty identity", orders, Some(""), Some(&erin), 401),
+        // Section 3: a bad identity is 400, before the token is even looked at.
+        (
+            "identity of 257 bytes",
+            orders,
+            Some(&too_long),
+            Some(&erin),
+            400,
+        ),
+        (
+            "identity with a tab",
+            orders,
+            Some("er\tin"),
+            Some(&erin),
+            400,
+        ),
     ];
     for (what, path, user, token, expected) in cases {
         let r = attempt(path, user, token).await;
         assert_eq!(r.status, expected, "{what}: {}", r.body);
-        assert_error_answer(&r, expected);
+        assert_error(what, &r, expected);
     }
     let stats = api.stats().await;
     assert_eq!(
@@ -848,7 +820,7 @@ async fn requests_without_the_users_current_token_are_refused_and_never_forwarde
     );
 
     // The refusals spent nothing.
-    assert_eq!(status_of(&proxy, "erin").await["token"], erin);
+    assert_eq!(polled(&proxy, "erin").await["token"], erin);
     assert_eq!(
         send(order(&proxy, Some("erin"), Some(&erin))).await.status,
         201
@@ -874,22 +846,22 @@ async fn protected_requests_fail_closed_while_redis_is_down() {
     let token = proxy.until_ready("gina", Duration::from_secs(5)).await;
 
     // Hanging Redis: refused once the Redis call times out.
-    redis.freeze();
-    let started = Instant::now();
-    let r = send(order(&proxy, Some("gina"), Some(&token))).await;
-    let hung = started.elapsed();
-    assert_error_answer(&r, 503);
-    assert_eq!(r.header("retry-after"), Some("30"));
-    // Gone Redis.
-    redis.stop();
-    let started = Instant::now();
-    let r = send(order(&proxy, Some("gina"), Some(&token))).await;
-    let gone = started.elapsed();
-    assert_error_answer(&r, 503);
-    assert_eq!(r.header("retry-after"), Some("30"));
-    println!("503 after {hung:?} (frozen), {gone:?} (stopped)");
-    assert!(hung < Duration::from_millis(1500), "{hung:?}");
-    assert!(gone < Duration::from_millis(1500), "{gone:?}");
+    // Then a gone one.
+    for frozen in [true, false] {
+        if frozen {
+            redis.freeze();
+        } else {
+            redis.stop();
+        }
+        let (r, took) = timed(send(order(&proxy, Some("gina"), Some(&token)))).await;
+        println!("503 after {took:?} (frozen: {frozen})");
+        assert_error("503", &r, 503);
+        assert_eq!(r.header("retry-after"), Some("30"));
+        assert!(
+            took < Duration::from_millis(1500),
+            "frozen: {frozen}: {took:?}"
+        );
+    }
     assert_eq!(
         orders_seen(&api).await,
         0,
@@ -934,9 +906,9 @@ async fn a_user_whose_token_was_used_enters_again_at_the_back() {
     let back = enter_waiting(&proxy, "alice").await;
     let mut positions = Vec::new();
     for u in &others {
-        positions.push(status_of(&proxy, u).await["position"].as_u64());
+        positions.push(polled(&proxy, u).await["position"].as_u64());
     }
-    let alice = status_of(&proxy, "alice").await;
+    let alice = polled(&proxy, "alice").await;
     assert_eq!(
         positions,
         (1..=5).map(Some).collect::<Vec<_>>(),
@@ -945,17 +917,17 @@ async fn a_user_whose_token_was_used_enters_again_at_the_back() {
     assert_eq!(back["position"], 6, "alice re-entered at the back: {back}");
     assert_eq!(alice["position"], 6, "{alice}");
     // The old token is gone for good.
-    assert_error_answer(&send(order(&proxy, Some("alice"), Some(&token))).await, 403);
+    assert_error(
+        "403",
+        &send(order(&proxy, Some("alice"), Some(&token))).await,
+        403,
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spending_an_expired_token_never_deletes_the_users_newer_one() {
-    let redis = RedisServer::start();
-    let api = fast_api();
-    let proxy = Proxy::builder(&redis.url(), api.addr())
-        .yaml("admission: {interval: 50ms, batch_size: 10}\ntoken: {ttl: 2s}")
-        .start()
-        .await;
+    let (_redis, _api, proxy) =
+        room_with("admission: {interval: 50ms, batch_size: 10}\ntoken: {ttl: 2s}").await;
     let old = proxy.until_ready("ines", Duration::from_secs(5)).await;
     let started = Instant::now();
     // A slow order with the old token: checked now, answered (201) after the token expired and
@@ -966,7 +938,7 @@ async fn spending_an_expired_token_never_deletes_the_users_newer_one() {
     let expired = wait_until(
         Duration::from_secs(4),
         Duration::from_millis(20),
-        || async { status_of(&proxy, "ines").await["status"] == "NOT_IN_QUEUE" },
+        || async { polled(&proxy, "ines").await["status"] == "NOT_IN_QUEUE" },
     )
     .await;
     assert!(expired, "the old token never expired");
@@ -981,7 +953,7 @@ async fn spending_an_expired_token_never_deletes_the_users_newer_one() {
 
     let r = slow.await.unwrap();
     assert_eq!(r.status, 201, "the slow order: {}", r.body);
-    let after = status_of(&proxy, "ines").await;
+    let after = polled(&proxy, "ines").await;
     assert_eq!(
         after["token"], newer,
         "the old order's success deleted the newer token: {after}"
@@ -994,12 +966,8 @@ async fn spending_an_expired_token_never_deletes_the_users_newer_one() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokens_expire_after_their_ttl() {
-    let redis = RedisServer::start();
-    let api = fast_api();
-    let proxy = Proxy::builder(&redis.url(), api.addr())
-        .yaml("admission: {interval: 50ms, batch_size: 10}\ntoken: {ttl: 2s}")
-        .start()
-        .await;
+    let (_redis, api, proxy) =
+        room_with("admission: {interval: 50ms, batch_size: 10}\ntoken: {ttl: 2s}").await;
     enter_waiting(&proxy, "hank").await;
     let (first, admitted) = await_ready(&proxy, "hank", Duration::from_secs(5)).await;
     let token = first["token"].as_str().unwrap().to_owned();
@@ -1020,7 +988,7 @@ async fn tokens_expire_after_their_ttl() {
 
     let mut seen = vec![first_expires];
     let gone = loop {
-        let body = status_of(&proxy, "hank").await;
+        let body = polled(&proxy, "hank").await;
         match body["status"].as_str() {
             Some("READY") => {
                 assert_eq!(body["token"], token);
@@ -1051,7 +1019,11 @@ async fn tokens_expire_after_their_ttl() {
         "{gone:?}"
     );
 
-    assert_error_answer(&send(order(&proxy, Some("hank"), Some(&token))).await, 403);
+    assert_error(
+        "403",
+        &send(order(&proxy, Some("hank"), Some(&token))).await,
+        403,
+    );
     assert_eq!(orders_seen(&api).await, 0);
     // An expired user may queue again.
     enter_waiting(&proxy, "hank").await;
@@ -1142,6 +1114,19 @@ fn pass_through_requests(
     ]
 }
 
+/// Every pass-through request reaches the upstream, answered in under 500 ms whatever Redis does.
+async fn assert_passes_quickly(proxy: &Proxy, redis_state: &str) {
+    for (what, req) in pass_through_requests(proxy.client(), &proxy.url("")) {
+        let (r, took) = timed(send(req)).await;
+        let echoed = r.header("x-echo") == Some("yes");
+        assert!(echoed, "{what} with {redis_state}: {}", r.body);
+        assert!(
+            took < Duration::from_millis(500),
+            "{what} with {redis_state}: {took:?}"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn everything_else_passes_through_unchanged_without_redis() {
     let mut redis = RedisServer::start();
@@ -1174,21 +1159,7 @@ async fn everything_else_passes_through_unchanged_without_redis() {
 
     // No Redis call on the way: a hanging Redis (1 s timeout) does not slow pass-through down...
     redis.freeze();
-    for (what, req) in pass_through_requests(proxy.client(), &proxy.url("")) {
-        let started = Instant::now();
-        let r = send(req).await;
-        assert_eq!(
-            r.header("x-echo"),
-            Some("yes"),
-            "{what} with Redis frozen: {}",
-            r.body
-        );
-        assert!(
-            started.elapsed() < Duration::from_millis(500),
-            "{what}: {:?}",
-            started.elapsed()
-        );
-    }
+    assert_passes_quickly(&proxy, "Redis frozen").await;
     // ...while a request that needs Redis does wait for it.
     let started = Instant::now();
     assert_eq!(proxy.enter("ivy").await.status, 503);
@@ -1198,74 +1169,50 @@ async fn everything_else_passes_through_unchanged_without_redis() {
     );
     // ...and a stopped one does not break it.
     redis.stop();
-    for (what, req) in pass_through_requests(proxy.client(), &proxy.url("")) {
-        let started = Instant::now();
-        let r = send(req).await;
-        assert_eq!(
-            r.header("x-echo"),
-            Some("yes"),
-            "{what} with Redis stopped: {}",
-            r.body
-        );
-        assert!(
-            started.elapsed() < Duration::from_millis(500),
-            "{what}: {:?}",
-            started.elapsed()
-        );
-    }
+    assert_passes_quickly(&proxy, "Redis stopped").await;
 }
 
 // ---- a crash loses nothing --------------------------------------------------------------------
 
+/// Each user's (status, position, token) as `proxy` answers them.
+async fn room_as_seen<'a>(
+    proxy: &Proxy,
+    users: &[&'a str],
+) -> BTreeMap<&'a str, (Value, Value, Value)> {
+    let mut seen = BTreeMap::new();
+    for &u in users {
+        let s = polled(proxy, u).await;
+        seen.insert(
+            u,
+            (
+                s["status"].clone(),
+                s["position"].clone(),
+                s["token"].clone(),
+            ),
+        );
+    }
+    seen
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_proxy_loses_no_queued_user_and_no_token() {
-    let redis = RedisServer::start();
-    let api = fast_api();
-    let prefix = unique_prefix();
     // One admission of two at start-up, then none for an hour: the room holds still.
-    let builder = Proxy::builder(&redis.url(), api.addr())
-        .key_prefix(&prefix)
-        .yaml("admission: {interval: 1h, batch_size: 2}");
-    let seed = library_room(&redis, &prefix);
-    for u in ["k1", "k2", "k3"] {
-        enter_room(&seed, u, 100_000).await.unwrap();
-    }
+    let (redis, _api, prefix, builder) = prefixed_room("admission: {interval: 1h, batch_size: 2}");
+    seed_line(&redis, &prefix, &["k1", "k2", "k3"]).await;
     let first = builder.start().await;
     await_ready(&first, "k2", Duration::from_secs(5)).await;
     for u in ["k4", "k5", "k6"] {
         enter_waiting(&first, u).await;
     }
     let all = ["k1", "k2", "k3", "k4", "k5", "k6"];
-    let mut before = BTreeMap::new();
-    for u in all {
-        let s = status_of(&first, u).await;
-        before.insert(
-            u,
-            (
-                s["status"].clone(),
-                s["position"].clone(),
-                s["token"].clone(),
-            ),
-        );
-    }
+    let before = room_as_seen(&first, &all).await;
     assert_eq!(before["k1"].0, "READY");
     assert_eq!(before["k3"].1, 1);
     assert_eq!(before["k6"].1, 4);
 
     first.kill();
     let second = builder.start().await;
-    let mut after = BTreeMap::new();
-    for u in all {
-        let s = status_of(&second, u).await;
-        after.insert(
-            u,
-            (
-                s["status"].clone(),
-                s["position"].clone(),
-                s["token"].clone(),
-            ),
-        );
-    }
+    let after = room_as_seen(&second, &all).await;
     assert_eq!(after, before, "the room changed across a crash");
     let again = enter_waiting(&second, "k3").await;
     assert_eq!(again["position"], 1, "k3 kept the place");

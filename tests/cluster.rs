@@ -248,11 +248,16 @@ async fn fifo_at_the_room_rate_and_tokens(db: &Db, builder: &ProxyBuilder) {
 /// `read_from_replicas: true`: status runs as EVALSHA_RO on replicas, the token check and every
 /// write stay on primaries. Measures how often a status sent right after the user's own enter is
 /// stale (a replica that has not yet seen the enter answers NOT_IN_QUEUE).
+///
+/// A waiting user's poll may be answered by the proxy itself (src/line.rs) and then reaches no
+/// Redis at all, so replica reads are asserted on statuses that must reach Redis: users who never
+/// entered (NOT_IN_QUEUE) and admitted ones (READY) are always answered from Redis.
 async fn status_from_replicas(cluster: &Cluster, db: &Db, builder: &ProxyBuilder) {
     let proxy = start_settled(db, builder).await;
     // Warm the scripts (NOSCRIPT loads) before counting.
     proxy.enter("warm").await;
     proxy.status("warm").await;
+    proxy.status("warm-ghost").await;
     cluster.reset_stats();
 
     let mut after_enter = Tally::default();
@@ -267,21 +272,10 @@ async fn status_from_replicas(cluster: &Cluster, db: &Db, builder: &ProxyBuilder
     let (evalsha_primaries, evalsha_replicas) = cluster.command_calls("evalsha");
     println!(
         "cluster read_from_replicas: status right after the user's own enter: {:?}; \
-         EVALSHA_RO calls primaries/replicas {ro_primaries}/{ro_replicas}, EVALSHA {evalsha_primaries}/{evalsha_replicas}",
+         EVALSHA_RO calls primaries/replicas {ro_primaries}/{ro_replicas} (the rest answered by the proxy itself), \
+         EVALSHA {evalsha_primaries}/{evalsha_replicas}",
         after_enter.0
     );
-    // Status runs on a replica only where `Room` marks the call read-only (`RedisConn::read_only`,
-    // when polling is not enforced); unmarked, it stays on the primary, which is never wrong.
-    if ro_replicas == 0 {
-        println!("cluster read_from_replicas: NOTE status is not marked read-only by Room: it was served by primaries");
-    } else {
-        // The rest were answered by the proxy itself: a line reading landed between the
-        // user's enter and status (src/line.rs), so no Redis call at all.
-        assert!(
-            ro_replicas >= 150,
-            "status reads go to replicas ({ro_replicas} of 200; the others answered locally)"
-        );
-    }
     assert_eq!(
         ro_primaries, 0,
         "read-only calls do not fall back to primaries"
@@ -294,6 +288,36 @@ async fn status_from_replicas(cluster: &Cluster, db: &Db, builder: &ProxyBuilder
         );
     }
 
+    // Users who never entered: every status must reach Redis, and with read_from_replicas a
+    // replica answers it.
+    const GHOSTS: u64 = 100;
+    cluster.reset_stats();
+    for i in 0..GHOSTS {
+        let r = proxy.status(&format!("ghost-{i:03}")).await;
+        assert_eq!(
+            (r.status, r.json()["status"].as_str()),
+            (200, Some("NOT_IN_QUEUE")),
+            "{}",
+            r.body
+        );
+    }
+    let (ro_primaries, ro_replicas) = cluster.command_calls("evalsha_ro");
+    let (evalsha_primaries, evalsha_replicas) = cluster.command_calls("evalsha");
+    println!(
+        "cluster read_from_replicas: {GHOSTS} statuses of users never entered: EVALSHA_RO primaries/replicas \
+         {ro_primaries}/{ro_replicas}, EVALSHA {evalsha_primaries}/{evalsha_replicas}"
+    );
+    assert!(
+        ro_replicas >= GHOSTS,
+        "every status that reaches Redis is read on a replica: {ro_replicas} EVALSHA_RO on replicas \
+         for {GHOSTS} statuses (EVALSHA on primaries {evalsha_primaries})"
+    );
+    assert_eq!(
+        (ro_primaries, evalsha_replicas),
+        (0, 0),
+        "reads stay on replicas, scripts that write never go there"
+    );
+
     // Tokens are checked on the primary: a spent token is refused at once, never read stale.
     // (Statistics count the commands scripts call too, so no status runs while they are counted.)
     let mut tokens = Vec::new();
@@ -304,6 +328,28 @@ async fn status_from_replicas(cluster: &Cluster, db: &Db, builder: &ProxyBuilder
             ready_token(&proxy, &user, Duration::from_secs(10)).await,
         ));
     }
+    // READY is always Redis's answer too: read on a replica (tokens are live for 5 min, so even a
+    // replica a moment behind has them).
+    cluster.reset_stats();
+    for (user, token) in &tokens {
+        let r = proxy.status(user).await;
+        assert_eq!(
+            r.json()["token"],
+            token.as_str(),
+            "{user} READY: {}",
+            r.body
+        );
+    }
+    let (ro_primaries, ro_replicas) = cluster.command_calls("evalsha_ro");
+    println!(
+        "cluster read_from_replicas: {} READY statuses: EVALSHA_RO primaries/replicas {ro_primaries}/{ro_replicas}",
+        tokens.len()
+    );
+    assert!(
+        ro_replicas >= tokens.len() as u64 && ro_primaries == 0,
+        "READY statuses are read on replicas ({ro_primaries}/{ro_replicas})"
+    );
+
     cluster.reset_stats();
     for (user, token) in &tokens {
         assert_eq!(

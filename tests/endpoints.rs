@@ -10,142 +10,27 @@ mod common;
 
 use common::*;
 use futures::future::join_all;
-use serde_json::{json, Value};
+use serde_json::Value;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 // ---- helpers --------------------------------------------------------------------------------
 
-/// A room where nobody is admitted while the test runs.
-const NO_ADMISSION: &str = "admission: {interval: 1h, batch_size: 1}";
-
-/// Every answer the proxy writes itself: JSON, never cached (section 3, first paragraph).
-#[track_caller]
-fn assert_own_headers(ctx: &str, content_type: Option<&str>, cache_control: Option<&str>) {
-    let mime = content_type
-        .unwrap_or_else(|| panic!("{ctx}: no Content-Type"))
-        .split(';')
-        .next()
-        .unwrap()
-        .trim();
-    assert!(
-        mime.eq_ignore_ascii_case("application/json"),
-        "{ctx}: Content-Type {content_type:?}, want application/json"
-    );
-    let cc = cache_control.unwrap_or_else(|| panic!("{ctx}: no Cache-Control"));
-    assert!(
-        cc.split(',')
-            .any(|d| d.trim().eq_ignore_ascii_case("no-store")),
-        "{ctx}: Cache-Control {cc:?}, want no-store"
-    );
-}
-
-/// Status, the JSON headers and the exact body.
-#[track_caller]
-fn assert_answer(ctx: &str, r: &Resp, status: u16, body: Value) {
-    assert_eq!(r.status, status, "{ctx}: status; body {}", r.body);
-    assert_own_headers(ctx, r.header("content-type"), r.header("cache-control"));
-    assert_eq!(r.json(), body, "{ctx}: body");
-}
-
-/// An error answer: `{"error": "<reason>"}` and nothing else.
-#[track_caller]
-fn assert_error(ctx: &str, r: &Resp, status: u16) {
-    assert_eq!(r.status, status, "{ctx}: status; body {}", r.body);
-    assert_own_headers(ctx, r.header("content-type"), r.header("cache-control"));
-    assert_error_body(ctx, &r.json());
-}
-
-#[track_caller]
-fn assert_error_body(ctx: &str, body: &Value) {
-    let obj = body
-        .as_object()
-        .unwrap_or_else(|| panic!("{ctx}: body is not an object: {body}"));
-    assert_eq!(
-        obj.keys().collect::<Vec<_>>(),
-        vec!["error"],
-        "{ctx}: only `error`: {body}"
-    );
-    assert!(
-        obj["error"].as_str().is_some_and(|s| !s.is_empty()),
-        "{ctx}: `error` must be a non-empty string: {body}"
-    );
-}
-
-fn waiting(position: u64, eta: u64, poll_after: u64) -> Value {
-    json!({"status": "WAITING", "position": position, "estimatedWaitTime": eta, "pollAfter": poll_after})
-}
-
-fn not_in_queue() -> Value {
-    json!({"status": "NOT_IN_QUEUE", "pollAfter": null})
-}
-
-/// Canonical lowercase hyphenated UUID, version 4, RFC 4122 variant.
-#[track_caller]
-fn assert_uuid_v4(token: &str) {
-    let b = token.as_bytes();
-    let shape_ok = b.len() == 36
-        && b.iter().enumerate().all(|(i, c)| match i {
-            8 | 13 | 18 | 23 => *c == b'-',
-            _ => c.is_ascii_digit() || (b'a'..=b'f').contains(c),
-        });
-    assert!(shape_ok, "token {token:?} is not a canonical UUID");
-    assert_eq!(b[14], b'4', "token {token:?} is not version 4");
-    assert!(
-        matches!(b[19], b'8' | b'9' | b'a' | b'b'),
-        "token {token:?} is not RFC 4122 variant"
-    );
-    let parsed = uuid::Uuid::parse_str(token).expect("parses as a UUID");
-    assert_eq!(parsed.get_version_num(), 4);
-}
-
-/// A READY body: exactly these keys, a v4 token, `expiresIn` in 1..=ttl, `pollAfter` null.
-/// Returns the token.
-#[track_caller]
-fn assert_ready(ctx: &str, r: &Resp, ttl_secs: u64) -> String {
-    assert_eq!(r.status, 200, "{ctx}: status; body {}", r.body);
-    assert_own_headers(ctx, r.header("content-type"), r.header("cache-control"));
-    let body = r.json();
-    let obj = body.as_object().expect("READY body is an object");
-    let keys: BTreeSet<&str> = obj.keys().map(String::as_str).collect();
-    assert_eq!(
-        keys,
-        BTreeSet::from(["status", "token", "expiresIn", "pollAfter"]),
-        "{ctx}: READY keys: {body}"
-    );
-    assert_eq!(body["status"], "READY", "{ctx}: {body}");
-    assert_eq!(body["pollAfter"], Value::Null, "{ctx}: {body}");
-    let expires = body["expiresIn"]
-        .as_u64()
-        .unwrap_or_else(|| panic!("{ctx}: expiresIn not an integer: {body}"));
-    assert!(
-        (1..=ttl_secs).contains(&expires),
-        "{ctx}: expiresIn {expires} outside 1..={ttl_secs}"
-    );
-    let token = body["token"]
-        .as_str()
-        .expect("token is a string")
-        .to_owned();
-    assert_uuid_v4(&token);
-    token
-}
-
-fn redis_key(proxy: &Proxy, suffix: &str) -> String {
-    format!("{{{}}}:{suffix}", proxy.key_prefix())
-}
-
-/// How many users wait in the proxy's room, read straight from Redis (src/store.rs `Keys`).
-async fn zcard(redis: &RedisServer, proxy: &Proxy) -> u64 {
-    redis::cmd("ZCARD")
-        .arg(redis_key(proxy, "queue"))
-        .query_async(&mut redis.conn().await)
-        .await
-        .expect("ZCARD")
-}
-
-/// A proxy whose room has had its first admission tick (see `ProxyBuilder::start_settled`).
-async fn start_settled(redis: &RedisServer, builder: &ProxyBuilder) -> Proxy {
-    builder.start_settled(&redis.conn().await).await
+/// Each `(ctx, call, user, body)` in order: `call` ("enter" or "status") as `user` answers 200
+/// with the JSON headers and exactly `body`.
+async fn assert_answers<C: AsRef<str>, U: AsRef<str>>(
+    proxy: &Proxy,
+    cases: &[(C, &str, U, Value)],
+) {
+    for (ctx, call, user, body) in cases {
+        let user = user.as_ref();
+        let r = match *call {
+            "enter" => proxy.enter(user).await,
+            "status" => proxy.status(user).await,
+            other => panic!("no such call: {other}"),
+        };
+        assert_answer(ctx.as_ref(), &r, 200, body.clone());
+    }
 }
 
 /// A response read off a raw socket.
@@ -202,7 +87,6 @@ async fn raw_with_identity(proxy: &Proxy, method: &str, path: &str, identity: &[
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn enter_numbers_arrivals_and_status_agrees() {
-    let t0 = Instant::now();
     let redis = RedisServer::start();
     let api = DemoApi::start(&[]);
     // rate = 4 / 30 s. Positions 1..=4 are the first batch (eta 0 -> pollAfter 2); beyond it
@@ -212,17 +96,12 @@ async fn enter_numbers_arrivals_and_status_agrees() {
         Proxy::builder(&redis.url(), api.addr()).yaml("admission: {interval: 30s, batch_size: 4}");
     let proxy = start_settled(&redis, &builder).await;
 
-    let expected = [
-        waiting(1, 0, 2),
-        waiting(2, 0, 2),
-        waiting(3, 0, 2),
-        waiting(4, 0, 2),
-        waiting(5, 38, 5),
-        waiting(6, 45, 5),
-        waiting(7, 53, 5),
-        waiting(8, 60, 10),
-        waiting(9, 68, 10),
-    ];
+    // (position, estimatedWaitTime, pollAfter) of user-1..=user-9.
+    let expected: Vec<Value> = [(1, 0, 2), (2, 0, 2), (3, 0, 2), (4, 0, 2), (5, 38, 5)]
+        .into_iter()
+        .chain([(6, 45, 5), (7, 53, 5), (8, 60, 10), (9, 68, 10)])
+        .map(|(p, eta, poll)| waiting(p, eta, poll))
+        .collect();
     for (i, want) in expected.iter().enumerate() {
         let user = format!("user-{}", i + 1);
         let r = proxy.enter(&user).await;
@@ -232,81 +111,86 @@ async fn enter_numbers_arrivals_and_status_agrees() {
     // Entering again, after others joined, keeps the place; status says the same.
     for (i, want) in expected.iter().enumerate() {
         let user = format!("user-{}", i + 1);
-        assert_answer(
-            &format!("second enter of {user}"),
-            &proxy.enter(&user).await,
-            200,
-            want.clone(),
-        );
-        assert_answer(
-            &format!("status of {user}"),
-            &proxy.status(&user).await,
-            200,
-            want.clone(),
-        );
+        assert_answers(
+            &proxy,
+            &[
+                (
+                    format!("second enter of {user}"),
+                    "enter",
+                    &user,
+                    want.clone(),
+                ),
+                (format!("status of {user}"), "status", &user, want.clone()),
+            ],
+        )
+        .await;
     }
 
     // A newcomer goes to the back; nobody ahead moved.
-    assert_answer(
-        "newcomer",
-        &proxy.enter("user-10").await,
-        200,
-        waiting(10, 75, 10),
-    );
-    assert_answer(
-        "user-1 again",
-        &proxy.enter("user-1").await,
-        200,
-        waiting(1, 0, 2),
-    );
+    assert_answers(
+        &proxy,
+        &[
+            ("newcomer", "enter", "user-10", waiting(10, 75, 10)),
+            ("user-1 again", "enter", "user-1", waiting(1, 0, 2)),
+        ],
+    )
+    .await;
 
     // Someone never seen.
-    assert_answer(
-        "stranger",
-        &proxy.status("stranger").await,
-        200,
-        not_in_queue(),
-    );
+    assert_answers(
+        &proxy,
+        &[("stranger", "status", "stranger", not_in_queue())],
+    )
+    .await;
 
     // The query string is ignored on both endpoints.
     let c = proxy.client();
-    let r = send(
-        c.get(proxy.url("/queue/status?x=1"))
-            .header("X-User-Id", "user-6"),
-    )
-    .await;
-    assert_answer("status?x=1", &r, 200, waiting(6, 45, 5));
-    let r = send(
-        c.get(proxy.url("/queue/status?x=1"))
-            .header("X-User-Id", "stranger"),
-    )
-    .await;
-    assert_answer("status?x=1 stranger", &r, 200, not_in_queue());
-    let r = send(
-        c.post(proxy.url("/queue/enter?from=ad&x=1"))
-            .header("X-User-Id", "user-3"),
-    )
-    .await;
-    assert_answer("enter?x=1, waiting", &r, 200, waiting(3, 0, 2));
-    let r = send(
-        c.post(proxy.url("/queue/enter?x=1"))
-            .header("X-User-Id", "user-11"),
-    )
-    .await;
-    assert_answer("enter?x=1, new", &r, 200, waiting(11, 83, 10));
+    for (ctx, method, path_and_query, user, want) in [
+        (
+            "status?x=1",
+            "GET",
+            "/queue/status?x=1",
+            "user-6",
+            waiting(6, 45, 5),
+        ),
+        (
+            "status?x=1 stranger",
+            "GET",
+            "/queue/status?x=1",
+            "stranger",
+            not_in_queue(),
+        ),
+        (
+            "enter?x=1, waiting",
+            "POST",
+            "/queue/enter?from=ad&x=1",
+            "user-3",
+            waiting(3, 0, 2),
+        ),
+        (
+            "enter?x=1, new",
+            "POST",
+            "/queue/enter?x=1",
+            "user-11",
+            waiting(11, 83, 10),
+        ),
+    ] {
+        let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+        let r = send(
+            c.request(method, proxy.url(path_and_query))
+                .header("X-User-Id", user),
+        )
+        .await;
+        assert_answer(ctx, &r, 200, want);
+    }
 
-    assert_eq!(zcard(&redis, &proxy).await, 11, "one place per user");
-    println!(
-        "enter_numbers_arrivals_and_status_agrees: {:?}",
-        t0.elapsed()
-    );
+    assert_eq!(queue_len(&redis, &proxy).await, 11, "one place per user");
 }
 
 // ---- READY ------------------------------------------------------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admitted_users_get_ready_from_status_and_enter() {
-    let t0 = Instant::now();
     let redis = RedisServer::start();
     let api = DemoApi::start(&[]);
     let builder = Proxy::builder(&redis.url(), api.addr())
@@ -329,7 +213,7 @@ async fn admitted_users_get_ready_from_status_and_enter() {
     );
     assert_eq!(enter_token, token, "enter does not issue another token");
     assert_eq!(
-        zcard(&redis, &proxy).await,
+        queue_len(&redis, &proxy).await,
         0,
         "a READY user is not queued again"
     );
@@ -339,12 +223,7 @@ async fn admitted_users_get_ready_from_status_and_enter() {
     assert_ne!(other, token, "tokens are per user");
     assert_uuid_v4(&other);
 
-    assert_answer(
-        "stranger",
-        &proxy.status("nobody").await,
-        200,
-        not_in_queue(),
-    );
+    assert_answers(&proxy, &[("stranger", "status", "nobody", not_in_queue())]).await;
 
     // Once the token has expired the user is neither waiting nor admitted; enter queues anew.
     let short = Proxy::builder(&redis.url(), api.addr())
@@ -363,36 +242,21 @@ async fn admitted_users_get_ready_from_status_and_enter() {
     )
     .await;
     assert!(expired, "a 1 s token still READY after 5 s");
-    assert_answer(
-        "expired, status",
-        &short.status("brief").await,
-        200,
-        not_in_queue(),
-    );
-    assert_answer(
-        "expired, enter again",
-        &short.enter("brief").await,
-        200,
-        waiting(1, 0, 2),
-    );
-    println!(
-        "admitted_users_get_ready_from_status_and_enter: {:?}",
-        t0.elapsed()
-    );
+    assert_answers(
+        &short,
+        &[
+            ("expired, status", "status", "brief", not_in_queue()),
+            ("expired, enter again", "enter", "brief", waiting(1, 0, 2)),
+        ],
+    )
+    .await;
 }
 
 // ---- 405 ----------------------------------------------------------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wrong_methods_get_405_with_allow_whatever_the_headers() {
-    let t0 = Instant::now();
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&[]);
-    let proxy = start_settled(
-        &redis,
-        &Proxy::builder(&redis.url(), api.addr()).yaml(NO_ADMISSION),
-    )
-    .await;
+    let (redis, _api, proxy) = quiet_room("{}").await;
     let c = proxy.client();
     let long = "a".repeat(257);
 
@@ -445,31 +309,19 @@ async fn wrong_methods_get_405_with_allow_whatever_the_headers() {
     );
 
     // None of that queued anybody.
-    assert_answer(
-        "alice after 405s",
-        &proxy.status("alice").await,
-        200,
-        not_in_queue(),
-    );
-    assert_eq!(zcard(&redis, &proxy).await, 0);
-    println!(
-        "wrong_methods_get_405_with_allow_whatever_the_headers: {:?}",
-        t0.elapsed()
-    );
+    assert_answers(
+        &proxy,
+        &[("alice after 405s", "status", "alice", not_in_queue())],
+    )
+    .await;
+    assert_eq!(queue_len(&redis, &proxy).await, 0);
 }
 
 // ---- identity: 401 / 400 ------------------------------------------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn identity_is_required_and_checked_on_both_endpoints() {
-    let t0 = Instant::now();
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&[]);
-    let proxy = start_settled(
-        &redis,
-        &Proxy::builder(&redis.url(), api.addr()).yaml(NO_ADMISSION),
-    )
-    .await;
+    let (redis, _api, proxy) = quiet_room("{}").await;
     let c = proxy.client();
     let endpoints = [("POST", "/queue/enter"), ("GET", "/queue/status")];
 
@@ -534,46 +386,36 @@ async fn identity_is_required_and_checked_on_both_endpoints() {
                 assert_error_body(&ctx, &serde_json::from_str(&raw.body).unwrap());
             }
             println!("{ctx}: json={} body={:?}", raw.is_json(), raw.body);
-            assert_answer(
-                &format!("after {ctx}"),
-                &proxy.status("alive").await,
-                200,
-                not_in_queue(),
-            );
+            assert_answers(
+                &proxy,
+                &[(format!("after {ctx}"), "status", "alive", not_in_queue())],
+            )
+            .await;
         }
     }
 
     // Exactly 256 bytes, all printable (space and ~ included), is a fine identity.
     let id256 = format!("a b~!{}", "z".repeat(251));
     assert_eq!(id256.len(), 256);
-    assert_answer(
-        "enter with 256 bytes",
-        &proxy.enter(&id256).await,
-        200,
-        waiting(1, 0, 2),
-    );
-    assert_answer(
-        "status with 256 bytes",
-        &proxy.status(&id256).await,
-        200,
-        waiting(1, 0, 2),
-    );
+    assert_answers(
+        &proxy,
+        &[
+            ("enter with 256 bytes", "enter", &id256, waiting(1, 0, 2)),
+            ("status with 256 bytes", "status", &id256, waiting(1, 0, 2)),
+        ],
+    )
+    .await;
     let max = "a".repeat(256);
-    assert_answer(
-        "enter with 256 'a's",
-        &proxy.enter(&max).await,
-        200,
-        waiting(2, 7200, 10),
-    );
+    assert_answers(
+        &proxy,
+        &[("enter with 256 'a's", "enter", &max, waiting(2, 7200, 10))],
+    )
+    .await;
 
     assert_eq!(
-        zcard(&redis, &proxy).await,
+        queue_len(&redis, &proxy).await,
         2,
         "refused identities queued nobody"
-    );
-    println!(
-        "identity_is_required_and_checked_on_both_endpoints: {:?}",
-        t0.elapsed()
     );
 }
 
@@ -581,13 +423,7 @@ async fn identity_is_required_and_checked_on_both_endpoints() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_room_answers_429_with_retry_after() {
-    let t0 = Instant::now();
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&[]);
-    let builder = Proxy::builder(&redis.url(), api.addr())
-        .yaml(NO_ADMISSION)
-        .yaml("queue: {capacity: 3}");
-    let proxy = start_settled(&redis, &builder).await;
+    let (redis, api, proxy) = quiet_room("queue: {capacity: 3}").await;
 
     for (i, user) in ["a", "b", "c"].iter().enumerate() {
         let p = i as u64 + 1;
@@ -601,82 +437,56 @@ async fn a_full_room_answers_429_with_retry_after() {
     }
     for _ in 0..2 {
         let r = proxy.enter("d").await;
-        assert_answer(
-            "4th user",
-            &r,
-            429,
-            json!({"status": "FULL", "retryAfter": 30}),
-        );
-        assert_eq!(r.header("retry-after"), Some("30"), "Retry-After of FULL");
+        assert_full("4th user", &r, 30);
     }
     // Users already waiting still get their place when the room is full.
-    assert_answer(
-        "a when full",
-        &proxy.enter("a").await,
-        200,
-        waiting(1, 0, 2),
-    );
-    assert_answer(
-        "c when full",
-        &proxy.enter("c").await,
-        200,
-        waiting(3, 10800, 10),
-    );
-    assert_answer(
-        "status of the refused user",
-        &proxy.status("d").await,
-        200,
-        not_in_queue(),
-    );
-    assert_eq!(zcard(&redis, &proxy).await, 3);
+    assert_answers(
+        &proxy,
+        &[
+            ("a when full", "enter", "a", waiting(1, 0, 2)),
+            ("c when full", "enter", "c", waiting(3, 10800, 10)),
+            ("status of the refused user", "status", "d", not_in_queue()),
+        ],
+    )
+    .await;
+    assert_eq!(queue_len(&redis, &proxy).await, 3);
 
     // queue.retry_after sets R in both places.
     let builder7 = Proxy::builder(&redis.url(), api.addr())
         .yaml(NO_ADMISSION)
         .yaml("queue: {capacity: 1, retry_after: 7s}");
     let proxy7 = start_settled(&redis, &builder7).await;
-    assert_answer(
-        "first of one",
-        &proxy7.enter("x").await,
-        200,
-        waiting(1, 0, 2),
-    );
+    assert_answers(&proxy7, &[("first of one", "enter", "x", waiting(1, 0, 2))]).await;
     let r = proxy7.enter("y").await;
-    assert_answer(
-        "second of one",
-        &r,
-        429,
-        json!({"status": "FULL", "retryAfter": 7}),
-    );
-    assert_eq!(r.header("retry-after"), Some("7"));
-    println!(
-        "a_full_room_answers_429_with_retry_after: {:?}",
-        t0.elapsed()
-    );
+    assert_full("second of one", &r, 7);
 }
 
 // ---- concurrency --------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_burst_of_enters_never_exceeds_capacity_or_shares_a_number() {
-    let t0 = Instant::now();
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&[]);
-    let builder = Proxy::builder(&redis.url(), api.addr())
-        .yaml("admission: {interval: 1h, batch_size: 1}\nqueue: {capacity: 500}");
-    let proxy = start_settled(&redis, &builder).await;
-
-    let url = proxy.url("/queue/enter");
+/// `users` concurrent enters of distinct users, spread round-robin over `proxies` (all of one
+/// `NO_ADMISSION` room of `capacity`): exactly `capacity` places, numbered 1..=capacity with no
+/// number given twice, everyone else FULL, and the line in Redis holding exactly `capacity`.
+async fn assert_burst_fills_to_capacity(
+    redis: &RedisServer,
+    proxies: &[Proxy],
+    users: usize,
+    capacity: u64,
+) {
     let burst = Instant::now();
-    let answers = join_all((0..1000).map(|i| {
-        let c = proxy.client().clone();
-        let url = url.clone();
-        tokio::spawn(
-            async move { send(c.post(url).header("X-User-Id", format!("burst-{i}"))).await },
-        )
+    let answers = join_all((0..users).map(|i| {
+        let proxy = &proxies[i % proxies.len()];
+        let req = proxy
+            .client()
+            .post(proxy.url("/queue/enter"))
+            .header("X-User-Id", format!("burst-{i}"));
+        tokio::spawn(send(req))
     }))
     .await;
-    println!("1000 concurrent enters took {:?}", burst.elapsed());
+    println!(
+        "{users} concurrent enters through {} proxies took {:?}",
+        proxies.len(),
+        burst.elapsed()
+    );
 
     let mut positions = BTreeSet::new();
     let mut full = 0;
@@ -691,53 +501,60 @@ async fn a_burst_of_enters_never_exceeds_capacity_or_shares_a_number() {
                 );
                 let body = r.json();
                 let p = body["position"].as_u64().expect("position");
-                let eta = if p <= 1 { 0 } else { p * 3600 };
-                assert_eq!(body, waiting(p, eta, if p <= 1 { 2 } else { 10 }));
+                assert_eq!(body, waiting_no_admission(p, 2, 10));
                 assert!(positions.insert(p), "position {p} given twice");
             }
             429 => {
-                assert_answer(
-                    "burst 429",
-                    &r,
-                    429,
-                    json!({"status": "FULL", "retryAfter": 30}),
-                );
-                assert_eq!(r.header("retry-after"), Some("30"));
+                assert_full("burst 429", &r, 30);
                 full += 1;
             }
             other => panic!("unexpected {other}: {}", r.body),
         }
     }
-    assert_eq!(positions.len(), 500, "exactly capacity users got a place");
-    assert_eq!(full, 500, "everyone else was told FULL");
     assert_eq!(
         positions,
-        (1..=500).collect::<BTreeSet<u64>>(),
-        "positions are 1..=500"
+        (1..=capacity).collect::<BTreeSet<u64>>(),
+        "exactly capacity users got a place, numbered 1..=capacity"
     );
     assert_eq!(
-        zcard(&redis, &proxy).await,
-        500,
-        "the line in Redis holds capacity users"
+        full,
+        users - capacity as usize,
+        "everyone else was told FULL"
     );
-    println!(
-        "a_burst_of_enters_never_exceeds_capacity_or_shares_a_number: {:?}",
-        t0.elapsed()
+    assert_eq!(
+        queue_len(redis, &proxies[0]).await,
+        capacity,
+        "the line in Redis holds capacity users"
     );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn concurrent_enters_by_one_user_make_one_place() {
-    let t0 = Instant::now();
+async fn a_burst_of_enters_never_exceeds_capacity_or_shares_a_number() {
+    let (redis, _api, proxy) = quiet_room("queue: {capacity: 500}").await;
+    assert_burst_fills_to_capacity(&redis, &[proxy], 1000, 500).await;
+}
+
+/// The cap is the room's, not each proxy's (section 5): three proxies sharing one room, each
+/// taking a third of a concurrent burst, still give out exactly `capacity` places between them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_enters_through_three_proxies_never_exceed_the_rooms_capacity() {
     let redis = RedisServer::start();
     let api = DemoApi::start(&[]);
-    let proxy = start_settled(
-        &redis,
-        &Proxy::builder(&redis.url(), api.addr()).yaml(NO_ADMISSION),
-    )
-    .await;
+    let room = Proxy::builder(&redis.url(), api.addr())
+        .yaml(NO_ADMISSION)
+        .yaml("queue: {capacity: 200}");
+    let mut proxies = Vec::new();
+    for _ in 0..3 {
+        proxies.push(start_settled(&redis, &room).await);
+    }
+    assert_burst_fills_to_capacity(&redis, &proxies, 600, 200).await;
+}
 
-    assert_answer("first", &proxy.enter("first").await, 200, waiting(1, 0, 2));
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_enters_by_one_user_make_one_place() {
+    let (redis, _api, proxy) = quiet_room("{}").await;
+
+    assert_answers(&proxy, &[("first", "enter", "first", waiting(1, 0, 2))]).await;
     let url = proxy.url("/queue/enter");
     let answers = join_all((0..50).map(|_| {
         let c = proxy.client().clone();
@@ -753,30 +570,25 @@ async fn concurrent_enters_by_one_user_make_one_place() {
             waiting(2, 7200, 10),
         );
     }
-    assert_eq!(zcard(&redis, &proxy).await, 2, "one place for dup");
-    assert_answer(
-        "status of dup",
-        &proxy.status("dup").await,
-        200,
-        waiting(2, 7200, 10),
-    );
-    assert_answer(
-        "after dup",
-        &proxy.enter("last").await,
-        200,
-        waiting(3, 10800, 10),
-    );
-    println!(
-        "concurrent_enters_by_one_user_make_one_place: {:?}",
-        t0.elapsed()
-    );
+    assert_eq!(queue_len(&redis, &proxy).await, 2, "one place for dup");
+    assert_answers(
+        &proxy,
+        &[
+            ("status of dup", "status", "dup", waiting(2, 7200, 10)),
+            ("after dup", "enter", "last", waiting(3, 10800, 10)),
+        ],
+    )
+    .await;
 }
 
 // ---- Redis unavailable, health ----------------------------------------------------------------
 
 /// Enter and status of `user` while Redis is unreachable: 503, `{"error"}`, `Retry-After: R`, and
-/// within `timeout` + 1 s (the contract says + 100 ms; the slack keeps a loaded 2-core box green,
-/// and the printed times show the real margin).
+/// within `redis.timeout` + 100 ms (section 3). Five calls of each: the median must meet the
+/// contract's bound; each single call only "never a hang" (timeout + 1 s), because on this
+/// 2-core machine, shared with the other tests of the binary (a 1000-request burst among them), one
+/// sample now and then loses a few hundred ms to CPU starvation of the test process itself (seen:
+/// 568 ms against 303 ms alone). A proxy that is slow on every call still fails the median.
 async fn assert_unavailable(
     proxy: &Proxy,
     user: &str,
@@ -785,39 +597,46 @@ async fn assert_unavailable(
     what: &str,
 ) {
     for (name, call) in [("enter", true), ("status", false)] {
-        for attempt in 0..3 {
+        let mut took = Vec::new();
+        for _ in 0..5 {
             let started = Instant::now();
             let r = if call {
                 proxy.enter(user).await
             } else {
                 proxy.status(user).await
             };
-            let took = started.elapsed();
-            println!(
-                "{what}: {name} #{attempt} answered {} in {took:?}",
-                r.status
-            );
+            took.push(started.elapsed());
             assert_error(&format!("{what}: {name}"), &r, 503);
             assert_eq!(
                 r.header("retry-after"),
                 Some(retry_after),
                 "{what}: {name} Retry-After"
             );
-            assert!(
-                took < timeout + Duration::from_secs(1),
-                "{what}: {name} took {took:?} (redis.timeout {timeout:?})"
-            );
         }
+        println!("{what}: {name} answered 503 in {took:?}");
+        took.sort();
+        assert!(
+            took[2] <= timeout + Duration::from_millis(100),
+            "{what}: {name} took {took:?} (median over contract: redis.timeout {timeout:?} + 100 ms)"
+        );
+        assert!(
+            took[4] <= timeout + Duration::from_secs(1),
+            "{what}: {name} took {took:?}: a hang"
+        );
     }
 }
 
-/// Pass-through needs no Redis.
-async fn assert_passthrough(proxy: &Proxy, what: &str) {
+/// Everything a proxy must still do while its Redis is unreachable: 503 for a waiting user and
+/// a newcomer alike, pass-through untouched, /healthz 200.
+async fn assert_down(proxy: &Proxy, timeout: Duration, retry_after: &str, what: &str) {
+    assert_unavailable(proxy, "early", timeout, retry_after, what).await;
+    assert_unavailable(proxy, "newcomer", timeout, retry_after, what).await;
     let r = proxy.get("/hello?x=1").await;
     assert_eq!(r.status, 200, "{what}: pass-through: {}", r.body);
     let echo = r.json();
     assert_eq!(echo["path"], "/hello", "{what}: echo {echo}");
     assert_eq!(echo["query"], "x=1", "{what}: echo {echo}");
+    assert_eq!(healthz(proxy).await, 200, "{what}: healthz");
 }
 
 async fn healthz(proxy: &Proxy) -> u16 {
@@ -826,17 +645,37 @@ async fn healthz(proxy: &Proxy) -> u16 {
         .status
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn stopped_redis_gives_fast_503_and_readyz_follows() {
-    let t0 = Instant::now();
-    let mut redis = RedisServer::start();
-    let api = DemoApi::start(&[]);
-    let timeout = Duration::from_millis(500);
+/// How long after `since` the first `/readyz` call that answered `want` was sent (a call sent
+/// before the change may answer after it, so the send time is the fair measure); None if none
+/// did within 3 s. Polls every 10 ms.
+async fn readyz_turns(proxy: &Proxy, want: u16, since: Instant) -> Option<Duration> {
+    while since.elapsed() < Duration::from_secs(3) {
+        let sent = since.elapsed();
+        if proxy.readyz().await == want {
+            return Some(sent);
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    None
+}
+
+/// `/readyz` follows Redis within 1 s (section 4).
+async fn assert_readyz_turns(proxy: &Proxy, want: u16, since: Instant, what: &str) {
+    let took = readyz_turns(proxy, want, since).await;
+    println!("readyz {want} {took:?} after {what}");
+    let took = took.unwrap_or_else(|| panic!("readyz not {want} within 3 s of {what}"));
+    assert!(
+        took <= Duration::from_secs(1),
+        "readyz {want} only {took:?} after {what} (contract: within 1 s)"
+    );
+}
+
+/// A `NO_ADMISSION` room with `yaml` merged in: healthy, ready, and with "early" waiting first.
+async fn room_with_early(redis: &RedisServer, api: &DemoApi, yaml: &str) -> Proxy {
     let builder = Proxy::builder(&redis.url(), api.addr())
         .yaml(NO_ADMISSION)
-        .yaml("redis: {timeout: 500ms}");
-    let proxy = start_settled(&redis, &builder).await;
-
+        .yaml(yaml);
+    let proxy = start_settled(redis, &builder).await;
     assert_eq!(healthz(&proxy).await, 200);
     let ready = wait_until(
         Duration::from_secs(3),
@@ -845,123 +684,94 @@ async fn stopped_redis_gives_fast_503_and_readyz_follows() {
     )
     .await;
     assert!(ready, "readyz 200 with Redis up");
-    assert_answer("before", &proxy.enter("early").await, 200, waiting(1, 0, 2));
+    assert_answers(&proxy, &[("before", "enter", "early", waiting(1, 0, 2))]).await;
+    proxy
+}
 
-    redis.stop();
-    let stopped = Instant::now();
-    let noticed = wait_until(
-        Duration::from_secs(3),
-        Duration::from_millis(10),
-        || async { proxy.readyz().await == 503 },
-    )
-    .await;
-    println!(
-        "readyz went 503 {:?} after Redis stopped",
-        stopped.elapsed()
-    );
-    assert!(noticed, "readyz still 200 3 s after Redis stopped");
-    assert!(
-        stopped.elapsed() < Duration::from_millis(1500),
-        "readyz noticed only after {:?} (contract: within 1 s)",
-        stopped.elapsed()
-    );
-
-    assert_unavailable(&proxy, "early", timeout, "30", "redis stopped").await;
-    assert_unavailable(&proxy, "newcomer", timeout, "30", "redis stopped").await;
-    assert_passthrough(&proxy, "redis stopped").await;
-    assert_eq!(healthz(&proxy).await, 200, "healthz while Redis is down");
-
-    redis.restart();
-    let restarted = Instant::now();
-    let back = wait_until(
-        Duration::from_secs(3),
-        Duration::from_millis(10),
-        || async { proxy.readyz().await == 200 },
-    )
-    .await;
-    println!("readyz back to 200 {:?} after restart", restarted.elapsed());
-    assert!(back, "readyz not 200 within 3 s of Redis restarting");
+/// Redis came back at `since` (`what`): /readyz 200 within 1 s, and an enter of `user` answered
+/// 200 within 10 s.
+async fn assert_recovers(proxy: &Proxy, since: Instant, what: &str, user: &str) {
+    assert_readyz_turns(proxy, 200, since, what).await;
     let recovered = wait_until(
         Duration::from_secs(10),
         Duration::from_millis(50),
-        || async { proxy.enter("after").await.status == 200 },
+        || async { proxy.enter(user).await.status == 200 },
     )
     .await;
-    println!("enter answered 200 {:?} after restart", restarted.elapsed());
+    println!("enter answered 200 {:?} after {what}", since.elapsed());
     assert!(
         recovered,
-        "enter not 200 within 10 s of Redis restarting:\n{}",
+        "enter not 200 within 10 s of {what}:\n{}",
         proxy.logs()
     );
+}
+
+/// Stops (or freezes) Redis under `proxy`: /readyz 503 within 1 s, 503s within `timeout` + 100 ms
+/// with `Retry-After: retry_after`, pass-through and /healthz unharmed; then restarts (or thaws)
+/// it: /readyz 200 within 1 s and `user_after` can enter again.
+async fn through_an_outage(
+    redis: &mut RedisServer,
+    proxy: &Proxy,
+    timeout: Duration,
+    retry_after: &str,
+    frozen: bool,
+    user_after: &str,
+) {
+    let (down, up) = if frozen {
+        redis.freeze();
+        ("Redis frozen", "thaw")
+    } else {
+        redis.stop();
+        ("Redis stopped", "Redis restarted")
+    };
+    assert_readyz_turns(proxy, 503, Instant::now(), down).await;
+    assert_down(proxy, timeout, retry_after, down).await;
+    if frozen {
+        redis.thaw();
+    } else {
+        redis.restart();
+    }
+    assert_recovers(proxy, Instant::now(), up, user_after).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stopped_redis_gives_fast_503_and_readyz_follows() {
+    let mut redis = RedisServer::start();
+    let api = DemoApi::start(&[]);
+    let timeout = Duration::from_millis(500);
+    let proxy = room_with_early(&redis, &api, "redis: {timeout: 500ms}").await;
+
+    through_an_outage(&mut redis, &proxy, timeout, "30", false, "after").await;
     // The restarted Redis is empty (no persistence): a fresh line.
-    assert_answer(
-        "status after restart",
-        &proxy.status("after").await,
-        200,
-        waiting(1, 0, 2),
-    );
-    println!(
-        "stopped_redis_gives_fast_503_and_readyz_follows: {:?}",
-        t0.elapsed()
-    );
+    assert_answers(
+        &proxy,
+        &[("status after restart", "status", "after", waiting(1, 0, 2))],
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn frozen_redis_gives_503_within_timeout_and_the_proxy_recovers() {
-    let t0 = Instant::now();
-    let redis = RedisServer::start();
+    let mut redis = RedisServer::start();
     let api = DemoApi::start(&[]);
     let timeout = Duration::from_millis(300);
     // retry_after 7s: the 503's Retry-After follows queue.retry_after too.
-    let builder = Proxy::builder(&redis.url(), api.addr())
-        .yaml(NO_ADMISSION)
-        .yaml("redis: {timeout: 300ms}\nqueue: {retry_after: 7s}");
-    let proxy = start_settled(&redis, &builder).await;
-    assert_answer("before", &proxy.enter("early").await, 200, waiting(1, 0, 2));
-
-    redis.freeze();
-    let frozen = Instant::now();
-    let noticed = wait_until(
-        Duration::from_secs(3),
-        Duration::from_millis(10),
-        || async { proxy.readyz().await == 503 },
+    let proxy = room_with_early(
+        &redis,
+        &api,
+        "redis: {timeout: 300ms}\nqueue: {retry_after: 7s}",
     )
     .await;
-    println!("readyz went 503 {:?} after the freeze", frozen.elapsed());
-    assert!(noticed, "readyz still 200 3 s into a frozen Redis");
-    assert!(
-        frozen.elapsed() < Duration::from_millis(1500),
-        "readyz noticed the hang only after {:?} (contract: within 1 s)",
-        frozen.elapsed()
-    );
-    assert_unavailable(&proxy, "early", timeout, "7", "redis frozen").await;
-    assert_unavailable(&proxy, "newcomer", timeout, "7", "redis frozen").await;
-    assert_passthrough(&proxy, "redis frozen").await;
-    assert_eq!(healthz(&proxy).await, 200, "healthz while Redis hangs");
 
-    redis.thaw();
-    let thawed = Instant::now();
-    let recovered = wait_until(
-        Duration::from_secs(10),
-        Duration::from_millis(50),
-        || async { proxy.enter("late").await.status == 200 },
-    )
-    .await;
-    println!("enter answered 200 {:?} after thaw", thawed.elapsed());
-    assert!(
-        recovered,
-        "enter not 200 within 10 s of thaw:\n{}",
-        proxy.logs()
-    );
+    through_an_outage(&mut redis, &proxy, timeout, "7", true, "late").await;
     // The data survived the freeze: places are where they were. The newcomer's enters were
     // answered 503 but had already been written to the hung socket, so Redis may run them on
     // thaw: a 503 means "not known", not "not queued" (a retry then finds the place).
-    assert_answer(
-        "early after thaw",
-        &proxy.status("early").await,
-        200,
-        waiting(1, 0, 2),
-    );
+    assert_answers(
+        &proxy,
+        &[("early after thaw", "status", "early", waiting(1, 0, 2))],
+    )
+    .await;
     let newcomer = proxy.status("newcomer").await.json();
     println!("newcomer after thaw: {newcomer}");
     let late_at = if newcomer == not_in_queue() {
@@ -974,38 +784,28 @@ async fn frozen_redis_gives_503_within_timeout_and_the_proxy_recovers() {
         );
         3
     };
-    assert_answer(
-        "late after thaw",
-        &proxy.status("late").await,
-        200,
-        waiting(late_at, late_at * 3600, 10),
-    );
-    let back = wait_until(
-        Duration::from_secs(3),
-        Duration::from_millis(20),
-        || async { proxy.readyz().await == 200 },
+    assert_answers(
+        &proxy,
+        &[(
+            "late after thaw",
+            "status",
+            "late",
+            waiting(late_at, late_at * 3600, 10),
+        )],
     )
     .await;
-    assert!(back, "readyz not 200 again after thaw");
-    println!(
-        "frozen_redis_gives_503_within_timeout_and_the_proxy_recovers: {:?}",
-        t0.elapsed()
-    );
 }
 
 // ---- endpoints.prefix, poll_after, identity.header -------------------------------------------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prefix_tiers_and_identity_header_come_from_the_config() {
-    let t0 = Instant::now();
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&[]);
-    let builder = Proxy::builder(&redis.url(), api.addr())
-        .yaml(NO_ADMISSION)
-        .yaml("endpoints: {prefix: /wr}")
-        .yaml("poll_after: [{min_wait: 2h, poll_after: 7s}, {min_wait: 0s, poll_after: 1s}]")
-        .yaml("identity: {header: X-Customer}");
-    let proxy = start_settled(&redis, &builder).await;
+    let (redis, _api, proxy) = quiet_room(
+        "endpoints: {prefix: /wr}\n\
+         poll_after: [{min_wait: 2h, poll_after: 7s}, {min_wait: 0s, poll_after: 1s}]\n\
+         identity: {header: X-Customer}",
+    )
+    .await;
     let c = proxy.client();
 
     // Only the configured identity header names the user.
@@ -1023,20 +823,16 @@ async fn prefix_tiers_and_identity_header_come_from_the_config() {
     assert_answer("GET /wr/status", &r, 200, waiting(1, 0, 1));
     let r = send(c.post(proxy.url("/wr/enter")).header("X-Customer", "p3")).await;
     assert_answer("POST /wr/enter, second", &r, 200, waiting(2, 7200, 7));
-    let r = send(c.get(proxy.url("/wr/enter"))).await;
-    assert_eq!(
-        (r.status, r.header("allow")),
-        (405, Some("POST")),
-        "GET /wr/enter: {}",
-        r.body
-    );
-    let r = send(c.post(proxy.url("/wr/status"))).await;
-    assert_eq!(
-        (r.status, r.header("allow")),
-        (405, Some("GET")),
-        "POST /wr/status: {}",
-        r.body
-    );
+    for (wrong, path, allow) in [("GET", "/wr/enter", "POST"), ("POST", "/wr/status", "GET")] {
+        let m = reqwest::Method::from_bytes(wrong.as_bytes()).unwrap();
+        let r = send(c.request(m, proxy.url(path))).await;
+        assert_eq!(
+            (r.status, r.header("allow")),
+            (405, Some(allow)),
+            "{wrong} {path}: {}",
+            r.body
+        );
+    }
 
     // The default paths are now the upstream's.
     for (method, path) in [("POST", "/queue/enter"), ("GET", "/queue/status")] {
@@ -1048,13 +844,9 @@ async fn prefix_tiers_and_identity_header_come_from_the_config() {
         assert_eq!(echo["path"], path, "echo {echo}");
     }
     assert_eq!(
-        zcard(&redis, &proxy).await,
+        queue_len(&redis, &proxy).await,
         2,
         "the pass-throughs queued nobody"
-    );
-    println!(
-        "prefix_tiers_and_identity_header_come_from_the_config: {:?}",
-        t0.elapsed()
     );
 }
 
@@ -1110,14 +902,7 @@ async fn read_one_response(s: &mut tokio::net::TcpStream, buf: &mut Vec<u8>) -> 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn answers_to_requests_with_bodies_leave_the_connection_usable() {
     use tokio::io::AsyncWriteExt;
-    let t0 = Instant::now();
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&[]);
-    let proxy = start_settled(
-        &redis,
-        &Proxy::builder(&redis.url(), api.addr()).yaml(NO_ADMISSION),
-    )
-    .await;
+    let (redis, _api, proxy) = quiet_room("{}").await;
 
     // Each request in turn on one keep-alive connection: a request body the proxy did not need
     // must not be read as the next request. Ending the connection instead is fine when the
@@ -1181,9 +966,5 @@ async fn answers_to_requests_with_bodies_leave_the_connection_usable() {
         "connection reuse: {reconnects} reconnects over {} requests",
         requests.len()
     );
-    assert_eq!(zcard(&redis, &proxy).await, 2);
-    println!(
-        "answers_to_requests_with_bodies_leave_the_connection_usable: {:?}",
-        t0.elapsed()
-    );
+    assert_eq!(queue_len(&redis, &proxy).await, 2);
 }

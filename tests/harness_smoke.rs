@@ -12,6 +12,19 @@ async fn ping(conn: &mut redis::aio::MultiplexedConnection) -> redis::RedisResul
     redis::cmd("PING").query_async(conn).await
 }
 
+async fn set(conn: &mut redis::aio::MultiplexedConnection, key: &str, value: &str) {
+    let _: () = redis::cmd("SET")
+        .arg(key)
+        .arg(value)
+        .query_async(conn)
+        .await
+        .unwrap();
+}
+
+async fn get(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> Option<String> {
+    redis::cmd("GET").arg(key).query_async(conn).await.unwrap()
+}
+
 #[test]
 fn free_port_is_bindable() {
     let port = free_port();
@@ -28,22 +41,13 @@ async fn redis_answers_and_restart_without_aof_forgets() {
 
     let mut conn = redis.conn().await;
     assert_eq!(ping(&mut conn).await.unwrap(), "PONG");
-    let _: () = redis::cmd("SET")
-        .arg("k")
-        .arg("v")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    set(&mut conn, "k", "v").await;
 
     let port = redis.port();
     redis.restart();
     assert_eq!(redis.port(), port, "restart keeps the port");
     let mut conn = redis.conn().await;
-    let v: Option<String> = redis::cmd("GET")
-        .arg("k")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let v = get(&mut conn, "k").await;
     assert_eq!(v, None, "no persistence: a restart starts empty");
 
     redis.stop();
@@ -56,20 +60,11 @@ async fn redis_answers_and_restart_without_aof_forgets() {
 async fn redis_with_aof_keeps_data_across_restart() {
     let mut redis = RedisServer::start_with(&["--appendonly", "yes", "--appendfsync", "always"]);
     let mut conn = redis.conn().await;
-    let _: () = redis::cmd("SET")
-        .arg("k")
-        .arg("kept")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    set(&mut conn, "k", "kept").await;
 
     redis.restart();
     let mut conn = redis.conn().await;
-    let v: Option<String> = redis::cmd("GET")
-        .arg("k")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let v = get(&mut conn, "k").await;
     assert_eq!(v.as_deref(), Some("kept"));
 }
 

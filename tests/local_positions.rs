@@ -64,16 +64,26 @@ async fn assert_all_exact(
     }
 }
 
+/// Moves the line behind the proxy's back with `cmd` (as another proxy or the scripts would),
+/// waits for the proxy's line reading to catch up, and checks every user's answer (`ctx`).
+async fn move_line(
+    proxy: &Proxy,
+    conn: &mut redis::aio::MultiplexedConnection,
+    users: &[String],
+    cmd: &mut redis::Cmd,
+    ctx: &str,
+) {
+    let _: redis::Value = cmd.query_async(conn).await.unwrap();
+    tokio::time::sleep(SETTLE).await;
+    let queue = keys(proxy).queue;
+    assert_all_exact(proxy, conn, &queue, users, ctx).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiting_users_are_answered_locally_and_exactly() {
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&[]);
-    let proxy = Proxy::builder(&redis.url(), api.addr())
-        .yaml(NO_ADMISSION)
-        .start()
-        .await;
+    let (redis, _api, proxy) = quiet_room("{}").await;
     let mut conn = redis.conn().await;
-    let queue = format!("{{{}}}:queue", proxy.key_prefix());
+    let queue = keys(&proxy).queue;
     let users: Vec<String> = (1..=30).map(|i| format!("u{i}")).collect();
     for user in &users {
         assert_eq!(proxy.enter(user).await.status, 200);
@@ -92,50 +102,34 @@ async fn waiting_users_are_answered_locally_and_exactly() {
     let after = command_calls(&mut conn, "zrank").await;
     // A poll falls back to Redis when the line watcher was starved of CPU for 50 ms (the tests
     // of this file run side by side on two cores): allow a few, never most.
-    assert!(after - before <= 3, "{} of 30 second polls reached Redis", after - before);
+    assert!(
+        after - before <= 3,
+        "{} of 30 second polls reached Redis",
+        after - before
+    );
 
-    // Another proxy admits five: ZPOPMIN, as the admit script does.
-    let _: Vec<(String, f64)> = redis::cmd("ZPOPMIN")
-        .arg(&queue)
-        .arg(5)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    tokio::time::sleep(SETTLE).await;
-    assert_all_exact(&proxy, &mut conn, &queue, &users, "after five admitted").await;
-
-    // A place removed from the middle (by hand; abandonment does this too): a gap the
-    // arrival numbers cannot see, so positions come from Redis until admission passes it.
-    let _: i64 = redis::cmd("ZREM")
-        .arg(&queue)
-        .arg("u15")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    tokio::time::sleep(SETTLE).await;
-    assert_all_exact(
-        &proxy,
-        &mut conn,
-        &queue,
-        &users,
-        "after a place left the middle",
-    )
-    .await;
-    let _: Vec<(String, f64)> = redis::cmd("ZPOPMIN")
-        .arg(&queue)
-        .arg(10)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    tokio::time::sleep(SETTLE).await;
-    assert_all_exact(&proxy, &mut conn, &queue, &users, "gap admitted").await;
+    // Another proxy admits five (ZPOPMIN, as the admit script does); a place is removed from
+    // the middle (by hand; abandonment does this too): a gap the arrival numbers cannot see, so
+    // positions come from Redis until admission passes it; then admission passes it.
+    for (command, args, ctx) in [
+        ("ZPOPMIN", ["5"], "after five admitted"),
+        ("ZREM", ["u15"], "after a place left the middle"),
+        ("ZPOPMIN", ["10"], "gap admitted"),
+    ] {
+        let mut cmd = redis::cmd(command);
+        cmd.arg(&queue).arg(&args);
+        move_line(&proxy, &mut conn, &users, &mut cmd, ctx).await;
+    }
     let before = command_calls(&mut conn, "zrank").await;
     for _ in 0..5 {
         let body: Value = proxy.status("u30").await.json();
         assert_eq!(body["position"], 14, "{body}");
     }
     let fallbacks = command_calls(&mut conn, "zrank").await - before;
-    assert!(fallbacks <= 2, "local again once the gap is gone: {fallbacks} of 5 reached Redis");
+    assert!(
+        fallbacks <= 2,
+        "local again once the gap is gone: {fallbacks} of 5 reached Redis"
+    );
 
     // The room reset (Redis flushed), then refilled past the old numbers by other users: the
     // old users are not in line, whatever their old numbers say.
@@ -149,11 +143,9 @@ async fn waiting_users_are_answered_locally_and_exactly() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn enter_teaches_the_number_and_entering_again_is_answered_locally() {
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&[]);
-    let proxy = Proxy::builder(&redis.url(), api.addr()).yaml(NO_ADMISSION).start().await;
+    let (redis, _api, proxy) = quiet_room("{}").await;
     let mut conn = redis.conn().await;
-    let queue = format!("{{{}}}:queue", proxy.key_prefix());
+    let queue = keys(&proxy).queue;
     // The room gets its epoch from the line watcher before the first enter.
     tokio::time::sleep(SETTLE).await;
     let users: Vec<String> = (1..=10).map(|i| format!("u{i}")).collect();
@@ -161,7 +153,10 @@ async fn enter_teaches_the_number_and_entering_again_is_answered_locally() {
         assert_eq!(proxy.enter(user).await.status, 200);
     }
     tokio::time::sleep(SETTLE).await;
-    let (zrank, evalsha) = (command_calls(&mut conn, "zrank").await, command_calls(&mut conn, "evalsha").await);
+    let (zrank, evalsha) = (
+        command_calls(&mut conn, "zrank").await,
+        command_calls(&mut conn, "evalsha").await,
+    );
     for (i, user) in users.iter().enumerate() {
         for answer in [proxy.enter(user).await, proxy.status(user).await] {
             let body: Value = answer.json();
@@ -172,9 +167,17 @@ async fn enter_teaches_the_number_and_entering_again_is_answered_locally() {
     // 20 calls; a few may fall back when the watcher was starved of CPU (see above).
     let zrank = command_calls(&mut conn, "zrank").await - zrank;
     let evalsha = command_calls(&mut conn, "evalsha").await - evalsha;
-    assert!(zrank <= 3 && evalsha <= 3, "{zrank} ZRANK and {evalsha} script calls for 20 answers");
+    assert!(
+        zrank <= 3 && evalsha <= 3,
+        "{zrank} ZRANK and {evalsha} script calls for 20 answers"
+    );
     // Admitted meanwhile (by hand): entering again is Redis's answer, never a stale place.
-    let _: Vec<(String, f64)> = redis::cmd("ZPOPMIN").arg(&queue).arg(3).query_async(&mut conn).await.unwrap();
+    let _: Vec<(String, f64)> = redis::cmd("ZPOPMIN")
+        .arg(&queue)
+        .arg(3)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
     tokio::time::sleep(SETTLE).await;
     let again: Value = proxy.enter("u1").await.json();
     assert_eq!(again["position"], 8, "u1 re-queued at the back: {again}");
@@ -187,7 +190,7 @@ async fn known_waiting_user(redis: &RedisServer, api: &DemoApi) -> Proxy {
     let proxy = Proxy::builder(&redis.url(), api.addr())
         .yaml(NO_ADMISSION)
         .yaml("redis: {timeout: 300ms}")
-        .start()
+        .start_settled(&redis.conn().await)
         .await;
     assert_eq!(proxy.enter("u1").await.status, 200);
     tokio::time::sleep(SETTLE).await;
@@ -198,11 +201,11 @@ async fn known_waiting_user(redis: &RedisServer, api: &DemoApi) -> Proxy {
 
 /// Both of u1's calls meet Redis's absence: 503 within the timeout, no position from memory.
 async fn assert_unavailable_for_u1(proxy: &Proxy) {
-    for call in ["status", "enter"] {
-        let started = std::time::Instant::now();
-        let r = if call == "status" { proxy.status("u1").await } else { proxy.enter("u1").await };
+    let (status, took) = timed(proxy.status("u1")).await;
+    let (enter, enter_took) = timed(proxy.enter("u1")).await;
+    for (call, r, took) in [("status", status, took), ("enter", enter, enter_took)] {
         assert_eq!(r.status, 503, "{call}: {}", r.body);
-        assert!(started.elapsed() < Duration::from_millis(400), "{call} took {:?}", started.elapsed());
+        assert!(took < Duration::from_millis(400), "{call} took {took:?}");
     }
 }
 
@@ -234,7 +237,13 @@ async fn a_redis_that_refuses_the_watch_subscription_still_gets_local_answers() 
     let redis = RedisServer::start();
     let mut conn = redis.conn().await;
     // An ACL without channel rights: SUBSCRIBE answers NOPERM.
-    let _: () = redis::cmd("ACL").arg("SETUSER").arg("default").arg("resetchannels").query_async(&mut conn).await.unwrap();
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("default")
+        .arg("resetchannels")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
     let api = DemoApi::start(&[]);
     let proxy = known_waiting_user(&redis, &api).await;
     let before = command_calls(&mut conn, "zrank").await;
@@ -244,18 +253,15 @@ async fn a_redis_that_refuses_the_watch_subscription_still_gets_local_answers() 
     let fallbacks = command_calls(&mut conn, "zrank").await - before;
     assert!(fallbacks <= 2, "{fallbacks} of 5 polls reached Redis");
     let logs = proxy.logs();
-    assert!(logs.contains("refused the line watcher's subscription"), "{logs}");
+    assert!(
+        logs.contains("refused the line watcher's subscription"),
+        "{logs}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_abandonment_every_poll_reaches_redis() {
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&[]);
-    let proxy = Proxy::builder(&redis.url(), api.addr())
-        .yaml(NO_ADMISSION)
-        .yaml("queue: {abandon_after: 60s}")
-        .start()
-        .await;
+    let (redis, _api, proxy) = quiet_room("queue: {abandon_after: 60s}").await;
     let mut conn = redis.conn().await;
     for i in 1..=5 {
         assert_eq!(proxy.enter(&format!("u{i}")).await.status, 200);

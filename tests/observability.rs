@@ -146,6 +146,7 @@ async fn scrape_until(proxy: &Proxy, timeout: Duration, ok: impl Fn(&[Sample]) -
 }
 
 /// One expected value of a series, with its description for the failure message.
+#[derive(Clone)]
 struct Expect {
     name: &'static str,
     labels: Vec<(&'static str, &'static str)>,
@@ -160,6 +161,14 @@ fn exp(name: &'static str, labels: &[(&'static str, &'static str)], value: f64) 
     }
 }
 
+/// One expected value per `(label value, value)` of `family`'s `label`.
+fn by(family: &'static str, label: &'static str, values: &[(&'static str, f64)]) -> Vec<Expect> {
+    values
+        .iter()
+        .map(|&(v, n)| exp(family, &[(label, v)], n))
+        .collect()
+}
+
 fn mismatches(samples: &[Sample], expected: &[Expect]) -> Vec<String> {
     expected
         .iter()
@@ -169,6 +178,32 @@ fn mismatches(samples: &[Sample], expected: &[Expect]) -> Vec<String> {
                 .then(|| format!("{}{:?}: expected {}, got {got}", e.name, e.labels, e.value))
         })
         .collect()
+}
+
+/// `user`'s status is READY: its token.
+async fn ready_token(proxy: &Proxy, user: &str) -> String {
+    let r = proxy.status(user).await;
+    assert_eq!(status_of(&r), "READY", "{user}: {}", r.body);
+    r.json()["token"].as_str().unwrap().to_owned()
+}
+
+/// A protected order as `user` with `token` that the demo API answers with `status`.
+async fn order_failing(proxy: &Proxy, user: &str, token: &str, status: u16) -> Resp {
+    let req = proxy.order_request(user, Some(token));
+    send(req.header("X-Demo-Fail", status.to_string())).await
+}
+
+/// Scrapes until every expected value holds, within `timeout`; fails naming those that do not.
+/// Returns the last scrape.
+async fn assert_metrics(proxy: &Proxy, timeout: Duration, expected: &[Expect]) -> String {
+    let text = scrape_until(proxy, timeout, |s| mismatches(s, expected).is_empty()).await;
+    let wrong = mismatches(&samples(&text), expected);
+    assert!(
+        wrong.is_empty(),
+        "off after {timeout:?}:\n  {}\n\n{text}",
+        wrong.join("\n  ")
+    );
+    text
 }
 
 /// Checks one histogram family for one `endpoint`: cumulative `_bucket` series with `le` labels
@@ -239,32 +274,21 @@ fn check_histogram(samples: &[Sample], family: &str, endpoint: &str, count: f64)
 
 // ---- the scripted session -----------------------------------------------------------------------
 
-async fn zcard(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> u64 {
-    redis::cmd("ZCARD")
-        .arg(key)
-        .query_async(conn)
-        .await
-        .expect("ZCARD")
-}
-
-fn body_status(resp: &Resp) -> String {
-    resp.json()["status"].as_str().unwrap_or("-").to_owned()
-}
-
 /// enters, a FULL, polls, admission, forbidden / unauthenticated / forwarded protected requests, a
 /// 4xx from upstream, a consumed token, a pass-through, reloads, and finally a dead Redis; then
 /// each counter must have moved by exactly its share.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scripted_session_moves_each_counter_by_exactly_its_share() {
-    let mut redis = RedisServer::start();
-    let api = DemoApi::start(&["--service-time-ms", "1"]);
-    let proxy = Proxy::builder(&redis.url(), api.addr())
-        .yaml("admission: {interval: 1h, batch_size: 2}\nqueue: {capacity: 2}\nredis: {timeout: 300ms}")
-        .start()
-        .await;
-    let prefix = proxy.key_prefix();
-    let queue_key = format!("{{{prefix}}}:queue");
-    let schedule_key = format!("{{{prefix}}}:admission:next");
+    let (mut redis, _api, proxy) = room(
+        &["--service-time-ms", "1"],
+        "admission: {interval: 1h, batch_size: 2}\nqueue: {capacity: 2}\nredis: {timeout: 300ms}",
+    )
+    .await;
+    let Keys {
+        queue: queue_key,
+        next_admission: schedule_key,
+        ..
+    } = keys(&proxy);
     let mut conn = redis.conn().await;
 
     // Hold admission so the line stays as scripted: the interval is an hour, so after the first
@@ -303,13 +327,7 @@ async fn scripted_session_moves_each_counter_by_exactly_its_share() {
         exp("waitroom_redis_errors_total", &[], 0.0),
     ];
     // The room watcher's first probe may still be on its way.
-    let text = scrape_until(&proxy, GAUGE_FRESH, |s| mismatches(s, &fixed).is_empty()).await;
-    let s = samples(&text);
-    assert!(
-        mismatches(&s, &fixed).is_empty(),
-        "{:?}\n{text}",
-        mismatches(&s, &fixed)
-    );
+    assert_metrics(&proxy, GAUGE_FRESH, &fixed).await;
     assert_eq!(proxy.readyz().await, 200);
     assert_eq!(
         send(proxy.client().get(proxy.metrics_url("/healthz")))
@@ -319,64 +337,35 @@ async fn scripted_session_moves_each_counter_by_exactly_its_share() {
     );
 
     // enters: queued x2, already_waiting, full
-    let r = proxy.enter("alice").await;
-    assert_eq!(
-        (r.status, r.json()["position"].as_u64()),
-        (200, Some(1)),
-        "{}",
-        r.body
-    );
-    let r = proxy.enter("bob").await;
-    assert_eq!(
-        (r.status, r.json()["position"].as_u64()),
-        (200, Some(2)),
-        "{}",
-        r.body
-    );
-    let r = proxy.enter("alice").await;
-    assert_eq!(
-        (r.status, r.json()["position"].as_u64()),
-        (200, Some(1)),
-        "{}",
-        r.body
-    );
-    let r = proxy.enter("carol").await;
-    assert_eq!(
-        (r.status, body_status(&r).as_str()),
-        (429, "FULL"),
-        "{}",
-        r.body
-    );
+    for (user, position) in [("alice", 1), ("bob", 2), ("alice", 1)] {
+        let r = proxy.enter(user).await;
+        assert_eq!(
+            (r.status, r.json()["position"].as_u64()),
+            (200, Some(position)),
+            "{user}: {}",
+            r.body
+        );
+    }
+    assert_full("carol", &proxy.enter("carol").await, 30);
     // polls: WAITING, NOT_IN_QUEUE
     let r = proxy.status("alice").await;
-    assert_eq!(body_status(&r), "WAITING", "{}", r.body);
+    assert_eq!(status_of(&r), "WAITING", "{}", r.body);
     let r = proxy.status("dave").await;
-    assert_eq!(body_status(&r), "NOT_IN_QUEUE", "{}", r.body);
+    assert_eq!(status_of(&r), "NOT_IN_QUEUE", "{}", r.body);
 
     // The room-wide gauges follow the real line within about a second.
     assert_eq!(zcard(&mut conn, &queue_key).await, 2, "the line in Redis");
-    let text = scrape_until(&proxy, GAUGE_FRESH, |s| {
-        value(s, "waitroom_queue_length", &[]) == 2.0
-            && value(s, "waitroom_queue_tail_wait_seconds", &[]) == 0.0
-    })
+    // 2 waiting with a batch of 2: the tail is within the first batch, so 0 s; no token yet.
+    assert_metrics(
+        &proxy,
+        GAUGE_FRESH,
+        &[
+            exp("waitroom_queue_length", &[], 2.0),
+            exp("waitroom_queue_tail_wait_seconds", &[], 0.0),
+            exp("waitroom_active_tokens", &[], 0.0),
+        ],
+    )
     .await;
-    let s = samples(&text);
-    assert_eq!(
-        value(&s, "waitroom_queue_length", &[]),
-        2.0,
-        "queue length after 2 enters:\n{text}"
-    );
-    // 2 waiting with a batch of 2: the tail is within the first batch, so 0 s.
-    assert_eq!(
-        value(&s, "waitroom_queue_tail_wait_seconds", &[]),
-        0.0,
-        "tail wait:\n{text}"
-    );
-    assert_eq!(
-        value(&s, "waitroom_active_tokens", &[]),
-        0.0,
-        "no token yet:\n{text}"
-    );
 
     // Release admission: with the schedule gone the ticker (which wakes at least once a second)
     // finds a batch due and admits both.
@@ -385,36 +374,27 @@ async fn scripted_session_moves_each_counter_by_exactly_its_share() {
         .query_async(&mut conn)
         .await
         .expect("DEL");
-    let text = scrape_until(&proxy, Duration::from_secs(5), |s| {
-        value(s, "waitroom_admitted_total", &[]) >= 2.0
-    })
+    assert_metrics(
+        &proxy,
+        Duration::from_secs(5),
+        &[exp("waitroom_admitted_total", &[], 2.0)],
+    )
     .await;
-    assert_eq!(
-        value(&samples(&text), "waitroom_admitted_total", &[]),
-        2.0,
-        "both admitted:\n{text}"
-    );
     assert_eq!(
         zcard(&mut conn, &queue_key).await,
         0,
         "the line in Redis after admission"
     );
-    let text = scrape_until(&proxy, GAUGE_FRESH, |s| {
-        value(s, "waitroom_queue_length", &[]) == 0.0
-            && value(s, "waitroom_active_tokens", &[]) == 2.0
-    })
+    let text = assert_metrics(
+        &proxy,
+        GAUGE_FRESH,
+        &[
+            exp("waitroom_queue_length", &[], 0.0),
+            exp("waitroom_active_tokens", &[], 2.0),
+        ],
+    )
     .await;
     let s = samples(&text);
-    assert_eq!(
-        value(&s, "waitroom_queue_length", &[]),
-        0.0,
-        "queue length after admission:\n{text}"
-    );
-    assert_eq!(
-        value(&s, "waitroom_active_tokens", &[]),
-        2.0,
-        "live tokens after admission:\n{text}"
-    );
     assert!(
         value(
             &s,
@@ -425,19 +405,11 @@ async fn scripted_session_moves_each_counter_by_exactly_its_share() {
     );
 
     // READY x2, and enter of a user holding a token
-    let r = proxy.status("alice").await;
-    assert_eq!(body_status(&r), "READY", "{}", r.body);
-    let token_a = r.json()["token"].as_str().unwrap().to_owned();
-    let r = proxy.status("bob").await;
-    assert_eq!(body_status(&r), "READY", "{}", r.body);
-    let token_b = r.json()["token"].as_str().unwrap().to_owned();
-    let r = proxy.enter("alice").await;
-    assert_eq!(
-        (r.status, body_status(&r).as_str()),
-        (200, "READY"),
-        "{}",
-        r.body
+    let (token_a, token_b) = (
+        ready_token(&proxy, "alice").await,
+        ready_token(&proxy, "bob").await,
     );
+    assert_status_is(&proxy.enter("alice").await, 200, "READY");
 
     // protected: forbidden (wrong token), unauthenticated (no identity)
     let r = proxy.order("alice", Some(&token_b)).await;
@@ -452,17 +424,7 @@ async fn scripted_session_moves_each_counter_by_exactly_its_share() {
     .await;
     assert_eq!(r.status, 401, "no identity: {}", r.body);
     // forwarded, upstream 409: token kept
-    let r = send(
-        proxy
-            .client()
-            .post(proxy.url("/api/orders"))
-            .header("X-User-Id", "alice")
-            .header("X-Entry-Token", &token_a)
-            .header("X-Demo-Fail", "409")
-            .header("content-type", "application/json")
-            .body(r#"{"item":"widget","quantity":1}"#),
-    )
-    .await;
+    let r = order_failing(&proxy, "alice", &token_a, 409).await;
     assert_eq!(
         r.status, 409,
         "the upstream's 409 passes through: {}",
@@ -470,7 +432,7 @@ async fn scripted_session_moves_each_counter_by_exactly_its_share() {
     );
     let r = proxy.status("alice").await;
     assert_eq!(
-        (body_status(&r).as_str(), r.json()["token"].as_str()),
+        (status_of(&r).as_str(), r.json()["token"].as_str()),
         ("READY", Some(token_a.as_str())),
         "a 4xx keeps the token: {}",
         r.body
@@ -486,68 +448,44 @@ async fn scripted_session_moves_each_counter_by_exactly_its_share() {
     let r = proxy.order("alice", Some(&token_a)).await;
     assert_eq!(r.status, 403, "a spent token: {}", r.body);
     let r = proxy.status("alice").await;
-    assert_eq!(body_status(&r), "NOT_IN_QUEUE", "{}", r.body);
+    assert_eq!(status_of(&r), "NOT_IN_QUEUE", "{}", r.body);
     // pass-through
     let r = proxy.get("/hello?x=1").await;
     assert_eq!(r.status, 200, "pass-through: {}", r.body);
-    let text = scrape_until(&proxy, GAUGE_FRESH, |s| {
-        value(s, "waitroom_active_tokens", &[]) == 1.0
-    })
+    // bob's token is live.
+    assert_metrics(
+        &proxy,
+        GAUGE_FRESH,
+        &[exp("waitroom_active_tokens", &[], 1.0)],
+    )
     .await;
-    assert_eq!(
-        value(&samples(&text), "waitroom_active_tokens", &[]),
-        1.0,
-        "bob's token is live:\n{text}"
-    );
 
     // reloads: one accepted, one refused
     proxy.rewrite_config("queue: {retry_after: 20s}");
     proxy.signal("HUP");
-    let text = scrape_until(&proxy, Duration::from_secs(5), |s| {
-        value(s, "waitroom_config_reloads_total", &[("result", "ok")]) >= 1.0
-    })
-    .await;
-    assert_eq!(
-        value(
-            &samples(&text),
-            "waitroom_config_reloads_total",
-            &[("result", "ok")]
-        ),
-        1.0,
-        "{text}"
-    );
+    let reloaded = by("waitroom_config_reloads_total", "result", &[("ok", 1.0)]);
+    assert_metrics(&proxy, Duration::from_secs(5), &reloaded).await;
     proxy.write_config_raw("admission: [this, is, not, a, mapping]\n");
     proxy.signal("HUP");
-    let text = scrape_until(&proxy, Duration::from_secs(5), |s| {
-        value(s, "waitroom_config_reloads_total", &[("result", "error")]) >= 1.0
-    })
+    // And no Redis error while Redis runs.
+    assert_metrics(
+        &proxy,
+        Duration::from_secs(5),
+        &[
+            exp("waitroom_config_reloads_total", &[("result", "error")], 1.0),
+            exp("waitroom_redis_errors_total", &[], 0.0),
+        ],
+    )
     .await;
-    assert_eq!(
-        value(
-            &samples(&text),
-            "waitroom_config_reloads_total",
-            &[("result", "error")]
-        ),
-        1.0,
-        "{text}"
-    );
-    assert_eq!(
-        value(&samples(&text), "waitroom_redis_errors_total", &[]),
-        0.0,
-        "no Redis error while Redis runs:\n{text}"
-    );
 
     // Redis goes away: readiness, the up gauge, and one error of each request kind.
     redis.stop();
-    let text = scrape_until(&proxy, Duration::from_secs(2), |s| {
-        value(s, "waitroom_redis_up", &[]) == 0.0
-    })
+    assert_metrics(
+        &proxy,
+        Duration::from_secs(2),
+        &[exp("waitroom_redis_up", &[], 0.0)],
+    )
     .await;
-    assert_eq!(
-        value(&samples(&text), "waitroom_redis_up", &[]),
-        0.0,
-        "redis_up after stop:\n{text}"
-    );
     assert_eq!(proxy.readyz().await, 503);
     let r = proxy.enter("erin").await;
     assert_eq!(r.status, 503, "enter without Redis: {}", r.body);
@@ -560,94 +498,70 @@ async fn scripted_session_moves_each_counter_by_exactly_its_share() {
         r.body
     );
 
-    let expected = vec![
-        exp("waitroom_enter_total", &[("result", "queued")], 2.0),
-        exp(
+    let expected: Vec<Expect> = [
+        by(
             "waitroom_enter_total",
-            &[("result", "already_waiting")],
-            1.0,
+            "result",
+            &[
+                ("queued", 2.0),
+                ("already_waiting", 1.0),
+                ("full", 1.0),
+                ("ready", 1.0),
+                ("error", 1.0),
+            ],
         ),
-        exp("waitroom_enter_total", &[("result", "full")], 1.0),
-        exp("waitroom_enter_total", &[("result", "ready")], 1.0),
-        exp("waitroom_enter_total", &[("result", "error")], 1.0),
-        exp("waitroom_status_total", &[("status", "WAITING")], 1.0),
-        exp("waitroom_status_total", &[("status", "READY")], 3.0),
-        exp("waitroom_status_total", &[("status", "NOT_IN_QUEUE")], 2.0),
-        exp("waitroom_status_total", &[("status", "error")], 1.0),
-        exp("waitroom_admitted_total", &[], 2.0),
-        exp("waitroom_tokens_consumed_total", &[], 1.0),
-        exp("waitroom_abandoned_total", &[], 0.0),
-        exp(
+        by(
+            "waitroom_status_total",
+            "status",
+            &[
+                ("WAITING", 1.0),
+                ("READY", 3.0),
+                ("NOT_IN_QUEUE", 2.0),
+                ("error", 1.0),
+            ],
+        ),
+        vec![exp("waitroom_admitted_total", &[], 2.0)],
+        vec![exp("waitroom_tokens_consumed_total", &[], 1.0)],
+        vec![exp("waitroom_abandoned_total", &[], 0.0)],
+        by(
             "waitroom_protected_requests_total",
-            &[("result", "forbidden")],
-            2.0,
+            "result",
+            &[
+                ("forbidden", 2.0),
+                ("unauthenticated", 1.0),
+                ("forwarded", 2.0),
+                ("unavailable", 1.0),
+            ],
         ),
-        exp(
-            "waitroom_protected_requests_total",
-            &[("result", "unauthenticated")],
-            1.0,
-        ),
-        exp(
-            "waitroom_protected_requests_total",
-            &[("result", "forwarded")],
-            2.0,
-        ),
-        exp(
-            "waitroom_protected_requests_total",
-            &[("result", "unavailable")],
-            1.0,
-        ),
-        exp(
+        by(
             "waitroom_upstream_responses_total",
-            &[("class", "2xx")],
-            2.0,
+            "class",
+            &[("2xx", 2.0), ("4xx", 1.0)],
         ),
-        exp(
-            "waitroom_upstream_responses_total",
-            &[("class", "4xx")],
-            1.0,
+        by(
+            "waitroom_config_reloads_total",
+            "result",
+            &[("ok", 1.0), ("error", 1.0)],
         ),
-        exp("waitroom_config_reloads_total", &[("result", "ok")], 1.0),
-        exp("waitroom_config_reloads_total", &[("result", "error")], 1.0),
-        exp(
+        by(
             "waitroom_request_duration_seconds_count",
-            &[("endpoint", "enter")],
-            6.0,
+            "endpoint",
+            &[
+                ("enter", 6.0),
+                ("status", 7.0),
+                ("protected", 6.0),
+                ("passthrough", 1.0),
+            ],
         ),
-        exp(
-            "waitroom_request_duration_seconds_count",
-            &[("endpoint", "status")],
-            7.0,
-        ),
-        exp(
-            "waitroom_request_duration_seconds_count",
-            &[("endpoint", "protected")],
-            6.0,
-        ),
-        exp(
-            "waitroom_request_duration_seconds_count",
-            &[("endpoint", "passthrough")],
-            1.0,
-        ),
-        exp(
+        by(
             "waitroom_upstream_duration_seconds_count",
-            &[("endpoint", "protected")],
-            2.0,
+            "endpoint",
+            &[("protected", 2.0), ("passthrough", 1.0)],
         ),
-        exp(
-            "waitroom_upstream_duration_seconds_count",
-            &[("endpoint", "passthrough")],
-            1.0,
-        ),
-    ];
-    let text = scrape_until(&proxy, SETTLE, |s| mismatches(s, &expected).is_empty()).await;
+    ]
+    .concat();
+    let text = assert_metrics(&proxy, SETTLE, &expected).await;
     let s = samples(&text);
-    let wrong = mismatches(&s, &expected);
-    assert!(
-        wrong.is_empty(),
-        "counters off:\n  {}\n\n{text}",
-        wrong.join("\n  ")
-    );
 
     // No other label value moved (e.g. no "limited", no upstream "error" class).
     let labelled = [
@@ -724,6 +638,71 @@ async fn scripted_session_moves_each_counter_by_exactly_its_share() {
             "# TYPE of {family}"
         );
     }
+}
+
+// ---- upstream classes and the page, end to end ---------------------------------------------------
+
+/// Each class of `waitroom_upstream_responses_total` counts exactly the responses of its class,
+/// pass-through and protected alike (the demo API answers with the status asked for), and the
+/// waiting page is timed under `endpoint="page"` (section 4). The "error" class (upstream
+/// unreachable) is checked in admission_tokens.rs, where a proxy's upstream refuses connections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_classes_and_the_page_are_counted_end_to_end() {
+    let redis = RedisServer::start();
+    let api = DemoApi::start(&["--service-time-ms", "1"]);
+    let proxy = Proxy::builder(&redis.url(), api.addr()).start().await;
+    // Pass-through: the echo answers X-Echo-Status.
+    for (status, times) in [(200u16, 1), (302, 2), (404, 1), (503, 3)] {
+        for _ in 0..times {
+            let r = send(
+                proxy
+                    .client()
+                    .get(proxy.url("/echo-me"))
+                    .header("X-Echo-Status", status.to_string()),
+            )
+            .await;
+            assert_eq!(r.status, status, "pass-through {status}: {}", r.body);
+        }
+    }
+    // Protected: a forced 500 keeps the token, then a 201 spends it.
+    let token = proxy.until_ready("classy", Duration::from_secs(5)).await;
+    let r = order_failing(&proxy, "classy", &token, 500).await;
+    assert_eq!(r.status, 500, "{}", r.body);
+    assert_eq!(proxy.order("classy", Some(&token)).await.status, 201);
+    // The page, twice.
+    for _ in 0..2 {
+        let r = proxy.get("/queue/").await;
+        assert_eq!(r.status, 200);
+        assert!(r
+            .header("content-type")
+            .unwrap_or("")
+            .starts_with("text/html"));
+    }
+
+    let expected: Vec<Expect> = [
+        by(
+            "waitroom_upstream_responses_total",
+            "class",
+            &[("2xx", 2.0), ("3xx", 2.0), ("4xx", 1.0), ("5xx", 4.0)],
+        ),
+        by(
+            "waitroom_request_duration_seconds_count",
+            "endpoint",
+            &[("page", 2.0), ("passthrough", 7.0), ("protected", 2.0)],
+        ),
+    ]
+    .concat();
+    let text = assert_metrics(&proxy, SETTLE, &expected).await;
+    let s = samples(&text);
+    let classes: Vec<String> = by_label(&s, "waitroom_upstream_responses_total", "class")
+        .into_keys()
+        .collect();
+    assert_eq!(
+        classes,
+        ["2xx", "3xx", "4xx", "5xx"],
+        "no error class without an error:\n{text}"
+    );
+    check_histogram(&s, "waitroom_request_duration_seconds", "page", 2.0);
 }
 
 // ---- a proxy that has seen every kind of traffic ------------------------------------------------
@@ -1102,7 +1081,7 @@ async fn entry_tokens_never_appear_in_the_logs() {
         );
         let r = proxy.order(&user, Some(&token)).await;
         assert_eq!(r.status, 403, "spent token: {}", r.body);
-        assert_eq!(body_status(&proxy.status(&user).await), "NOT_IN_QUEUE");
+        assert_eq!(status_of(&proxy.status(&user).await), "NOT_IN_QUEUE");
 
         // Access lines are written after each response: a last pass-through marks the end.
         assert_eq!(proxy.get("/observability-marker").await.status, 200);

@@ -1,5 +1,5 @@
 //! Every Lua script of `lua/` against a real `redis-server`, through the library's `store::Room`
-//! (style rule 3): enter, status, admit, consume and stats, plus the key layout they share.
+//! (style rule 3): enter, status, admit, adapt, consume and stats, plus the key layout they share.
 //!
 //! Each test gets its own Redis and its own room. Redis is inspected directly to check what the
 //! scripts wrote (scores, TTLs, the key names), with the names taken from `store::Keys` so the
@@ -13,10 +13,12 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use redis::aio::MultiplexedConnection;
+use redis::FromRedisValue;
 use waitroom::config::Config;
+use waitroom::rules::ControlState;
 use waitroom::store::{
-    AdmitOutcome, EnterOutcome, EnterRequest, Keys, PollClock, Room, RoomStats, StatusOutcome,
-    StoreError,
+    AdmitOutcome, Claim, EnterOutcome, EnterRequest, Keys, PollClock, Room, RoomRules, StatusOutcome,
+    StoreError, ADAPT_PERIOD,
 };
 
 const CAPACITY: u64 = 100_000;
@@ -33,19 +35,61 @@ fn open_room(redis: &RedisServer, prefix: &str) -> Room {
     Room::new(&config.redis).expect("room")
 }
 
-/// `enter` without the per-address limit and the poll clock (tested on their own below).
-async fn enter_room(room: &Room, user: &str, capacity: u64) -> Result<EnterOutcome, StoreError> {
-    room.enter(EnterRequest {
+/// `enter` as the proxy calls it with every admission switch off.
+async fn enter(room: &Room, request: EnterRequest<'_>) -> Result<EnterOutcome, StoreError> {
+    Ok(room.enter(request, &RoomRules::OFF).await?.outcome)
+}
+
+/// Who enters, without the per-address limit (tested on its own below), under `poll`.
+fn request<'a>(user: &'a str, capacity: u64, poll: PollClock<'a>) -> EnterRequest<'a> {
+    EnterRequest {
         user,
         capacity,
         per_address: None,
-        poll: PollClock::OFF,
-    })
-    .await
+        poll,
+    }
+}
+
+/// The user's live token, which `why` says there must be.
+async fn live_token(room: &Room, user: &str, why: &str) -> String {
+    room.current_token(user).await.unwrap().expect(why)
+}
+
+/// A room on `redis`, its key names, and a connection to inspect what the scripts wrote.
+async fn open(redis: &RedisServer, prefix: &str) -> (Room, Keys, MultiplexedConnection) {
+    let room = open_room(redis, prefix);
+    let keys = room.keys().clone();
+    (room, keys, redis.conn().await)
+}
+
+/// What enter answers a waiting user.
+fn waiting(position: u64, already: bool) -> EnterOutcome {
+    EnterOutcome::Waiting { position, already }
+}
+
+/// `status` as the proxy calls it without abandonment.
+async fn status(room: &Room, user: &str, poll: PollClock<'_>) -> Result<StatusOutcome, StoreError> {
+    Ok(room.status(user, poll, &RoomRules::OFF).await?.outcome)
 }
 
 async fn status_room(room: &Room, user: &str) -> Result<StatusOutcome, StoreError> {
-    room.status(user, PollClock::OFF).await
+    status(room, user, PollClock::OFF).await
+}
+
+/// One admission tick at the fixed rate.
+async fn admit(
+    room: &Room,
+    interval: Duration,
+    batch: u32,
+    ttl: Duration,
+) -> Result<AdmitOutcome, StoreError> {
+    room.admit(&RoomRules::fixed(interval, batch, ttl)).await
+}
+
+/// The room's numbers at the fixed rate: (users waiting, live tokens).
+async fn counts(room: &Room) -> (u64, u64) {
+    let watch = room.watch(&RoomRules::OFF).await.expect("stats");
+    (watch.waiting, watch.live_tokens)
 }
 
 fn user(i: usize) -> String {
@@ -62,39 +106,32 @@ async fn enter_all(room: &Room, users: &[String]) {
     }
 }
 
+/// One Redis command on one argument (a key, mostly), as the tests inspect what the scripts wrote.
+async fn query<T: FromRedisValue>(conn: &mut MultiplexedConnection, command: &str, arg: &str) -> T {
+    let reply = redis::cmd(command).arg(arg).query_async(conn).await;
+    reply.unwrap_or_else(|error| panic!("{command} {arg}: {error}"))
+}
+
+async fn get(conn: &mut MultiplexedConnection, key: &str) -> Option<String> {
+    query(conn, "GET", key).await
+}
+
+/// A sorted set's members with their scores, lowest first.
 async fn zrange_withscores(conn: &mut MultiplexedConnection, key: &str) -> Vec<(String, f64)> {
-    redis::cmd("ZRANGE")
+    let reply = redis::cmd("ZRANGE")
         .arg(key)
         .arg(0)
         .arg(-1)
         .arg("WITHSCORES")
         .query_async(conn)
-        .await
-        .expect("ZRANGE")
+        .await;
+    reply.expect("ZRANGE")
 }
 
-async fn get(conn: &mut MultiplexedConnection, key: &str) -> Option<String> {
-    redis::cmd("GET")
-        .arg(key)
-        .query_async(conn)
-        .await
-        .expect("GET")
-}
-
-async fn pttl(conn: &mut MultiplexedConnection, key: &str) -> i64 {
-    redis::cmd("PTTL")
-        .arg(key)
-        .query_async(conn)
-        .await
-        .expect("PTTL")
-}
-
-async fn zcard(conn: &mut MultiplexedConnection, key: &str) -> u64 {
-    redis::cmd("ZCARD")
-        .arg(key)
-        .query_async(conn)
-        .await
-        .expect("ZCARD")
+/// A sorted set's members, lowest score first.
+async fn members(conn: &mut MultiplexedConnection, key: &str) -> Vec<String> {
+    let scored = zrange_withscores(conn, key).await;
+    scored.into_iter().map(|(member, _)| member).collect()
 }
 
 fn is_uuid_v4(token: &str) -> bool {
@@ -113,22 +150,13 @@ fn is_uuid_v4(token: &str) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn enter_numbers_arrivals_with_a_redis_counter_and_keeps_places() {
     let redis = RedisServer::start();
-    let room = open_room(&redis, "enter");
-    let keys = room.keys().clone();
-    let mut conn = redis.conn().await;
+    let (room, keys, mut conn) = open(&redis, "enter").await;
 
     // Names that sort differently from their arrival: only the counter may decide the order.
     let users = ["zoe", "adam", "mia", "bob"];
     for (i, u) in users.iter().enumerate() {
         let outcome = enter_room(&room, u, CAPACITY).await.unwrap();
-        assert_eq!(
-            outcome,
-            EnterOutcome::Waiting {
-                position: i as u64 + 1,
-                already: false
-            },
-            "{u}"
-        );
+        assert_eq!(outcome, waiting(i as u64 + 1, false), "{u}");
     }
     let line = zrange_withscores(&mut conn, &keys.queue).await;
     assert_eq!(
@@ -146,13 +174,7 @@ async fn enter_numbers_arrivals_with_a_redis_counter_and_keeps_places() {
     // Entering again keeps the place (and the score), and draws no number.
     for (i, u) in users.iter().enumerate() {
         let outcome = enter_room(&room, u, CAPACITY).await.unwrap();
-        assert_eq!(
-            outcome,
-            EnterOutcome::Waiting {
-                position: i as u64 + 1,
-                already: true
-            }
-        );
+        assert_eq!(outcome, waiting(i as u64 + 1, true));
     }
     assert_eq!(
         zrange_withscores(&mut conn, &keys.queue).await,
@@ -166,16 +188,10 @@ async fn enter_numbers_arrivals_with_a_redis_counter_and_keeps_places() {
     );
 
     // After the front leaves, numbering carries on from the counter, never reusing a number.
-    let admitted = room.admit(LONG, 1, TTL).await.unwrap();
+    let admitted = admit(&room, LONG, 1, TTL).await.unwrap();
     assert_eq!(admitted.admitted, 1);
     let late = enter_room(&room, "carl", CAPACITY).await.unwrap();
-    assert_eq!(
-        late,
-        EnterOutcome::Waiting {
-            position: 4,
-            already: false
-        }
-    );
+    assert_eq!(late, waiting(4, false));
     let line = zrange_withscores(&mut conn, &keys.queue).await;
     assert_eq!(line.last(), Some(&("carl".to_string(), 5.0)), "{line:?}");
     assert_eq!(line.len(), 4);
@@ -199,17 +215,12 @@ async fn enter_numbers_arrivals_with_a_redis_counter_and_keeps_places() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn enter_is_full_at_capacity_but_still_answers_those_already_waiting() {
     let redis = RedisServer::start();
-    let room = open_room(&redis, "full");
-    let keys = room.keys().clone();
-    let mut conn = redis.conn().await;
+    let (room, keys, mut conn) = open(&redis, "full").await;
 
     for i in 0..3 {
         assert_eq!(
             enter_room(&room, &user(i), 3).await.unwrap(),
-            EnterOutcome::Waiting {
-                position: i as u64 + 1,
-                already: false
-            }
+            waiting(i as u64 + 1, false)
         );
     }
     assert_eq!(
@@ -221,7 +232,7 @@ async fn enter_is_full_at_capacity_but_still_answers_those_already_waiting() {
         EnterOutcome::Full
     );
     assert_eq!(
-        zcard(&mut conn, &keys.queue).await,
+        members(&mut conn, &keys.queue).await.len(),
         3,
         "FULL inserts nobody"
     );
@@ -238,20 +249,14 @@ async fn enter_is_full_at_capacity_but_still_answers_those_already_waiting() {
     // A waiting user at capacity keeps the place rather than being told FULL.
     assert_eq!(
         enter_room(&room, &user(2), 3).await.unwrap(),
-        EnterOutcome::Waiting {
-            position: 3,
-            already: true
-        }
+        waiting(3, true)
     );
 
     // Once one leaves, one more fits, and only one.
-    assert_eq!(room.admit(LONG, 1, TTL).await.unwrap().admitted, 1);
+    assert_eq!(admit(&room, LONG, 1, TTL).await.unwrap().admitted, 1);
     assert_eq!(
         enter_room(&room, "late", 3).await.unwrap(),
-        EnterOutcome::Waiting {
-            position: 3,
-            already: false
-        }
+        waiting(3, false)
     );
     assert_eq!(
         enter_room(&room, "later", 3).await.unwrap(),
@@ -301,12 +306,10 @@ async fn concurrent_enters_never_exceed_capacity_or_share_a_number() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn enter_answers_ready_while_a_token_is_live() {
     let redis = RedisServer::start();
-    let room = open_room(&redis, "ready");
-    let keys = room.keys().clone();
-    let mut conn = redis.conn().await;
+    let (room, keys, mut conn) = open(&redis, "ready").await;
 
     enter_room(&room, "alice", CAPACITY).await.unwrap();
-    assert_eq!(room.admit(LONG, 10, TTL).await.unwrap().admitted, 1);
+    assert_eq!(admit(&room, LONG, 10, TTL).await.unwrap().admitted, 1);
     let token = get(&mut conn, &keys.token("alice"))
         .await
         .expect("token written");
@@ -326,7 +329,7 @@ async fn enter_answers_ready_while_a_token_is_live() {
         other => panic!("expected READY, got {other:?}"),
     }
     assert_eq!(
-        zcard(&mut conn, &keys.queue).await,
+        members(&mut conn, &keys.queue).await.len(),
         0,
         "a READY user is not queued again"
     );
@@ -358,7 +361,7 @@ async fn status_answers_waiting_ready_or_not_in_queue() {
     }
 
     let ttl = Duration::from_secs(30);
-    assert_eq!(room.admit(LONG, 1, ttl).await.unwrap().admitted, 1);
+    assert_eq!(admit(&room, LONG, 1, ttl).await.unwrap().admitted, 1);
     match status_room(&room, &users[0]).await.unwrap() {
         StatusOutcome::Ready {
             token,
@@ -384,7 +387,7 @@ async fn status_answers_waiting_ready_or_not_in_queue() {
         StatusOutcome::NotInQueue
     );
     // Asking never enqueues.
-    assert_eq!(room.stats().await.unwrap().waiting, 3);
+    assert_eq!(counts(&room).await.0, 3);
 }
 
 // ---- admit ------------------------------------------------------------------------------------
@@ -392,15 +395,13 @@ async fn status_answers_waiting_ready_or_not_in_queue() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admit_pops_the_front_in_order_and_writes_one_fresh_token_each() {
     let redis = RedisServer::start();
-    let room = open_room(&redis, "admit");
-    let keys = room.keys().clone();
-    let mut conn = redis.conn().await;
+    let (room, keys, mut conn) = open(&redis, "admit").await;
 
     let users: Vec<String> = (0..12).map(user).collect();
     enter_all(&room, &users).await;
 
     let interval = Duration::from_secs(10);
-    let first = room.admit(interval, 5, TTL).await.unwrap();
+    let first = admit(&room, interval, 5, TTL).await.unwrap();
     assert_eq!(first.admitted, 5);
     assert!(first.was_due, "the first call of a fresh room is due");
     assert!(
@@ -417,7 +418,7 @@ async fn admit_pops_the_front_in_order_and_writes_one_fresh_token_each() {
             .unwrap_or_else(|| panic!("no token for {u}"));
         assert!(is_uuid_v4(&token), "{u}: {token:?} is not a UUID v4");
         assert!(tokens.insert(token.clone()), "token {token} issued twice");
-        let left = pttl(&mut conn, &key).await;
+        let left = query::<i64>(&mut conn, "PTTL", &key).await;
         assert!(left > 58_000 && left <= 60_000, "{u}: PTTL {left}");
         assert!(
             matches!(status_room(&room, u).await.unwrap(), StatusOutcome::Ready { token: t, .. } if t == token)
@@ -430,58 +431,32 @@ async fn admit_pops_the_front_in_order_and_writes_one_fresh_token_each() {
             "{u} got a token out of turn"
         );
     }
-    let live: Vec<String> = zrange_withscores(&mut conn, &keys.tokens)
-        .await
-        .into_iter()
-        .map(|(u, _)| u)
-        .collect();
+    let live: Vec<String> = members(&mut conn, &keys.tokens).await;
     assert_eq!(
         live.iter().collect::<HashSet<_>>(),
         users[..5].iter().collect::<HashSet<_>>()
     );
-    let line: Vec<String> = zrange_withscores(&mut conn, &keys.queue)
-        .await
-        .into_iter()
-        .map(|(u, _)| u)
-        .collect();
+    let line: Vec<String> = members(&mut conn, &keys.queue).await;
     assert_eq!(line, users[5..].to_vec(), "the rest keep their order");
 
     // Within the interval: nothing, and how long to wait.
-    let early = room.admit(interval, 5, TTL).await.unwrap();
+    let early = admit(&room, interval, 5, TTL).await.unwrap();
     assert_eq!(early.admitted, 0);
     assert!(!early.was_due);
     assert!(
         early.next_due <= first.next_due && early.next_due > interval - Duration::from_secs(2),
         "{early:?}"
     );
-    assert_eq!(
-        room.stats().await.unwrap(),
-        RoomStats {
-            waiting: 7,
-            live_tokens: 5
-        }
-    );
+    assert_eq!(counts(&room).await, (7, 5));
 
     // The next due tick takes the next five in order, then the last two: never more than asked.
     let short = Duration::from_millis(1);
-    let _: () = redis::cmd("DEL")
-        .arg(&keys.next_admission)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    assert_eq!(room.admit(short, 5, TTL).await.unwrap().admitted, 5);
-    let line: Vec<String> = zrange_withscores(&mut conn, &keys.queue)
-        .await
-        .into_iter()
-        .map(|(u, _)| u)
-        .collect();
+    query::<()>(&mut conn, "DEL", &keys.next_admission).await;
+    assert_eq!(admit(&room, short, 5, TTL).await.unwrap().admitted, 5);
+    let line: Vec<String> = members(&mut conn, &keys.queue).await;
     assert_eq!(line, users[10..].to_vec());
-    let _: () = redis::cmd("DEL")
-        .arg(&keys.next_admission)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    let last = room.admit(short, 5, TTL).await.unwrap();
+    query::<()>(&mut conn, "DEL", &keys.next_admission).await;
+    let last = admit(&room, short, 5, TTL).await.unwrap();
     assert_eq!(last.admitted, 2);
     assert!(last.was_due);
     for u in &users {
@@ -493,12 +468,8 @@ async fn admit_pops_the_front_in_order_and_writes_one_fresh_token_each() {
     assert_eq!(tokens.len(), 12, "all tokens distinct");
 
     // An empty line: a due tick admits nobody.
-    let _: () = redis::cmd("DEL")
-        .arg(&keys.next_admission)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    let idle = room.admit(short, 5, TTL).await.unwrap();
+    query::<()>(&mut conn, "DEL", &keys.next_admission).await;
+    let idle = admit(&room, short, 5, TTL).await.unwrap();
     assert_eq!((idle.admitted, idle.was_due), (0, true));
 }
 
@@ -506,8 +477,8 @@ async fn admit_pops_the_front_in_order_and_writes_one_fresh_token_each() {
 async fn concurrent_admit_calls_admit_exactly_one_batch_per_interval() {
     let redis = RedisServer::start();
     // Ten proxies: ten rooms on one prefix, each with its own connection.
-    let rooms: Vec<Arc<Room>> = (0..10)
-        .map(|_| Arc::new(open_room(&redis, "many")))
+    let rooms: Vec<Arc<Room>> = std::iter::repeat_with(|| Arc::new(open_room(&redis, "many")))
+        .take(10)
         .collect();
     let users: Vec<String> = (0..400).map(user).collect();
     enter_all(&rooms[0], &users).await;
@@ -522,9 +493,9 @@ async fn concurrent_admit_calls_admit_exactly_one_batch_per_interval() {
             .map(|r| {
                 let (r, barrier) = (r.clone(), barrier.clone());
                 tokio::spawn(async move {
-                    r.stats().await.unwrap(); // connect before the race starts
+                    counts(&r).await; // connect before the race starts
                     barrier.wait().await;
-                    r.admit(interval, batch, TTL).await.unwrap()
+                    admit(&r, interval, batch, TTL).await.unwrap()
                 })
             })
             .collect();
@@ -553,11 +524,7 @@ async fn concurrent_admit_calls_admit_exactly_one_batch_per_interval() {
     // schedule so that the first call is due at once.
     let keys = rooms[0].keys().clone();
     let mut conn = redis.conn().await;
-    let _: () = redis::cmd("DEL")
-        .arg(&keys.next_admission)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    query::<()>(&mut conn, "DEL", &keys.next_admission).await;
     let interval = Duration::from_millis(100);
     let started = Instant::now();
     let run_for = Duration::from_millis(1000);
@@ -568,7 +535,7 @@ async fn concurrent_admit_calls_admit_exactly_one_batch_per_interval() {
             tokio::spawn(async move {
                 let (mut due, mut admitted) = (0u64, 0u64);
                 while started.elapsed() < run_for {
-                    let o = r.admit(interval, batch, TTL).await.unwrap();
+                    let o = admit(&r, interval, batch, TTL).await.unwrap();
                     due += o.was_due as u64;
                     admitted += o.admitted;
                 }
@@ -611,10 +578,13 @@ async fn admit_skips_missed_intervals_instead_of_catching_up() {
     let interval = Duration::from_millis(100);
     let batch = 2;
 
-    assert_eq!(room.admit(interval, batch, TTL).await.unwrap().admitted, 2);
+    assert_eq!(
+        admit(&room, interval, batch, TTL).await.unwrap().admitted,
+        2
+    );
     // Three whole intervals pass with no tick (no proxy ran).
     tokio::time::sleep(interval * 3 + Duration::from_millis(50)).await;
-    let resumed = room.admit(interval, batch, TTL).await.unwrap();
+    let resumed = admit(&room, interval, batch, TTL).await.unwrap();
     assert_eq!(
         resumed.admitted, 2,
         "one batch, not a catch-up of three: {resumed:?}"
@@ -624,20 +594,20 @@ async fn admit_skips_missed_intervals_instead_of_catching_up() {
         resumed.next_due > interval / 2 && resumed.next_due <= interval,
         "the schedule restarts from now: {resumed:?}"
     );
-    let again = room.admit(interval, batch, TTL).await.unwrap();
+    let again = admit(&room, interval, batch, TTL).await.unwrap();
     assert_eq!((again.admitted, again.was_due), (0, false), "{again:?}");
 
     // From then on, at most one batch per interval however often it is called.
     let started = Instant::now();
     let mut admitted = 0;
     while started.elapsed() < interval * 3 {
-        admitted += room.admit(interval, batch, TTL).await.unwrap().admitted;
+        admitted += admit(&room, interval, batch, TTL).await.unwrap().admitted;
     }
     assert!(
         (4..=8).contains(&admitted),
         "{admitted} admitted in three intervals after resuming (expected 3-4 batches of {batch})"
     );
-    assert_eq!(room.stats().await.unwrap().waiting, 40 - 4 - admitted);
+    assert_eq!(counts(&room).await.0, 40 - 4 - admitted);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -648,17 +618,51 @@ async fn a_shorter_interval_is_not_held_back_by_a_schedule_made_with_a_longer_on
 
     // The room ran at one batch per hour (its last tick set the next one an hour ahead); then a
     // proxy restarts, or reloads, with 100 ms.
-    assert_eq!(room.admit(LONG, 1, TTL).await.unwrap().admitted, 1);
+    assert_eq!(admit(&room, LONG, 1, TTL).await.unwrap().admitted, 1);
     let interval = Duration::from_millis(100);
-    let first = room.admit(interval, 1, TTL).await.unwrap();
+    let first = admit(&room, interval, 1, TTL).await.unwrap();
     assert!(
         first.next_due <= interval,
         "told to wait {:?} with a 100 ms interval: the old schedule holds the room back",
         first.next_due
     );
     tokio::time::sleep(first.next_due).await;
-    let next = room.admit(interval, 1, TTL).await.unwrap();
+    let next = admit(&room, interval, 1, TTL).await.unwrap();
     assert_eq!(next.admitted, 1, "{next:?}");
+}
+
+// ---- claim and consume ------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_holds_the_current_token_for_one_request() {
+    let redis = RedisServer::start();
+    let (room, keys, mut conn) = open(&redis, "claim").await;
+    enter_all(&room, &["alice".to_string()]).await;
+    assert_eq!(admit(&room, LONG, 1, TTL).await.unwrap().admitted, 1);
+    let token = live_token(&room, "alice", "alice's token").await;
+    let hold = Duration::from_secs(30);
+
+    assert_eq!(room.claim("alice", "forged", "r0", hold).await.unwrap(), Claim::Invalid);
+    assert_eq!(room.claim("bob", &token, "r0", hold).await.unwrap(), Claim::Invalid, "another user's");
+    assert_eq!(get(&mut conn, &keys.claim("alice")).await, None, "a refused claim writes nothing");
+    assert_eq!(room.claim("alice", &token, "r1", hold).await.unwrap(), Claim::Claimed);
+    assert_eq!(room.claim("alice", &token, "r2", hold).await.unwrap(), Claim::InUse);
+    let held = query::<i64>(&mut conn, "PTTL", &keys.claim("alice")).await;
+    assert!((29_000..=30_000).contains(&held), "held for claim_timeout: {held}");
+
+    // Released by another request's id: nothing happens; by its own: free again.
+    assert!(!room.consume("alice", &token, "r2", false).await.unwrap());
+    assert_eq!(room.claim("alice", &token, "r3", hold).await.unwrap(), Claim::InUse);
+    assert!(!room.consume("alice", &token, "r1", false).await.unwrap(), "released, not spent");
+    assert_eq!(live_token(&room, "alice", "kept").await, token);
+    assert_eq!(room.claim("alice", &token, "r4", Duration::from_secs(600)).await.unwrap(), Claim::Claimed);
+    let held = query::<i64>(&mut conn, "PTTL", &keys.claim("alice")).await;
+    assert!(held <= TTL.as_millis() as i64, "never past the token's own expiry: {held}");
+
+    // Spent with its claim: both gone.
+    assert!(room.consume("alice", &token, "r4", true).await.unwrap());
+    assert_eq!(get(&mut conn, &keys.claim("alice")).await, None);
+    assert_eq!(room.claim("alice", &token, "r5", hold).await.unwrap(), Claim::Invalid);
 }
 
 // ---- consume ----------------------------------------------------------------------------------
@@ -666,90 +670,109 @@ async fn a_shorter_interval_is_not_held_back_by_a_schedule_made_with_a_longer_on
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn consume_deletes_only_the_token_that_was_used() {
     let redis = RedisServer::start();
-    let room = open_room(&redis, "consume");
-    let keys = room.keys().clone();
-    let mut conn = redis.conn().await;
+    let (room, keys, mut conn) = open(&redis, "consume").await;
 
     enter_all(&room, &["alice".to_string(), "bob".to_string()]).await;
-    assert_eq!(room.admit(LONG, 2, TTL).await.unwrap().admitted, 2);
-    let alice = room
-        .current_token("alice")
-        .await
-        .unwrap()
-        .expect("alice's token");
-    let bob = room
-        .current_token("bob")
-        .await
-        .unwrap()
-        .expect("bob's token");
-    assert_eq!(room.stats().await.unwrap().live_tokens, 2);
+    assert_eq!(admit(&room, LONG, 2, TTL).await.unwrap().admitted, 2);
+    let alice = live_token(&room, "alice", "alice's token").await;
+    let bob = live_token(&room, "bob", "bob's token").await;
+    assert_eq!(counts(&room).await.1, 2);
 
     // Another value (bob's, or a made-up one): nothing happens.
-    assert!(!room.consume("alice", &bob).await.unwrap());
+    assert!(!room.consume("alice", &bob, "c", true).await.unwrap());
     assert!(!room
-        .consume("alice", &uuid::Uuid::new_v4().to_string())
+        .consume("alice", &uuid::Uuid::new_v4().to_string(), "c", true)
         .await
         .unwrap());
-    assert!(!room.consume("alice", "").await.unwrap());
+    assert!(!room.consume("alice", "", "c", true).await.unwrap());
     assert_eq!(
         get(&mut conn, &keys.token("alice")).await,
         Some(alice.clone()),
         "key stays"
     );
     assert!(
-        pttl(&mut conn, &keys.token("alice")).await > 50_000,
+        query::<i64>(&mut conn, "PTTL", &keys.token("alice")).await > 50_000,
         "TTL untouched"
     );
-    assert_eq!(room.stats().await.unwrap().live_tokens, 2);
+    assert_eq!(counts(&room).await.1, 2);
 
     // The right value: deleted, and out of the live-token set; bob untouched.
-    assert!(room.consume("alice", &alice).await.unwrap());
+    assert!(room.consume("alice", &alice, "c", true).await.unwrap());
     assert_eq!(get(&mut conn, &keys.token("alice")).await, None);
-    let live: Vec<String> = zrange_withscores(&mut conn, &keys.tokens)
-        .await
-        .into_iter()
-        .map(|(u, _)| u)
-        .collect();
+    let live: Vec<String> = members(&mut conn, &keys.tokens).await;
     assert_eq!(live, vec!["bob".to_string()]);
-    assert_eq!(room.stats().await.unwrap().live_tokens, 1);
+    assert_eq!(counts(&room).await.1, 1);
     assert_eq!(
         status_room(&room, "alice").await.unwrap(),
         StatusOutcome::NotInQueue
     );
     assert_eq!(room.current_token("bob").await.unwrap(), Some(bob.clone()));
     // Spending twice: the second finds nothing.
-    assert!(!room.consume("alice", &alice).await.unwrap());
+    assert!(!room.consume("alice", &alice, "c", true).await.unwrap());
 
     // Alice enters again and is admitted again: her old token can never delete the new one.
-    assert!(matches!(
+    assert_eq!(
         enter_room(&room, "alice", CAPACITY).await.unwrap(),
-        EnterOutcome::Waiting {
-            position: 1,
-            already: false
-        }
-    ));
-    let _: () = redis::cmd("DEL")
-        .arg(&keys.next_admission)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    assert_eq!(room.admit(LONG, 2, TTL).await.unwrap().admitted, 1);
-    let newer = room
-        .current_token("alice")
-        .await
-        .unwrap()
-        .expect("a new token");
+        waiting(1, false)
+    );
+    query::<()>(&mut conn, "DEL", &keys.next_admission).await;
+    assert_eq!(admit(&room, LONG, 2, TTL).await.unwrap().admitted, 1);
+    let newer = live_token(&room, "alice", "a new token").await;
     assert_ne!(newer, alice, "a fresh token on each admission");
     assert!(
-        !room.consume("alice", &alice).await.unwrap(),
+        !room.consume("alice", &alice, "c", true).await.unwrap(),
         "the old token deletes nothing"
     );
     assert_eq!(
         room.current_token("alice").await.unwrap(),
         Some(newer.clone())
     );
-    assert_eq!(room.stats().await.unwrap().live_tokens, 2);
-    assert!(room.consume("alice", &newer).await.unwrap());
+    assert_eq!(counts(&room).await.1, 2);
+    assert!(room.consume("alice", &newer, "c", true).await.unwrap());
+}
+
+// ---- adapt and adapt_commit ------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adapt_claims_one_step_per_period_and_stores_only_the_latest_result() {
+    let redis = RedisServer::start();
+    let room = open_room(&redis, "adapt");
+
+    // A fresh room's first call claims the step, with the reports sent so far and no state.
+    let first = room.adapt(&[(3, 2), (7, 1)]).await.unwrap();
+    let step = first
+        .step
+        .expect("the first call of a fresh room claims the step");
+    assert_eq!(step.state, None);
+    let mut latencies = step.latencies.clone();
+    latencies.sort();
+    assert_eq!(latencies, vec![(3, 2), (7, 1)]);
+    assert!(first.next_due <= ADAPT_PERIOD, "{:?}", first.next_due);
+
+    // Within the period: reported, not claimed.
+    let early = room.adapt(&[(5, 4)]).await.unwrap();
+    assert!(early.step.is_none(), "{early:?}");
+    assert!(early.next_due <= first.next_due, "{early:?}");
+
+    let state = ControlState {
+        batch: 4,
+        settle: 1,
+        served_at_cut: Some(9),
+        probe_wait: 2,
+    };
+    assert!(!room.adapt_commit("another-step", state).await.unwrap());
+    assert!(room.adapt_commit(&step.id, state).await.unwrap());
+    let adaptive = RoomRules {
+        min_batch: Some(1),
+        ..RoomRules::fixed(LONG, 10, TTL)
+    };
+    let watch = room.watch(&adaptive).await.unwrap();
+    assert_eq!(watch.stored_batch, Some(4));
+    assert_eq!(
+        room.watch(&RoomRules::OFF).await.unwrap().stored_batch,
+        None,
+        "read only when the rules adapt"
+    );
 }
 
 // ---- stats ------------------------------------------------------------------------------------
@@ -757,54 +780,24 @@ async fn consume_deletes_only_the_token_that_was_used() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stats_counts_waiting_and_live_tokens_and_forgets_expired_ones() {
     let redis = RedisServer::start();
-    let room = open_room(&redis, "stats");
-    let keys = room.keys().clone();
-    let mut conn = redis.conn().await;
+    let (room, keys, mut conn) = open(&redis, "stats").await;
 
-    assert_eq!(
-        room.stats().await.unwrap(),
-        RoomStats {
-            waiting: 0,
-            live_tokens: 0
-        }
-    );
+    assert_eq!(counts(&room).await, (0, 0));
     let users: Vec<String> = (0..6).map(user).collect();
     enter_all(&room, &users).await;
-    assert_eq!(
-        room.stats().await.unwrap(),
-        RoomStats {
-            waiting: 6,
-            live_tokens: 0
-        }
-    );
+    assert_eq!(counts(&room).await, (6, 0));
 
     // Two short-lived tokens, then (next interval) one long-lived one.
     let short_ttl = Duration::from_millis(400);
     let interval = Duration::from_millis(50);
     assert_eq!(
-        room.admit(interval, 2, short_ttl).await.unwrap().admitted,
+        admit(&room, interval, 2, short_ttl).await.unwrap().admitted,
         2
     );
-    assert_eq!(
-        room.stats().await.unwrap(),
-        RoomStats {
-            waiting: 4,
-            live_tokens: 2
-        }
-    );
-    let _: () = redis::cmd("DEL")
-        .arg(&keys.next_admission)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    assert_eq!(room.admit(interval, 1, TTL).await.unwrap().admitted, 1);
-    assert_eq!(
-        room.stats().await.unwrap(),
-        RoomStats {
-            waiting: 3,
-            live_tokens: 3
-        }
-    );
+    assert_eq!(counts(&room).await, (4, 2));
+    query::<()>(&mut conn, "DEL", &keys.next_admission).await;
+    assert_eq!(admit(&room, interval, 1, TTL).await.unwrap().admitted, 1);
+    assert_eq!(counts(&room).await, (3, 3));
 
     // Redis expires the short tokens' keys; stats then drops them from the count (and the set).
     let expired = wait_until(
@@ -821,25 +814,15 @@ async fn stats_counts_waiting_and_live_tokens_and_forgets_expired_ones() {
     let counted = wait_until(
         Duration::from_secs(2),
         Duration::from_millis(20),
-        || async {
-            room.stats().await.unwrap()
-                == RoomStats {
-                    waiting: 3,
-                    live_tokens: 1,
-                }
-        },
+        || async { counts(&room).await == (3, 1) },
     )
     .await;
     assert!(
         counted,
         "stats still counts expired tokens: {:?}",
-        room.stats().await.unwrap()
+        counts(&room).await
     );
-    let live: Vec<String> = zrange_withscores(&mut conn, &keys.tokens)
-        .await
-        .into_iter()
-        .map(|(u, _)| u)
-        .collect();
+    let live: Vec<String> = members(&mut conn, &keys.tokens).await;
     assert_eq!(live, vec![users[2].clone()], "expired entries left the set");
     assert_eq!(
         status_room(&room, &users[0]).await.unwrap(),
@@ -858,29 +841,20 @@ const POLL_ON: PollClock<'static> = PollClock {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn enforced_polling_refuses_early_status_calls_without_restarting_the_clock() {
     let redis = RedisServer::start();
-    let room = open_room(&redis, "poll");
-    let keys = room.keys().clone();
-    let mut conn = redis.conn().await;
+    let (room, keys, mut conn) = open(&redis, "poll").await;
 
     let entered = Instant::now();
-    let request = EnterRequest {
-        user: "pat",
-        capacity: CAPACITY,
-        per_address: None,
-        poll: POLL_ON,
-    };
     assert_eq!(
-        room.enter(request).await.unwrap(),
-        EnterOutcome::Waiting {
-            position: 1,
-            already: false
-        }
+        enter(&room, request("pat", CAPACITY, POLL_ON))
+            .await
+            .unwrap(),
+        waiting(1, false)
     );
     let clock = get(&mut conn, &keys.poll_clock("pat"))
         .await
         .expect("the clock started");
     assert_eq!(
-        room.status("pat", POLL_ON).await.unwrap(),
+        status(&room, "pat", POLL_ON).await.unwrap(),
         StatusOutcome::TooEarly { retry_secs: 1 }
     );
     assert_eq!(
@@ -900,7 +874,7 @@ async fn enforced_polling_refuses_early_status_calls_without_restarting_the_cloc
         Duration::from_millis(20),
         || async {
             !matches!(
-                room.status("pat", POLL_ON).await.unwrap(),
+                status(&room, "pat", POLL_ON).await.unwrap(),
                 StatusOutcome::TooEarly { .. }
             )
         },
@@ -917,14 +891,14 @@ async fn enforced_polling_refuses_early_status_calls_without_restarting_the_cloc
         .expect("clock restarted");
     assert!(restarted.parse::<u64>().unwrap() > clock.parse::<u64>().unwrap());
     assert_eq!(
-        room.status("pat", POLL_ON).await.unwrap(),
+        status(&room, "pat", POLL_ON).await.unwrap(),
         StatusOutcome::TooEarly { retry_secs: 1 }
     );
 
     // Admitted: the user's clock still runs (the last answer said poll in 1 s) ...
-    assert_eq!(room.admit(LONG, 1, TTL).await.unwrap().admitted, 1);
+    assert_eq!(admit(&room, LONG, 1, TTL).await.unwrap().admitted, 1);
     assert!(matches!(
-        room.status("pat", POLL_ON).await.unwrap(),
+        status(&room, "pat", POLL_ON).await.unwrap(),
         StatusOutcome::TooEarly { .. }
     ));
     // ... a READY answer (null pollAfter) stops it: no refusal after that.
@@ -932,14 +906,10 @@ async fn enforced_polling_refuses_early_status_calls_without_restarting_the_cloc
         status_room(&room, "pat").await.unwrap(),
         StatusOutcome::Ready { .. }
     ));
-    let request = EnterRequest {
-        user: "pat",
-        capacity: CAPACITY,
-        per_address: None,
-        poll: POLL_ON,
-    };
     assert!(matches!(
-        room.enter(request).await.unwrap(),
+        enter(&room, request("pat", CAPACITY, POLL_ON))
+            .await
+            .unwrap(),
         EnterOutcome::Ready { .. }
     ));
     assert_eq!(
@@ -948,13 +918,13 @@ async fn enforced_polling_refuses_early_status_calls_without_restarting_the_cloc
         "READY stops the clock"
     );
     assert!(matches!(
-        room.status("pat", POLL_ON).await.unwrap(),
+        status(&room, "pat", POLL_ON).await.unwrap(),
         StatusOutcome::Ready { .. }
     ));
     // NOT_IN_QUEUE enforces nothing either.
     for _ in 0..3 {
         assert_eq!(
-            room.status("nobody", POLL_ON).await.unwrap(),
+            status(&room, "nobody", POLL_ON).await.unwrap(),
             StatusOutcome::NotInQueue
         );
     }
@@ -979,14 +949,14 @@ async fn enter_limits_new_identities_per_address_and_window() {
         poll: PollClock::OFF,
     };
     assert!(matches!(
-        room.enter(from("a", "192.0.2.1")).await.unwrap(),
+        enter(&room, from("a", "192.0.2.1")).await.unwrap(),
         EnterOutcome::Waiting { .. }
     ));
     assert!(matches!(
-        room.enter(from("b", "192.0.2.1")).await.unwrap(),
+        enter(&room, from("b", "192.0.2.1")).await.unwrap(),
         EnterOutcome::Waiting { .. }
     ));
-    match room.enter(from("c", "192.0.2.1")).await.unwrap() {
+    match enter(&room, from("c", "192.0.2.1")).await.unwrap() {
         EnterOutcome::Limited { retry_secs } => {
             assert!((1..=60).contains(&retry_secs), "{retry_secs}")
         }
@@ -999,25 +969,19 @@ async fn enter_limits_new_identities_per_address_and_window() {
     );
     // Identities already counted still enter; other addresses have their own count.
     assert_eq!(
-        room.enter(from("b", "192.0.2.1")).await.unwrap(),
-        EnterOutcome::Waiting {
-            position: 2,
-            already: true
-        }
+        enter(&room, from("b", "192.0.2.1")).await.unwrap(),
+        waiting(2, true)
     );
-    assert_eq!(room.admit(LONG, 1, TTL).await.unwrap().admitted, 1);
+    assert_eq!(admit(&room, LONG, 1, TTL).await.unwrap().admitted, 1);
     let token = room.current_token("a").await.unwrap().unwrap();
-    assert!(room.consume("a", &token).await.unwrap());
+    assert!(room.consume("a", &token, "c", true).await.unwrap());
     assert_eq!(
-        room.enter(from("a", "192.0.2.1")).await.unwrap(),
-        EnterOutcome::Waiting {
-            position: 2,
-            already: false
-        },
+        enter(&room, from("a", "192.0.2.1")).await.unwrap(),
+        waiting(2, false),
         "a counted identity may enter again"
     );
     assert!(matches!(
-        room.enter(from("c", "192.0.2.2")).await.unwrap(),
+        enter(&room, from("c", "192.0.2.2")).await.unwrap(),
         EnterOutcome::Waiting { .. }
     ));
 }
@@ -1039,20 +1003,18 @@ async fn every_key_touched_carries_the_room_hash_tag() {
         per_address: Some(("198.51.100.7", 5)),
         poll: POLL_ON,
     };
-    room.enter(limited).await.unwrap();
-    room.status("from-address", POLL_ON).await.unwrap();
+    enter(&room, limited).await.unwrap();
+    status(&room, "from-address", POLL_ON).await.unwrap();
     status_room(&room, &users[4]).await.unwrap();
     status_room(&room, "nobody").await.unwrap();
-    room.admit(Duration::from_millis(10), 3, TTL).await.unwrap();
-    enter_room(&room, &users[0], CAPACITY).await.unwrap();
-    let token = room
-        .current_token(&users[0])
+    admit(&room, Duration::from_millis(10), 3, TTL)
         .await
-        .unwrap()
-        .expect("admitted");
-    room.consume(&users[1], "not-it").await.unwrap();
-    assert!(room.consume(&users[0], &token).await.unwrap());
-    room.stats().await.unwrap();
+        .unwrap();
+    enter_room(&room, &users[0], CAPACITY).await.unwrap();
+    let token = live_token(&room, &users[0], "admitted").await;
+    room.consume(&users[1], "not-it", "c", true).await.unwrap();
+    assert!(room.consume(&users[0], &token, "c", true).await.unwrap());
+    counts(&room).await;
     assert_eq!(
         enter_room(&room, "capped", 1).await.unwrap(),
         EnterOutcome::Full
@@ -1085,8 +1047,8 @@ async fn every_key_touched_carries_the_room_hash_tag() {
     // Two rooms on one Redis never touch each other's keys.
     let other = open_room(&redis, "shop-us");
     enter_room(&other, "x", CAPACITY).await.unwrap();
-    assert_eq!(room.stats().await.unwrap().waiting, 3);
-    assert_eq!(other.stats().await.unwrap().waiting, 1);
+    assert_eq!(counts(&room).await.0, 3);
+    assert_eq!(counts(&other).await.0, 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1096,57 +1058,31 @@ async fn scripts_are_reloaded_after_the_script_cache_is_flushed() {
     let mut conn = redis.conn().await;
 
     enter_room(&room, "a", CAPACITY).await.unwrap();
-    room.admit(LONG, 1, TTL).await.unwrap();
-    room.stats().await.unwrap();
+    admit(&room, LONG, 1, TTL).await.unwrap();
+    counts(&room).await;
     // A Redis restart or failover empties the script cache: NOSCRIPT must lead to a reload.
-    let _: () = redis::cmd("SCRIPT")
-        .arg("FLUSH")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    query::<()>(&mut conn, "SCRIPT", "FLUSH").await;
     assert!(matches!(
         enter_room(&room, "b", CAPACITY).await.unwrap(),
         EnterOutcome::Waiting { position: 1, .. }
     ));
-    let _: () = redis::cmd("SCRIPT")
-        .arg("FLUSH")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    query::<()>(&mut conn, "SCRIPT", "FLUSH").await;
     assert_eq!(
         status_room(&room, "b").await.unwrap(),
         StatusOutcome::Waiting { position: 1 }
     );
-    let _: () = redis::cmd("SCRIPT")
-        .arg("FLUSH")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    assert_eq!(
-        room.stats().await.unwrap(),
-        RoomStats {
-            waiting: 1,
-            live_tokens: 1
-        }
-    );
+    query::<()>(&mut conn, "SCRIPT", "FLUSH").await;
+    assert_eq!(counts(&room).await, (1, 1));
     let token = room.current_token("a").await.unwrap().unwrap();
-    let _: () = redis::cmd("SCRIPT")
-        .arg("FLUSH")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    assert!(room.consume("a", &token).await.unwrap());
-    let _: () = redis::cmd("SCRIPT")
-        .arg("FLUSH")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    query::<()>(&mut conn, "SCRIPT", "FLUSH").await;
+    assert!(room.consume("a", &token, "c", true).await.unwrap());
+    query::<()>(&mut conn, "SCRIPT", "FLUSH").await;
     let _: () = redis::cmd("DEL")
         .arg(&room.keys().next_admission)
         .query_async(&mut conn)
         .await
         .unwrap();
-    assert_eq!(room.admit(LONG, 1, TTL).await.unwrap().admitted, 1);
+    assert_eq!(admit(&room, LONG, 1, TTL).await.unwrap().admitted, 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1157,7 +1093,7 @@ async fn an_unreachable_redis_is_an_error_within_the_timeout() {
         redis.url()
     );
     let room = Room::new(&Config::parse(&yaml).unwrap().redis).unwrap();
-    room.stats().await.unwrap();
+    counts(&room).await;
 
     // Hanging (frozen) and gone (stopped): each call fails, and within the bound.
     redis.freeze();
@@ -1171,7 +1107,7 @@ async fn an_unreachable_redis_is_an_error_within_the_timeout() {
     redis.stop();
     let started = Instant::now();
     assert!(status_room(&room, "a").await.is_err());
-    assert!(room.admit(LONG, 1, TTL).await.is_err());
+    assert!(admit(&room, LONG, 1, TTL).await.is_err());
     assert!(
         started.elapsed() < Duration::from_millis(800),
         "{:?}",

@@ -28,8 +28,6 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 // ---- helpers --------------------------------------------------------------------------------
 
-/// A room where nobody is admitted while the test runs.
-const NO_ADMISSION: &str = "admission: {interval: 1h, batch_size: 1}";
 const SECRET: &str = "a-test-secret-of-at-least-32-bytes!!";
 
 fn now() -> i64 {
@@ -64,7 +62,11 @@ mod base64_url {
         const ABC: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
         let mut out = String::new();
         for chunk in bytes.chunks(3) {
-            let b = [chunk[0], *chunk.get(1).unwrap_or(&0), *chunk.get(2).unwrap_or(&0)];
+            let b = [
+                chunk[0],
+                *chunk.get(1).unwrap_or(&0),
+                *chunk.get(2).unwrap_or(&0),
+            ];
             let n = (b[0] as u32) << 16 | (b[1] as u32) << 8 | b[2] as u32;
             for i in 0..=chunk.len() {
                 out.push(ABC[(n >> (18 - 6 * i) & 63) as usize] as char);
@@ -140,7 +142,14 @@ fn rsa_pkcs1_public(private_pem: &str) -> String {
     std::fs::write(dir.path().join("key.pem"), private_pem).unwrap();
     openssl(
         dir.path(),
-        &["rsa", "-in", "key.pem", "-RSAPublicKey_out", "-out", "pub1.pem"],
+        &[
+            "rsa",
+            "-in",
+            "key.pem",
+            "-RSAPublicKey_out",
+            "-out",
+            "pub1.pem",
+        ],
     );
     std::fs::read_to_string(dir.path().join("pub1.pem")).unwrap()
 }
@@ -149,39 +158,20 @@ async fn enter_bearer(p: &Proxy, token: &str) -> Resp {
     send(p.client().post(p.url("/queue/enter")).bearer_auth(token)).await
 }
 
+/// Each `(what, jwt)`, presented as a bearer token to enter, is refused: 401 and an error body.
+async fn assert_refused_bearers(p: &Proxy, cases: &[(&str, String)]) {
+    for (what, jwt) in cases {
+        assert_error(what, &enter_bearer(p, jwt).await, 401);
+    }
+}
+
 async fn status_bearer(p: &Proxy, token: &str) -> Resp {
     send(p.client().get(p.url("/queue/status")).bearer_auth(token)).await
 }
 
-/// Status and the exact JSON body; the proxy's own answers are JSON and never cached.
-#[track_caller]
-fn assert_answer(ctx: &str, r: &Resp, status: u16, body: Value) {
-    assert_eq!(r.status, status, "{ctx}: status; body {}", r.body);
-    assert_eq!(r.header("content-type"), Some("application/json"), "{ctx}");
-    assert_eq!(r.header("cache-control"), Some("no-store"), "{ctx}");
-    assert_eq!(r.json(), body, "{ctx}: body");
-}
-
-/// `{"error": "<non-empty>"}` and nothing else.
-#[track_caller]
-fn assert_error(ctx: &str, r: &Resp, status: u16) {
-    assert_eq!(r.status, status, "{ctx}: status; body {}", r.body);
-    assert_eq!(r.header("content-type"), Some("application/json"), "{ctx}");
-    let body = r.json();
-    let obj = body
-        .as_object()
-        .unwrap_or_else(|| panic!("{ctx}: not an object: {body}"));
-    assert_eq!(obj.keys().collect::<Vec<_>>(), vec!["error"], "{ctx}: {body}");
-    assert!(
-        obj["error"].as_str().is_some_and(|s| !s.is_empty()),
-        "{ctx}: {body}"
-    );
-}
-
 /// WAITING in a room that admits one user an hour (NO_ADMISSION) with one 2 s poll tier.
 fn waiting(position: u64) -> Value {
-    let eta = if position <= 1 { 0 } else { position * 3600 };
-    json!({"status": "WAITING", "position": position, "estimatedWaitTime": eta, "pollAfter": 2})
+    waiting_no_admission(position, 2, 2)
 }
 
 /// `waitroom --config <dir>/conf/proxy.yaml --check` run from another working directory, so a
@@ -211,22 +201,14 @@ fn check_in_folder(yaml: &str, files: &[(&str, &str)], env: &[(&str, &str)]) -> 
     )
 }
 
-/// Redis's clock in milliseconds: the abuse windows and poll clocks follow it, not ours.
-async fn redis_now_ms(redis: &RedisServer) -> u64 {
-    let (secs, micros): (u64, u64) = redis::cmd("TIME")
-        .query_async(&mut redis.conn().await)
-        .await
-        .unwrap();
-    secs * 1000 + micros / 1000
-}
-
 /// Waits, if needed, until the current one-minute window has at least `need` seconds left, so
 /// a test that counts within one window never straddles two.
 async fn with_window_left(redis: &RedisServer, need: u64) {
-    let into = redis_now_ms(redis).await % 60_000;
-    if 60_000 - into < need * 1000 {
-        tokio::time::sleep(Duration::from_millis(60_000 - into + 50)).await;
-    }
+    minute_left(&mut redis.conn().await, need).await;
+}
+
+async fn now_ms(redis: &RedisServer) -> u64 {
+    redis_now_ms(&mut redis.conn().await).await as u64
 }
 
 // ---- verified identity (section 8) ----------------------------------------------------------
@@ -250,18 +232,19 @@ fn claims(sub: Value) -> Value {
 async fn hs256_jwts_are_verified() {
     let redis = RedisServer::start();
     let api = DemoApi::start(&[]);
-    let p = hs256_room(&redis, &api).start().await;
+    let p = hs256_room(&redis, &api)
+        .start_settled(&redis.conn().await)
+        .await;
 
     let alice = hs256(&claims(json!("alice")));
-    assert_answer("valid token", &enter_bearer(&p, &alice).await, 200, waiting(1));
-    assert_answer(
-        "same user again",
-        &enter_bearer(&p, &alice).await,
-        200,
-        waiting(1),
-    );
     let bob = hs256(&claims(json!("bob")));
-    assert_answer("another user", &enter_bearer(&p, &bob).await, 200, waiting(2));
+    for (what, jwt, position) in [
+        ("valid token", &alice, 1),
+        ("same user again", &alice, 1),
+        ("another user", &bob, 2),
+    ] {
+        assert_answer(what, &enter_bearer(&p, jwt).await, 200, waiting(position));
+    }
     // The X-User-Id header means nothing in JWT mode.
     let r = send(
         p.client()
@@ -294,7 +277,10 @@ async fn hs256_jwts_are_verified() {
     );
     let refused: Vec<(&str, String)> = vec![
         ("forged signature", forged),
-        ("payload swapped under alice's signature", tampered.join(".")),
+        (
+            "payload swapped under alice's signature",
+            tampered.join("."),
+        ),
         (
             "expired beyond the leeway",
             hs256(&with("exp", json!(now() - 120))),
@@ -304,14 +290,20 @@ async fn hs256_jwts_are_verified() {
             hs256(&with("nbf", json!(now() + 120))),
         ),
         ("wrong audience", hs256(&with("aud", json!("another-shop")))),
-        ("wrong issuer", hs256(&with("iss", json!("https://evil.example")))),
+        (
+            "wrong issuer",
+            hs256(&with("iss", json!("https://evil.example"))),
+        ),
         ("no issuer", hs256(&with("iss", Value::Null))),
         ("no audience", hs256(&with("aud", Value::Null))),
         ("alg none", unsigned(&claims(json!("carol")))),
         ("alg HS384 (not configured)", hs384),
         ("claim missing", hs256(&with("sub", Value::Null))),
         ("claim a number", hs256(&with("sub", json!(42)))),
-        ("claim an object", hs256(&with("sub", json!({"id": "carol"})))),
+        (
+            "claim an object",
+            hs256(&with("sub", json!({"id": "carol"}))),
+        ),
         ("claim empty", hs256(&with("sub", json!("")))),
         ("exp not a number", hs256(&with("exp", json!("tomorrow")))),
         ("not a JWT", "hello".to_string()),
@@ -319,7 +311,11 @@ async fn hs256_jwts_are_verified() {
     ];
     for (what, token) in &refused {
         assert_error(what, &enter_bearer(&p, token).await, 401);
-        assert_error(&format!("{what} (status)"), &status_bearer(&p, token).await, 401);
+        assert_error(
+            &format!("{what} (status)"),
+            &status_bearer(&p, token).await,
+            401,
+        );
     }
     for (what, auth) in [
         ("Basic scheme", format!("Basic {alice}")),
@@ -374,10 +370,16 @@ async fn the_jwt_can_come_in_a_cookie() {
         .yaml("poll_after: [{min_wait: 0s, poll_after: 2s}]")
         .yaml("identity: {jwt: {from: 'cookie:wr_id', secret_env: SHOP_JWT_KEY}}")
         .env("SHOP_JWT_KEY", SECRET)
-        .start()
+        .start_settled(&redis.conn().await)
         .await;
     let token = hs256(&json!({"sub": "alice", "exp": now() + 300}));
-    let enter = |cookie: String| send(p.client().post(p.url("/queue/enter")).header("Cookie", cookie));
+    let enter = |cookie: String| {
+        send(
+            p.client()
+                .post(p.url("/queue/enter"))
+                .header("Cookie", cookie),
+        )
+    };
     assert_answer(
         "cookie",
         &enter(format!("theme=dark; wr_id={token}; lang=en")).await,
@@ -396,76 +398,103 @@ async fn the_jwt_can_come_in_a_cookie() {
         &enter(format!("wr_idx={token}")).await,
         401,
     );
-    assert_error(
-        "bearer instead of the cookie",
-        &enter_bearer(&p, &token).await,
-        401,
-    );
+    assert_refused_bearers(&p, &[("bearer instead of the cookie", token.clone())]).await;
     let forged = sign(
         Algorithm::HS256,
         &EncodingKey::from_secret(b"x".repeat(40).as_slice()).unwrap(),
         &json!({"sub": "alice"}),
     );
-    assert_error("forged cookie", &enter(format!("wr_id={forged}")).await, 401);
+    assert_error(
+        "forged cookie",
+        &enter(format!("wr_id={forged}")).await,
+        401,
+    );
+}
+
+/// `claims` signed with `alg` by the PEM private key `pem` (RSA for RS256, EC for ES256).
+fn sign_pem(alg: Algorithm, pem: &str, claims: &Value) -> String {
+    let key = match alg {
+        Algorithm::ES256 => EncodingKey::from_ec_pem(pem.as_bytes()),
+        _ => EncodingKey::from_rsa_pem(pem.as_bytes()),
+    };
+    sign(alg, &key.unwrap(), claims)
+}
+
+/// Algorithm confusion: an HS256 token whose HMAC key is the public key the proxy holds.
+fn keyed_with_public(public_pem: &str, claims: &Value) -> String {
+    sign(
+        Algorithm::HS256,
+        &EncodingKey::from_secret(public_pem.as_bytes()).unwrap(),
+        claims,
+    )
+}
+
+/// A settled NO_ADMISSION room (one 2 s poll tier) that accepts `alg` JWTs verified with
+/// `keys.public` (a PEM file next to its config) and `jwt_extra` (more `identity.jwt` keys); its
+/// first user enters with `claims` signed by `keys.private`, at position 1, and the same claims
+/// signed by another key pair or HS256-keyed with the public key are refused.
+async fn key_room(
+    alg: Algorithm,
+    jwt_extra: &str,
+    keys: &KeyPair,
+    claims: &Value,
+) -> (RedisServer, DemoApi, Proxy) {
+    let redis = RedisServer::start();
+    let api = DemoApi::start(&[]);
+    let builder = Proxy::builder(&redis.url(), api.addr())
+        .yaml(NO_ADMISSION)
+        .yaml("poll_after: [{min_wait: 0s, poll_after: 2s}]")
+        .yaml(&format!(
+            "identity: {{jwt: {{algorithms: [{alg:?}], public_key_file: keys/jwt.pem, {jwt_extra}}}}}"
+        ))
+        .file("keys/jwt.pem", &keys.public);
+    let proxy = start_settled(&redis, &builder).await;
+    let jwt = sign_pem(alg, &keys.private, claims);
+    assert_answer(
+        &format!("{alg:?}"),
+        &enter_bearer(&proxy, &jwt).await,
+        200,
+        waiting(1),
+    );
+    // The same claims from another key pair of the same kind, and HS256 keyed with the public key
+    // the proxy holds (algorithm confusion), are refused.
+    let other = key_pair(if alg == Algorithm::ES256 { "ec" } else { "rsa" });
+    assert_refused_bearers(
+        &proxy,
+        &[
+            ("another key pair", sign_pem(alg, &other.private, claims)),
+            (
+                "HS256 keyed with the public key",
+                keyed_with_public(&keys.public, claims),
+            ),
+        ],
+    )
+    .await;
+    (redis, api, proxy)
 }
 
 #[tokio::test]
 async fn rs256_accepts_only_tokens_signed_by_the_private_key() {
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&[]);
     let keys = key_pair("rsa");
-    let other = key_pair("rsa");
-    let p = Proxy::builder(&redis.url(), api.addr())
-        .yaml(NO_ADMISSION)
-        .yaml("poll_after: [{min_wait: 0s, poll_after: 2s}]")
-        .yaml("identity: {jwt: {algorithms: [RS256], public_key_file: keys/jwt.pem, claim: uid}}")
-        .file("keys/jwt.pem", &keys.public)
-        .start()
-        .await;
-    let rsa = |pem: &str, c: &Value| {
-        sign(
-            Algorithm::RS256,
-            &EncodingKey::from_rsa_pem(pem.as_bytes()).unwrap(),
-            c,
-        )
-    };
     let c = json!({"uid": "alice", "sub": "ignored", "exp": now() + 300});
-    assert_answer(
-        "RS256",
-        &enter_bearer(&p, &rsa(&keys.private, &c)).await,
-        200,
-        waiting(1),
-    );
-    assert_error(
-        "another key pair",
-        &enter_bearer(&p, &rsa(&other.private, &c)).await,
-        401,
-    );
-    // Algorithm confusion: an HS256 token whose HMAC key is the public key the proxy holds.
-    let confused = sign(
-        Algorithm::HS256,
-        &EncodingKey::from_secret(keys.public.as_bytes()).unwrap(),
-        &c,
-    );
-    assert_error(
-        "HS256 keyed with the RSA public key",
-        &enter_bearer(&p, &confused).await,
-        401,
-    );
-    assert_error(
-        "HS256 when only RS256 is configured",
-        &enter_bearer(&p, &hs256(&c)).await,
-        401,
-    );
-    assert_error("alg none", &enter_bearer(&p, &unsigned(&c)).await, 401);
-    let no_uid = rsa(&keys.private, &json!({"sub": "alice", "exp": now() + 300}));
-    assert_error(
-        "the configured claim is missing",
-        &enter_bearer(&p, &no_uid).await,
-        401,
-    );
-    let expired = rsa(&keys.private, &json!({"uid": "bob", "exp": now() - 120}));
-    assert_error("expired", &enter_bearer(&p, &expired).await, 401);
+    let (_redis, _api, p) = key_room(Algorithm::RS256, "claim: uid", &keys, &c).await;
+    let rsa = |pem: &str, c: &Value| sign_pem(Algorithm::RS256, pem, c);
+    assert_refused_bearers(
+        &p,
+        &[
+            ("HS256 when only RS256 is configured", hs256(&c)),
+            ("alg none", unsigned(&c)),
+            (
+                "the configured claim is missing",
+                rsa(&keys.private, &json!({"sub": "alice", "exp": now() + 300})),
+            ),
+            (
+                "expired",
+                rsa(&keys.private, &json!({"uid": "bob", "exp": now() - 120})),
+            ),
+        ],
+    )
+    .await;
     // No exp at all: section 8 does not require one.
     let forever = rsa(&keys.private, &json!({"uid": "bob"}));
     assert_answer("no exp", &enter_bearer(&p, &forever).await, 200, waiting(2));
@@ -481,62 +510,28 @@ async fn rs256_accepts_only_tokens_signed_by_the_private_key() {
 
 #[tokio::test]
 async fn es256_accepts_only_tokens_signed_by_the_private_key() {
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&[]);
     let keys = key_pair("ec");
-    let other = key_pair("ec");
     let rsa = key_pair("rsa");
-    let p = Proxy::builder(&redis.url(), api.addr())
-        .yaml(NO_ADMISSION)
-        .yaml("poll_after: [{min_wait: 0s, poll_after: 2s}]")
-        .yaml("identity: {jwt: {algorithms: [ES256], public_key_file: jwt-ec.pem, audience: shop}}")
-        .file("jwt-ec.pem", &keys.public)
-        .start()
-        .await;
-    let es = |pem: &str, c: &Value| {
-        sign(
-            Algorithm::ES256,
-            &EncodingKey::from_ec_pem(pem.as_bytes()).unwrap(),
-            c,
-        )
-    };
     let c = json!({"sub": "alice", "aud": ["shop", "other"], "exp": now() + 300});
-    assert_answer(
-        "ES256",
-        &enter_bearer(&p, &es(&keys.private, &c)).await,
-        200,
-        waiting(1),
-    );
-    assert_error(
-        "another key pair",
-        &enter_bearer(&p, &es(&other.private, &c)).await,
-        401,
-    );
-    let rs = sign(
-        Algorithm::RS256,
-        &EncodingKey::from_rsa_pem(rsa.private.as_bytes()).unwrap(),
-        &c,
-    );
-    assert_error(
-        "RS256 when only ES256 is configured",
-        &enter_bearer(&p, &rs).await,
-        401,
-    );
-    let confused = sign(
-        Algorithm::HS256,
-        &EncodingKey::from_secret(keys.public.as_bytes()).unwrap(),
-        &c,
-    );
-    assert_error(
-        "HS256 keyed with the EC public key",
-        &enter_bearer(&p, &confused).await,
-        401,
-    );
-    let wrong_aud = es(
-        &keys.private,
-        &json!({"sub": "bob", "aud": "elsewhere", "exp": now() + 300}),
-    );
-    assert_error("wrong audience", &enter_bearer(&p, &wrong_aud).await, 401);
+    let (_redis, _api, p) = key_room(Algorithm::ES256, "audience: shop", &keys, &c).await;
+    let es = |pem: &str, c: &Value| sign_pem(Algorithm::ES256, pem, c);
+    assert_refused_bearers(
+        &p,
+        &[
+            (
+                "RS256 when only ES256 is configured",
+                sign_pem(Algorithm::RS256, &rsa.private, &c),
+            ),
+            (
+                "wrong audience",
+                es(
+                    &keys.private,
+                    &json!({"sub": "bob", "aud": "elsewhere", "exp": now() + 300}),
+                ),
+            ),
+        ],
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -545,7 +540,12 @@ async fn jwt_configuration_errors_exit_2_naming_the_key() {
     let ec = key_pair("ec");
     let base = "upstream: 127.0.0.1:1\n";
     /// (what, proxy.yaml, files next to it, environment)
-    type Case<'a> = (&'a str, String, Vec<(&'a str, &'a str)>, Vec<(&'a str, &'a str)>);
+    type Case<'a> = (
+        &'a str,
+        String,
+        Vec<(&'a str, &'a str)>,
+        Vec<(&'a str, &'a str)>,
+    );
     let cases: Vec<Case> = vec![
         (
             "secret_env unset",
@@ -677,7 +677,7 @@ async fn trusted_header_mode_warns_on_a_non_loopback_listener() {
     let redis = RedisServer::start();
     let api = DemoApi::start(&[]);
     let open = Proxy::builder(&redis.url(), api.addr())
-        .yaml(&format!("listen: '0.0.0.0:{}'", free_port()))
+        .listen_ip([0, 0, 0, 0].into())
         .start()
         .await;
     let warning = |logs: &str| {
@@ -695,12 +695,7 @@ async fn trusted_header_mode_warns_on_a_non_loopback_listener() {
 
 #[tokio::test]
 async fn a_duplicated_identity_header_is_refused() {
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&[]);
-    let p = Proxy::builder(&redis.url(), api.addr())
-        .yaml(NO_ADMISSION)
-        .start()
-        .await;
+    let (_redis, _api, p) = quiet_room("{}").await;
     let r = send(
         p.client()
             .post(p.url("/queue/enter"))
@@ -713,18 +708,19 @@ async fn a_duplicated_identity_header_is_refused() {
 
 // ---- enforced polling (section 9) -----------------------------------------------------------
 
+/// One 2 s poll tier, enforced with 20 % grace.
+const POLLING: &str =
+    "poll_after: [{min_wait: 0s, poll_after: 2s}]\npolling: {enforce: true, grace: 20%}";
+
 fn polling_room(redis: &RedisServer, api: &DemoApi, admission: &str) -> ProxyBuilder {
     Proxy::builder(&redis.url(), api.addr())
         .yaml(admission)
-        .yaml("poll_after: [{min_wait: 0s, poll_after: 2s}]")
-        .yaml("polling: {enforce: true, grace: 20%}")
+        .yaml(POLLING)
 }
 
 #[tokio::test]
 async fn early_polls_are_refused_and_on_time_polls_are_not() {
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&[]);
-    let p = polling_room(&redis, &api, NO_ADMISSION).start().await;
+    let (_redis, _api, p) = quiet_room(POLLING).await;
     let too_early = |r: u64| json!({"status": "TOO_EARLY", "retryAfter": r});
 
     // pollAfter 2 s, grace 20 %: on time 1.6 s after the answer that set the clock.
@@ -758,7 +754,9 @@ async fn early_polls_are_refused_and_on_time_polls_are_not() {
     );
     assert_answer("enter again", &p.enter("alice").await, 200, waiting(1));
 
-    let too_early_count = p.metric(r#"waitroom_status_total{status="TOO_EARLY"}"#).await;
+    let too_early_count = p
+        .metric(r#"waitroom_status_total{status="TOO_EARLY"}"#)
+        .await;
     assert_eq!(too_early_count, Some(3.0), "{}", p.metrics().await);
 }
 
@@ -805,12 +803,24 @@ async fn commands_naming<F: std::future::Future<Output = ()>>(
         .stderr(Stdio::null())
         .spawn()
         .expect("run redis-cli monitor");
-    let started = wait_until(Duration::from_secs(5), Duration::from_millis(10), || async {
-        std::fs::read_to_string(log.path())
-            .unwrap_or_default()
-            .starts_with("OK")
-    })
-    .await;
+    // What MONITOR has written so far holds `text` (within 5 s).
+    let log_path = log.path().to_owned();
+    let shows = |text: String| {
+        let path = log_path.clone();
+        wait_until(
+            Duration::from_secs(5),
+            Duration::from_millis(10),
+            move || {
+                let (path, text) = (path.clone(), text.clone());
+                async move {
+                    std::fs::read_to_string(path)
+                        .unwrap_or_default()
+                        .contains(&text)
+                }
+            },
+        )
+    };
+    let started = shows("OK".into()).await;
     assert!(started, "redis-cli monitor did not start");
     work.await;
     // An ECHO through the same server marks the end: once MONITOR shows it, all before it is in.
@@ -820,12 +830,7 @@ async fn commands_naming<F: std::future::Future<Output = ()>>(
         .query_async(&mut redis.conn().await)
         .await
         .unwrap();
-    let ended = wait_until(Duration::from_secs(5), Duration::from_millis(10), || async {
-        std::fs::read_to_string(log.path())
-            .unwrap_or_default()
-            .contains(&marker)
-    })
-    .await;
+    let ended = shows(marker.clone()).await;
     let _ = monitor.kill();
     let _ = monitor.wait();
     assert!(ended, "MONITOR did not show the marker");
@@ -842,9 +847,7 @@ async fn commands_naming<F: std::future::Future<Output = ()>>(
 
 #[tokio::test]
 async fn enforcement_costs_no_redis_round_trip() {
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&[]);
-    let p = polling_room(&redis, &api, NO_ADMISSION).start().await;
+    let (redis, _api, p) = quiet_room(POLLING).await;
     // Load the scripts into Redis first, so no NOSCRIPT retry is counted.
     p.enter("warm-up").await;
     p.status("warm-up").await;
@@ -873,26 +876,33 @@ fn limited(r: &Resp, ctx: &str) -> u64 {
     let secs = body["retryAfter"]
         .as_u64()
         .unwrap_or_else(|| panic!("{ctx}: {body}"));
-    assert_eq!(body, json!({"status": "LIMITED", "retryAfter": secs}), "{ctx}");
-    assert_eq!(r.header("retry-after"), Some(secs.to_string().as_str()), "{ctx}");
+    assert_eq!(
+        body,
+        json!({"status": "LIMITED", "retryAfter": secs}),
+        "{ctx}"
+    );
+    assert_eq!(
+        r.header("retry-after"),
+        Some(secs.to_string().as_str()),
+        "{ctx}"
+    );
     assert!((1..=60).contains(&secs), "{ctx}: retryAfter {secs}");
     secs
 }
 
 #[tokio::test]
 async fn the_per_address_limit_counts_distinct_identities_per_minute() {
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&[]);
-    let p = Proxy::builder(&redis.url(), api.addr())
-        .yaml(NO_ADMISSION)
-        .yaml("abuse: {identities_per_address: 3}")
-        .start()
-        .await;
+    let (redis, _api, p) = quiet_room("abuse: {identities_per_address: 3}").await;
     with_window_left(&redis, 20).await;
     for (i, user) in ["u1", "u2", "u3"].iter().enumerate() {
-        assert_eq!(p.enter(user).await.status, 200, "{user} is identity #{}", i + 1);
+        assert_eq!(
+            p.enter(user).await.status,
+            200,
+            "{user} is identity #{}",
+            i + 1
+        );
     }
-    let before_ms = redis_now_ms(&redis).await;
+    let before_ms = now_ms(&redis).await;
     let secs = limited(&p.enter("u4").await, "the 4th identity");
     // Seconds to the end of Redis's current minute, rounded up.
     let left = (60_000 - before_ms % 60_000).div_ceil(1000);
@@ -902,9 +912,8 @@ async fn the_per_address_limit_counts_distinct_identities_per_minute() {
     );
     limited(&p.enter("u5").await, "the 5th identity");
     // Identities already counted still enter, even once they have left the line.
-    let prefix = p.key_prefix();
     let _: i64 = redis::cmd("ZREM")
-        .arg(format!("{{{prefix}}}:queue"))
+        .arg(keys(&p).queue)
         .arg("u1")
         .query_async(&mut redis.conn().await)
         .await
@@ -925,25 +934,21 @@ async fn the_per_address_limit_counts_distinct_identities_per_minute() {
     assert_eq!(p.status("u9").await.status, 200);
 }
 
-/// The reset at the next window, without waiting for a minute to pass: the counters are keyed
-/// by Redis's minute, so a full counter for the previous minute (seeded here) limits nobody now,
-/// and the same counter seeded for the current minute does.
+/// The reset at the next window, without waiting for a minute to pass: each identity is counted
+/// with Redis's minute, so a full count for the previous minute (seeded here) limits nobody now,
+/// and the same count for the current minute does.
 #[tokio::test]
 async fn the_per_address_counter_starts_afresh_each_minute() {
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&[]);
-    let p = Proxy::builder(&redis.url(), api.addr())
-        .yaml(NO_ADMISSION)
-        .yaml("abuse: {identities_per_address: 2}")
-        .start()
-        .await;
+    let (redis, _api, p) = quiet_room("abuse: {identities_per_address: 2}").await;
     with_window_left(&redis, 10).await;
-    let window = redis_now_ms(&redis).await / 60_000;
-    let key = |w: u64| format!("{{{}}}:abuse:127.0.0.1:{w}", p.key_prefix());
+    let window = now_ms(&redis).await / 60_000;
+    let key = keys(&p).abuse_counter("127.0.0.1");
     let mut conn = redis.conn().await;
-    let _: i64 = redis::cmd("SADD")
-        .arg(key(window - 1))
+    let _: i64 = redis::cmd("ZADD")
+        .arg(&key)
+        .arg(window - 1)
         .arg("old-1")
+        .arg(window - 1)
         .arg("old-2")
         .query_async(&mut conn)
         .await
@@ -955,18 +960,24 @@ async fn the_per_address_counter_starts_afresh_each_minute() {
     );
     assert_eq!(p.enter("new-2").await.status, 200);
     limited(&p.enter("new-3").await, "this minute's counter is full");
-    let counted: Vec<String> = redis::cmd("SMEMBERS")
-        .arg(key(window))
+    let counted: Vec<String> = redis::cmd("ZRANGE")
+        .arg(&key)
+        .arg(window)
+        .arg(window)
+        .arg("BYSCORE")
         .query_async(&mut conn)
         .await
         .unwrap();
     assert_eq!(counted.len(), 2, "{counted:?}");
     let ttl: i64 = redis::cmd("TTL")
-        .arg(key(window))
+        .arg(&key)
         .query_async(&mut conn)
         .await
         .unwrap();
-    assert!((1..=120).contains(&ttl), "the counter goes by itself: ttl {ttl}");
+    assert!(
+        (1..=120).contains(&ttl),
+        "the counter goes by itself: ttl {ttl}"
+    );
 }
 
 #[tokio::test]
@@ -974,7 +985,10 @@ async fn x_forwarded_for_is_believed_only_from_trusted_proxies() {
     let redis = RedisServer::start();
     let api = DemoApi::start(&[]);
     let enter_from = |p: &Proxy, user: &str, xff: Option<&str>| {
-        let mut req = p.client().post(p.url("/queue/enter")).header("X-User-Id", user);
+        let mut req = p
+            .client()
+            .post(p.url("/queue/enter"))
+            .header("X-User-Id", user);
         if let Some(xff) = xff {
             req = req.header("X-Forwarded-For", xff);
         }
@@ -982,50 +996,67 @@ async fn x_forwarded_for_is_believed_only_from_trusted_proxies() {
     };
     with_window_left(&redis, 20).await;
 
-    // The test connects from 127.0.0.1: trusted here, so the forwarded address counts.
-    let trusted = Proxy::builder(&redis.url(), api.addr())
-        .yaml(NO_ADMISSION)
-        .yaml("abuse: {identities_per_address: 2, trusted_proxies: ['127.0.0.1/32']}")
-        .start()
-        .await;
-    assert_eq!(enter_from(&trusted, "a1", Some("203.0.113.5")).await.status, 200);
-    assert_eq!(enter_from(&trusted, "a2", Some("203.0.113.5")).await.status, 200);
-    limited(
-        &enter_from(&trusted, "a3", Some("203.0.113.5")).await,
-        "3rd identity from 203.0.113.5",
-    );
-    // A client cannot pick its address by writing to the left of the chain.
-    limited(
-        &enter_from(&trusted, "a3", Some("198.51.100.1, 203.0.113.5")).await,
-        "prepended address",
-    );
-    // Another address is not affected, nor the proxy's own.
-    assert_eq!(enter_from(&trusted, "a3", Some("203.0.113.6")).await.status, 200);
-    assert_eq!(enter_from(&trusted, "a4", None).await.status, 200);
-    assert_eq!(
-        enter_from(&trusted, "a5", Some("203.0.113.6, 127.0.0.1"))
-            .await
-            .status,
-        200,
-        "trusted hops are skipped"
-    );
-    limited(
-        &enter_from(&trusted, "a6", Some("203.0.113.6")).await,
-        "3rd identity from 203.0.113.6",
-    );
-
-    // Not trusted: X-Forwarded-For is ignored and every enter counts against 127.0.0.1.
-    let untrusted = Proxy::builder(&redis.url(), api.addr())
-        .yaml(NO_ADMISSION)
-        .yaml("abuse: {identities_per_address: 2}")
-        .start()
-        .await;
-    assert_eq!(enter_from(&untrusted, "b1", Some("192.0.2.1")).await.status, 200);
-    assert_eq!(enter_from(&untrusted, "b2", Some("192.0.2.2")).await.status, 200);
-    limited(
-        &enter_from(&untrusted, "b3", Some("192.0.2.3")).await,
-        "XFF from an untrusted peer",
-    );
+    // (what, user, X-Forwarded-For, LIMITED?) in order, against a room trusting 127.0.0.1 (the
+    // test's own address: the forwarded address counts) and one trusting nobody (X-Forwarded-For
+    // is ignored and every enter counts against 127.0.0.1).
+    type Case = (&'static str, &'static str, Option<&'static str>, bool);
+    let trusting: &[Case] = &[
+        ("1st from .5", "a1", Some("203.0.113.5"), false),
+        ("2nd from .5", "a2", Some("203.0.113.5"), false),
+        (
+            "3rd identity from 203.0.113.5",
+            "a3",
+            Some("203.0.113.5"),
+            true,
+        ),
+        // A client cannot pick its address by writing to the left of the chain.
+        (
+            "prepended address",
+            "a3",
+            Some("198.51.100.1, 203.0.113.5"),
+            true,
+        ),
+        // Another address is not affected, nor the proxy's own.
+        ("another address", "a3", Some("203.0.113.6"), false),
+        ("no header", "a4", None, false),
+        (
+            "trusted hops are skipped",
+            "a5",
+            Some("203.0.113.6, 127.0.0.1"),
+            false,
+        ),
+        (
+            "3rd identity from 203.0.113.6",
+            "a6",
+            Some("203.0.113.6"),
+            true,
+        ),
+    ];
+    let untrusting: &[Case] = &[
+        ("1st from 127.0.0.1", "b1", Some("192.0.2.1"), false),
+        ("2nd from 127.0.0.1", "b2", Some("192.0.2.2"), false),
+        ("XFF from an untrusted peer", "b3", Some("192.0.2.3"), true),
+    ];
+    for (abuse, cases) in [
+        (
+            "abuse: {identities_per_address: 2, trusted_proxies: ['127.0.0.1/32']}",
+            trusting,
+        ),
+        ("abuse: {identities_per_address: 2}", untrusting),
+    ] {
+        let builder = Proxy::builder(&redis.url(), api.addr())
+            .yaml(NO_ADMISSION)
+            .yaml(abuse);
+        let p = start_settled(&redis, &builder).await;
+        for &(what, user, xff, is_limited) in cases {
+            let r = enter_from(&p, user, xff).await;
+            if is_limited {
+                limited(&r, what);
+            } else {
+                assert_eq!(r.status, 200, "{what}: {}", r.body);
+            }
+        }
+    }
 }
 
 // ---- entry tokens: bound to their user, never logged ----------------------------------------
@@ -1047,9 +1078,10 @@ async fn order(p: &Proxy, user: &str, token_header: Option<&str>, query: &str) -
 async fn entry_tokens_are_bound_to_their_user_and_never_logged() {
     let redis = RedisServer::start();
     let api = DemoApi::start(&[]);
-    let p = Proxy::builder(&redis.url(), api.addr())
+    // Debug logs: the most the proxy ever writes, and still no token in them.
+    let debug = Proxy::builder(&redis.url(), api.addr()).env("RUST_LOG", "debug");
+    let p = debug
         .yaml("admission: {interval: 50ms, batch_size: 10}")
-        .env("RUST_LOG", "debug")
         .start()
         .await;
     let alice = p.until_ready("alice", Duration::from_secs(10)).await;
@@ -1088,19 +1120,29 @@ async fn entry_tokens_are_bound_to_their_user_and_never_logged() {
     // A request that fails (the client hangs up mid-body) gets an error line from pingora: the
     // URL it names carries no query string.
     let mut s = tokio::net::TcpStream::connect(p.addr()).await.unwrap();
-    let request =
-        format!("POST /echo?entry_token={bob} HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nabc");
+    let request = format!(
+        "POST /echo?entry_token={bob} HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nabc"
+    );
     s.write_all(request.as_bytes()).await.unwrap();
     drop(s);
-    let failed = wait_until(Duration::from_secs(10), Duration::from_millis(20), || async {
-        p.logs().contains("Fail to proxy")
-    })
+    let failed = wait_until(
+        Duration::from_secs(10),
+        Duration::from_millis(20),
+        || async { p.logs().contains("Fail to proxy") },
+    )
     .await;
-    assert!(failed, "no error line for the broken request:\n{}", p.logs());
+    assert!(
+        failed,
+        "no error line for the broken request:\n{}",
+        p.logs()
+    );
 
     // Everything the proxy said, at debug level, mentions neither token.
     let logs = p.logs();
-    assert!(logs.contains("/api/orders"), "the access log is there:\n{logs}");
+    assert!(
+        logs.contains("/api/orders"),
+        "the access log is there:\n{logs}"
+    );
     for (who, token) in [("alice", &alice), ("bob", &bob)] {
         assert!(
             !logs.contains(token.as_str()),
@@ -1117,9 +1159,14 @@ async fn entry_tokens_are_bound_to_their_user_and_never_logged() {
 async fn bearer_jwts_are_never_logged() {
     let redis = RedisServer::start();
     let api = DemoApi::start(&[]);
-    let p = hs256_room(&redis, &api).env("RUST_LOG", "debug").start().await;
+    let p = hs256_room(&redis, &api)
+        .env("RUST_LOG", "debug")
+        .start_settled(&redis.conn().await)
+        .await;
     let good = hs256(&claims(json!("alice")));
-    let bad = hs256(&json!({"sub": "bob", "iss": "https://id.example", "aud": "shop", "exp": now() - 999}));
+    let bad = hs256(
+        &json!({"sub": "bob", "iss": "https://id.example", "aud": "shop", "exp": now() - 999}),
+    );
     assert_eq!(enter_bearer(&p, &good).await.status, 200);
     assert_eq!(enter_bearer(&p, &bad).await.status, 401);
     let logs = p.logs();
@@ -1134,12 +1181,7 @@ async fn bearer_jwts_are_never_logged() {
 
 #[tokio::test]
 async fn the_proxys_own_endpoints_refuse_large_bodies() {
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&[]);
-    let p = Proxy::builder(&redis.url(), api.addr())
-        .yaml(NO_ADMISSION)
-        .start()
-        .await;
+    let (_redis, _api, p) = quiet_room("{}").await;
     let enter = |body: Vec<u8>| {
         send(
             p.client()
@@ -1150,8 +1192,16 @@ async fn the_proxys_own_endpoints_refuse_large_bodies() {
     };
 
     assert_error("9000-byte enter", &enter(vec![b'x'; 9000]).await, 413);
-    assert_eq!(enter(vec![b'x'; 8192]).await.status, 200, "8 KiB is still fine");
-    assert_eq!(enter(b"{}".to_vec()).await.status, 200, "a small body is ignored");
+    assert_eq!(
+        enter(vec![b'x'; 8192]).await.status,
+        200,
+        "8 KiB is still fine"
+    );
+    assert_eq!(
+        enter(b"{}".to_vec()).await.status,
+        200,
+        "a small body is ignored"
+    );
     // A chunked body is counted as it comes.
     let chunk = "1000\r\n".to_string() + &"y".repeat(0x1000) + "\r\n";
     let raw = format!(
@@ -1179,12 +1229,7 @@ async fn the_proxys_own_endpoints_refuse_large_bodies() {
 
 #[tokio::test]
 async fn a_request_body_that_stalls_is_cut_off() {
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&[]);
-    let p = Proxy::builder(&redis.url(), api.addr())
-        .yaml(NO_ADMISSION)
-        .start()
-        .await;
+    let (_redis, _api, p) = quiet_room("{}").await;
     let mut s = tokio::net::TcpStream::connect(p.addr()).await.unwrap();
     let started = Instant::now();
     s.write_all(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n0123456789")

@@ -1,17 +1,18 @@
 //! SVG charts with plotters (SVG backend only): grouped bars per path, and lines over time.
 
+use plotters::coord::ranged1d::{AsRangedCoord, ValueFormatter};
+use plotters::coord::Shift;
 use plotters::prelude::*;
 
 use crate::Result;
 
-pub const PALETTE: [RGBColor; 6] = [
-    RGBColor(0x4c, 0x72, 0xb0),
-    RGBColor(0xdd, 0x84, 0x52),
-    RGBColor(0x55, 0xa8, 0x68),
-    RGBColor(0xc4, 0x4e, 0x52),
-    RGBColor(0x81, 0x72, 0xb3),
-    RGBColor(0x93, 0x78, 0x60),
-];
+/// Series colours in order: seaborn's "deep" palette.
+const PALETTE: [u32; 6] = [0x4c72b0, 0xdd8452, 0x55a868, 0xc44e52, 0x8172b3, 0x937860];
+
+fn color(series: usize) -> RGBColor {
+    let rgb = PALETTE[series % PALETTE.len()];
+    RGBColor((rgb >> 16) as u8, (rgb >> 8) as u8, rgb as u8)
+}
 
 fn err<E: std::fmt::Debug>(e: E) -> String {
     format!("chart: {e:?}")
@@ -62,7 +63,7 @@ pub fn bars(
     let k = series.len().max(1) as f64;
     let width = 0.8 / k;
     for (si, (name, values)) in series.iter().enumerate() {
-        let color = PALETTE[si % PALETTE.len()];
+        let color = color(si);
         let rects = values.iter().enumerate().filter(|(_, v)| v.is_finite()).map(move |(ci, v)| {
             let x0 = ci as f64 + 0.1 + si as f64 * width;
             Rectangle::new([(x0, 0.0), (x0 + width * 0.95, *v)], color.filled())
@@ -109,73 +110,74 @@ pub fn lines(
         xmax = xmin + 1.0;
     }
     let ymax = ymax.max(1e-9) * 1.1;
+    let axes = Axes { title, x_desc, y_desc, ymax };
+    // A log scale is another coordinate type, hence one generic drawing for both. Its x values
+    // are sizes (1k, 1M) with markers on the few measured points; the legend moves left, where
+    // lines rising to the right leave room.
     if log_x {
-        let mut chart = ChartBuilder::on(&root)
-            .caption(title, ("sans-serif", 20))
-            .margin(12)
-            .x_label_area_size(40)
-            .y_label_area_size(70)
-            .build_cartesian_2d((xmin * 0.8..xmax * 1.25).log_scale(), 0f64..ymax)
-            .map_err(err)?;
+        let x = (xmin * 0.8..xmax * 1.25).log_scale();
+        draw_lines(&root, x, &axes, &|x| human(*x), series, SeriesLabelPosition::UpperLeft, true)?;
+    } else {
+        draw_lines(&root, xmin..xmax, &axes, &|x| tick(*x), series, SeriesLabelPosition::UpperRight, false)?;
+    }
+    root.present().map_err(err)
+}
+
+struct Axes<'a> {
+    title: &'a str,
+    x_desc: &'a str,
+    y_desc: &'a str,
+    ymax: f64,
+}
+
+fn draw_lines<X>(
+    root: &DrawingArea<SVGBackend, Shift>,
+    x: X,
+    axes: &Axes,
+    x_label: &dyn Fn(&f64) -> String,
+    series: &[(String, Vec<(f64, f64)>)],
+    legend: SeriesLabelPosition,
+    markers: bool,
+) -> Result<()>
+where
+    X: AsRangedCoord<Value = f64>,
+    X::CoordDescType: ValueFormatter<f64>,
+{
+    let mut chart = ChartBuilder::on(root)
+        .caption(axes.title, ("sans-serif", 20))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(70)
+        .build_cartesian_2d(x, 0f64..axes.ymax)
+        .map_err(err)?;
+    chart
+        .configure_mesh()
+        .x_desc(axes.x_desc)
+        .y_desc(axes.y_desc)
+        .x_label_formatter(x_label)
+        .y_label_formatter(&|y| tick(*y))
+        .draw()
+        .map_err(err)?;
+    for (si, (name, v)) in series.iter().enumerate() {
+        let color = color(si);
         chart
-            .configure_mesh()
-            .x_desc(x_desc)
-            .y_desc(y_desc)
-            .x_label_formatter(&|x| human(*x))
-            .y_label_formatter(&|y| tick(*y))
-            .draw()
-            .map_err(err)?;
-        for (si, (name, v)) in series.iter().enumerate() {
-            let color = PALETTE[si % PALETTE.len()];
-            chart
-                .draw_series(LineSeries::new(v.iter().copied(), color.stroke_width(2)))
-                .map_err(err)?
-                .label(name.clone())
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2)));
+            .draw_series(LineSeries::new(v.iter().copied(), color.stroke_width(2)))
+            .map_err(err)?
+            .label(name.clone())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2)));
+        if markers {
             chart
                 .draw_series(v.iter().map(|&(x, y)| Circle::new((x, y), 4, color.filled())))
                 .map_err(err)?;
         }
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.9))
-            .border_style(BLACK)
-            .position(SeriesLabelPosition::UpperLeft)
-            .draw()
-            .map_err(err)?;
-    } else {
-        let mut chart = ChartBuilder::on(&root)
-            .caption(title, ("sans-serif", 20))
-            .margin(12)
-            .x_label_area_size(40)
-            .y_label_area_size(70)
-            .build_cartesian_2d(xmin..xmax, 0f64..ymax)
-            .map_err(err)?;
-        chart
-            .configure_mesh()
-            .x_desc(x_desc)
-            .y_desc(y_desc)
-            .x_label_formatter(&|x| tick(*x))
-            .y_label_formatter(&|y| tick(*y))
-            .draw()
-            .map_err(err)?;
-        for (si, (name, v)) in series.iter().enumerate() {
-            let color = PALETTE[si % PALETTE.len()];
-            chart
-                .draw_series(LineSeries::new(v.iter().copied(), color.stroke_width(2)))
-                .map_err(err)?
-                .label(name.clone())
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2)));
-        }
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.9))
-            .border_style(BLACK)
-            .position(SeriesLabelPosition::UpperRight)
-            .draw()
-            .map_err(err)?;
     }
-    root.present().map_err(err)
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.9))
+        .border_style(BLACK)
+        .position(legend)
+        .draw()
+        .map_err(err)
 }
 
 /// An axis label: no ".0" on whole numbers.

@@ -1,10 +1,10 @@
 //! `crowd`: N simulated users arriving within a second, against a room or straight at the
 //! backend, and what each of them lived through.
 //!
-//! Room mode: each user enters, polls status exactly when `pollAfter` says (plus up to 10 %
-//! jitter), orders through the proxy as soon as it sees READY, and backs off for `Retry-After` on
-//! 429/503 (the behaviour of `src/bin/crowd.rs` and of the waiting page). Direct mode: each user
-//! orders at once, as everybody does when there is no waiting room.
+//! The users are the demo crowd's (`waitroom_tools::crowd`). Room mode: each user enters, polls
+//! status exactly when `pollAfter` says (plus up to 10 % jitter), orders through the proxy as soon
+//! as it sees READY, and backs off for `Retry-After` on 429/503, as the waiting page does. Direct
+//! mode: each user orders at once, as everybody does when there is no waiting room.
 //!
 //! Measured per scenario: order latency at the client (READY -> order response in a room; arrival
 //! -> order response without one), the backend's peak concurrency and queueing (its
@@ -26,29 +26,23 @@
 
 use std::collections::VecDeque;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::Bytes;
 use clap::{Args, ValueEnum};
-use http::header::{CONTENT_TYPE, RETRY_AFTER};
-use http::{Method, Request, Uri};
-use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
-use serde::{Deserialize, Serialize};
-use tokio::sync::Semaphore;
-use tokio::task::JoinSet;
+use http::header::HeaderName;
+use http::{Method, Uri};
+use serde::Serialize;
 use tokio::time::Instant;
+use waitroom_tools::crowd::{lock, run_tag, Counters, Crowd, Ending, FrontPolling, Journey, Next, Visit, Watcher};
+use waitroom_tools::demo_api::StatsSnapshot;
+use waitroom_tools::numbers::percentile;
+use waitroom_tools::room::{url, QueueAnswer, Room, RoomSettings};
 
 use crate::resp::{Redis, Reply as RedisReply};
-use crate::stats::{inversions, percentile, SplitMix64};
+use crate::stats::inversions;
 use crate::{ctx, Result};
-
-const JITTER: f64 = 0.10;
-const ERROR_PAUSE: Duration = Duration::from_secs(1);
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -127,68 +121,6 @@ pub struct CrowdArgs {
     out: PathBuf,
 }
 
-/// What one user lived through; times in seconds since the crowd started.
-#[derive(Default, Clone)]
-struct UserRec {
-    arrived: Option<f64>,
-    ticket: Option<u64>,
-    first_eta: Option<f64>,
-    entered_at: Option<f64>,
-    ready_at: Option<f64>,
-    done_at: Option<f64>,
-    polls: u32,
-}
-
-#[derive(Default)]
-struct Counters {
-    outside: AtomicI64,
-    waiting: AtomicI64,
-    ready: AtomicI64,
-    ordered: AtomicI64,
-    /// Users who want to send a request but hold no connection yet.
-    pending: AtomicI64,
-    enters: AtomicU64,
-    polls: AtomicU64,
-    order_attempts: AtomicU64,
-    full: AtomicU64,
-    unavailable: AtomicU64,
-    forbidden: AtomicU64,
-    not_in_queue: AtomicU64,
-    order_failures: AtomicU64,
-    errors: AtomicU64,
-    tickets_missing: AtomicU64,
-}
-
-fn bump(c: &AtomicU64) {
-    c.fetch_add(1, Ordering::Relaxed);
-}
-
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Phase {
-    Outside,
-    Waiting,
-    Ready,
-    Ordered,
-}
-
-impl Counters {
-    fn gauge(&self, p: Phase) -> &AtomicI64 {
-        match p {
-            Phase::Outside => &self.outside,
-            Phase::Waiting => &self.waiting,
-            Phase::Ready => &self.ready,
-            Phase::Ordered => &self.ordered,
-        }
-    }
-    fn move_to(&self, phase: &mut Phase, next: Phase) {
-        if *phase != next {
-            self.gauge(*phase).fetch_sub(1, Ordering::Relaxed);
-            self.gauge(next).fetch_add(1, Ordering::Relaxed);
-            *phase = next;
-        }
-    }
-}
-
 /// A few Redis connections, used round-robin for the users' ZSCOREs and the sampler.
 struct RedisPool {
     addr: String,
@@ -201,308 +133,100 @@ impl RedisPool {
         RedisPool { addr, conns: (0..size).map(|_| tokio::sync::Mutex::new(None)).collect(), next: AtomicUsize::new(0) }
     }
 
-    /// MULTI, the commands, EXEC on one connection: the replies of one consistent moment.
-    async fn transaction(&self, cmds: &[&[&[u8]]]) -> Option<Vec<RedisReply>> {
+    /// The commands on one connection; wrapped in MULTI/EXEC they are the replies of one
+    /// consistent moment. A connection that failed is dropped and opened again next time.
+    async fn run(&self, cmds: &[&[&[u8]]]) -> Option<Vec<RedisReply>> {
         let i = self.next.fetch_add(1, Ordering::Relaxed) % self.conns.len();
         let mut slot = self.conns[i].lock().await;
         if slot.is_none() {
             *slot = Redis::connect(&self.addr).await.ok();
         }
         let conn = slot.as_mut()?;
-        let result = async {
-            conn.cmd(&[b"MULTI"]).await?;
-            for c in cmds {
-                conn.cmd(c).await?;
+        let mut replies = Vec::with_capacity(cmds.len());
+        for c in cmds {
+            match conn.cmd(c).await {
+                Ok(reply) => replies.push(reply),
+                Err(_) => {
+                    *slot = None;
+                    return None;
+                }
             }
-            conn.cmd(&[b"EXEC"]).await
         }
-        .await;
-        match result {
-            Ok(RedisReply::Array(items)) => Some(items),
-            Ok(_) => None,
-            Err(_) => {
-                *slot = None;
-                None
-            }
+        Some(replies)
+    }
+
+    async fn transaction(&self, cmds: &[&[&[u8]]]) -> Option<Vec<RedisReply>> {
+        let mut all: Vec<&[&[u8]]> = vec![&[b"MULTI"]];
+        all.extend_from_slice(cmds);
+        all.push(&[b"EXEC"]);
+        match self.run(&all).await?.pop()? {
+            RedisReply::Array(items) => Some(items),
+            _ => None,
         }
     }
 
     async fn cmd(&self, args: &[&[u8]]) -> Option<RedisReply> {
-        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.conns.len();
-        let mut slot = self.conns[i].lock().await;
-        if slot.is_none() {
-            *slot = Redis::connect(&self.addr).await.ok();
-        }
-        let conn = slot.as_mut()?;
-        match conn.cmd(args).await {
-            Ok(reply) => Some(reply),
-            Err(_) => {
-                *slot = None;
-                None
-            }
-        }
+        self.run(&[args]).await?.pop()
     }
 }
 
-struct Shared {
-    front_positions: u64,
-    front_poll: Duration,
-    mode: Mode,
-    client: Client<HttpConnector, Full<Bytes>>,
-    gate: Semaphore,
+/// What the benchmark records beyond the shared counters: each user's place in line and the
+/// orders of the last second.
+struct Watch {
     start: Instant,
-    enter: Uri,
-    status: Uri,
-    order: Uri,
-    backend_stats: Uri,
-    request_timeout: Duration,
-    c: Counters,
     redis: Option<RedisPool>,
     queue_key: String,
-    seq_key: String,
-    adaptive_key: String,
-    batch_size: Option<u32>,
+    /// Each user's arrival number in Redis, read with ZSCORE right after the enter (0: unknown).
+    tickets: Vec<AtomicU64>,
+    tickets_missing: AtomicU64,
     /// (completed at, order latency in ms) of the orders of about the last second, for the
     /// sampler's rolling p95; it drops the older ones each sample, so this stays small.
     recent_orders: Mutex<VecDeque<(f64, f64)>>,
 }
 
+impl Watch {
+    fn secs(&self, at: Option<Instant>) -> Option<f64> {
+        at.map(|t| t.saturating_duration_since(self.start).as_secs_f64())
+    }
+}
+
+impl Watcher for Watch {
+    async fn waiting(&self, index: u32, user: &str, _answer: &QueueAnswer, first: bool) {
+        if !first {
+            return;
+        }
+        let ticket = match &self.redis {
+            Some(pool) => pool.cmd(&[b"ZSCORE", self.queue_key.as_bytes(), user.as_bytes()]).await,
+            None => None,
+        };
+        match ticket.and_then(|r| r.as_i64()).and_then(|t| u64::try_from(t).ok()) {
+            Some(t) => self.tickets[index as usize].store(t, Ordering::Relaxed),
+            None => {
+                self.tickets_missing.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    fn ordered(&self, journey: &Journey) {
+        if let (Some(ready), Some(done)) = (self.secs(journey.ready), self.secs(journey.done)) {
+            lock(&self.recent_orders).push_back((done, (done - ready) * 1000.0));
+        }
+    }
+}
+
+/// The crowd and what the sampler reads besides it.
+struct Shared {
+    crowd: Arc<Crowd<Watch>>,
+    mode: Mode,
+    backend_stats: Uri,
+    seq_key: String,
+    adaptive_key: String,
+    batch_size: Option<u32>,
+}
+
 impl Shared {
     fn now(&self) -> f64 {
-        self.start.elapsed().as_secs_f64()
-    }
-
-    fn order_done(&self, rec: &Mutex<UserRec>) {
-        let now = self.now();
-        let ready = {
-            let mut r = rec.lock().unwrap();
-            r.done_at = Some(now);
-            r.ready_at
-        };
-        if let Some(ready) = ready {
-            self.recent_orders.lock().unwrap().push_back((now, (now - ready) * 1000.0));
-        }
-    }
-}
-
-struct Reply {
-    status: u16,
-    retry_after: Option<u64>,
-    body: Bytes,
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct QueueAnswer {
-    status: String,
-    poll_after: Option<u64>,
-    position: Option<u64>,
-    token: Option<String>,
-    estimated_wait_time: Option<u64>,
-    retry_after: Option<u64>,
-}
-
-impl Reply {
-    fn answer(&self) -> Option<QueueAnswer> {
-        serde_json::from_slice(&self.body).ok()
-    }
-    fn back_off(&self) -> Duration {
-        let secs = self.retry_after.or_else(|| self.answer().and_then(|a| a.retry_after)).unwrap_or(1);
-        Duration::from_secs(secs.max(1))
-    }
-}
-
-async fn send(s: &Shared, req: Request<Full<Bytes>>) -> std::result::Result<Reply, String> {
-    s.c.pending.fetch_add(1, Ordering::Relaxed);
-    let permit = s.gate.acquire().await;
-    s.c.pending.fetch_sub(1, Ordering::Relaxed);
-    let _permit = permit.map_err(|e| e.to_string())?;
-    let call = async {
-        let resp = s.client.request(req).await.map_err(|e| e.to_string())?;
-        let status = resp.status().as_u16();
-        let retry_after = resp
-            .headers()
-            .get(RETRY_AFTER)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse().ok());
-        let body = resp.into_body().collect().await.map_err(|e| e.to_string())?.to_bytes();
-        Ok(Reply { status, retry_after, body })
-    };
-    tokio::time::timeout(s.request_timeout, call)
-        .await
-        .unwrap_or_else(|_| Err("request timed out".to_string()))
-}
-
-fn request(method: Method, uri: &Uri, user: &str) -> Request<Full<Bytes>> {
-    Request::builder()
-        .method(method)
-        .uri(uri.clone())
-        .header("X-User-Id", user)
-        .body(Full::default())
-        .expect("a valid request")
-}
-
-fn order_request(uri: &Uri, user: &str, token: Option<&str>) -> Request<Full<Bytes>> {
-    let body = Bytes::from(format!(r#"{{"item":"demo-ticket","quantity":1,"user":"{user}"}}"#));
-    let mut b = Request::builder()
-        .method(Method::POST)
-        .uri(uri.clone())
-        .header("X-User-Id", user)
-        .header(CONTENT_TYPE, "application/json");
-    if let Some(token) = token {
-        b = b.header("X-Entry-Token", token);
-    }
-    b.body(Full::new(body)).expect("a valid request")
-}
-
-fn jittered(rng: &mut SplitMix64, secs: u64) -> Duration {
-    Duration::from_secs_f64(secs.max(1) as f64 * (1.0 + JITTER * rng.unit()))
-}
-
-enum Step {
-    Enter,
-    Poll,
-    Order(String),
-}
-
-async fn room_user(index: u32, user: String, arrive: Duration, s: Arc<Shared>, rec: Arc<Mutex<UserRec>>) {
-    let mut rng = SplitMix64::new(u64::from(index) ^ 0x5EED_C0DE_0000_0000);
-    tokio::time::sleep_until(s.start + arrive).await;
-    rec.lock().unwrap().arrived = Some(s.now());
-    let mut phase = Phase::Outside;
-    let mut step = Step::Enter;
-    loop {
-        step = match step {
-            Step::Enter | Step::Poll => {
-                let polling = matches!(step, Step::Poll);
-                let reply = if polling {
-                    bump(&s.c.polls);
-                    rec.lock().unwrap().polls += 1;
-                    send(&s, request(Method::GET, &s.status, &user)).await
-                } else {
-                    bump(&s.c.enters);
-                    send(&s, request(Method::POST, &s.enter, &user)).await
-                };
-                match reply {
-                    Ok(r) if r.status == 200 => match r.answer() {
-                        Some(QueueAnswer { status, token: Some(token), .. }) if status == "READY" => {
-                            let now = s.now();
-                            rec.lock().unwrap().ready_at.get_or_insert(now);
-                            s.c.move_to(&mut phase, Phase::Ready);
-                            Step::Order(token)
-                        }
-                        Some(a) if a.status == "WAITING" => {
-                            s.c.move_to(&mut phase, Phase::Waiting);
-                            let first = {
-                                let mut r = rec.lock().unwrap();
-                                let first = r.entered_at.is_none();
-                                if first {
-                                    r.entered_at = Some(s.now());
-                                    r.first_eta = a.estimated_wait_time.map(|e| e as f64);
-                                }
-                                first
-                            };
-                            if first {
-                                let ticket = match &s.redis {
-                                    Some(pool) => pool
-                                        .cmd(&[b"ZSCORE", s.queue_key.as_bytes(), user.as_bytes()])
-                                        .await
-                                        .and_then(|r| r.as_i64())
-                                        .map(|t| t as u64),
-                                    None => None,
-                                };
-                                match ticket {
-                                    Some(t) => rec.lock().unwrap().ticket = Some(t),
-                                    None => bump(&s.c.tickets_missing),
-                                }
-                            }
-                            let near_front = a.position.is_some_and(|p| p <= s.front_positions);
-                            let pause = if near_front {
-                                s.front_poll.mul_f64(1.0 + JITTER * rng.unit())
-                            } else {
-                                jittered(&mut rng, a.poll_after.unwrap_or(1))
-                            };
-                            tokio::time::sleep(pause).await;
-                            Step::Poll
-                        }
-                        Some(a) if a.status == "NOT_IN_QUEUE" => {
-                            bump(&s.c.not_in_queue);
-                            s.c.move_to(&mut phase, Phase::Outside);
-                            Step::Enter
-                        }
-                        _ => {
-                            bump(&s.c.errors);
-                            tokio::time::sleep(ERROR_PAUSE).await;
-                            Step::Enter
-                        }
-                    },
-                    Ok(r) if r.status == 429 || r.status == 503 => {
-                        bump(if r.status == 429 { &s.c.full } else { &s.c.unavailable });
-                        tokio::time::sleep(r.back_off()).await;
-                        Step::Enter
-                    }
-                    Ok(_) | Err(_) => {
-                        bump(&s.c.errors);
-                        tokio::time::sleep(ERROR_PAUSE).await;
-                        Step::Enter
-                    }
-                }
-            }
-            Step::Order(token) => {
-                bump(&s.c.order_attempts);
-                match send(&s, order_request(&s.order, &user, Some(&token))).await {
-                    Ok(r) if (200..300).contains(&r.status) => {
-                        s.order_done(&rec);
-                        s.c.move_to(&mut phase, Phase::Ordered);
-                        return;
-                    }
-                    Ok(r) if r.status == 403 => {
-                        bump(&s.c.forbidden);
-                        Step::Enter
-                    }
-                    Ok(r) if r.status == 429 || r.status == 503 => {
-                        bump(&s.c.unavailable);
-                        tokio::time::sleep(r.back_off()).await;
-                        Step::Enter
-                    }
-                    Ok(_) => {
-                        bump(&s.c.order_failures);
-                        tokio::time::sleep(ERROR_PAUSE).await;
-                        Step::Order(token)
-                    }
-                    Err(_) => {
-                        bump(&s.c.errors);
-                        tokio::time::sleep(ERROR_PAUSE).await;
-                        Step::Order(token)
-                    }
-                }
-            }
-        };
-    }
-}
-
-async fn direct_user(user: String, arrive: Duration, s: Arc<Shared>, rec: Arc<Mutex<UserRec>>) {
-    tokio::time::sleep_until(s.start + arrive).await;
-    let now = s.now();
-    {
-        let mut r = rec.lock().unwrap();
-        r.arrived = Some(now);
-        r.ready_at = Some(now);
-    }
-    let mut phase = Phase::Outside;
-    s.c.move_to(&mut phase, Phase::Ready);
-    loop {
-        bump(&s.c.order_attempts);
-        match send(&s, order_request(&s.order, &user, None)).await {
-            Ok(r) if (200..300).contains(&r.status) => {
-                s.order_done(&rec);
-                s.c.move_to(&mut phase, Phase::Ordered);
-                return;
-            }
-            Ok(_) => bump(&s.c.order_failures),
-            Err(_) => bump(&s.c.errors),
-        }
-        tokio::time::sleep(ERROR_PAUSE).await;
+        self.crowd.watcher.start.elapsed().as_secs_f64()
     }
 }
 
@@ -525,34 +249,22 @@ struct Sample {
     order_p95_ms: Option<f64>,
 }
 
-#[derive(Deserialize, Default)]
-#[serde(rename_all = "camelCase")]
-struct BackendStats {
-    in_flight: u64,
-    peak_in_flight: u64,
-    waiting: u64,
-    peak_waiting: u64,
-    completed: u64,
-    failed: u64,
-}
-
-async fn backend_stats(s: &Shared) -> Option<BackendStats> {
-    let req = Request::get(s.backend_stats.clone()).body(Full::default()).ok()?;
-    let resp = tokio::time::timeout(Duration::from_secs(2), s.client.request(req)).await.ok()?.ok()?;
-    let body = resp.into_body().collect().await.ok()?.to_bytes();
-    serde_json::from_slice(&body).ok()
+async fn backend_stats(s: &Shared) -> Option<StatsSnapshot> {
+    let reply = s.crowd.room.observe(Method::GET, &s.backend_stats, Duration::from_secs(2)).await?;
+    serde_json::from_slice(&reply.body).ok()
 }
 
 async fn sample(s: &Shared) -> Sample {
     let backend = backend_stats(s).await.unwrap_or_default();
-    let ordered = s.c.ordered.load(Ordering::Relaxed);
-    let (queue, admitted, batch) = match (&s.redis, s.mode) {
+    let (c, watch) = (&s.crowd.counters, &s.crowd.watcher);
+    let ordered = c.ordered.load(Ordering::Relaxed);
+    let (queue, admitted, batch) = match (&watch.redis, s.mode) {
         (Some(pool), Mode::Room) => {
             // One transaction: enters landing between two separate reads would count as admitted,
             // and the batch belongs to the same moment as the line it is draining.
             let replies = pool
                 .transaction(&[
-                    &[b"ZCARD", s.queue_key.as_bytes()],
+                    &[b"ZCARD", watch.queue_key.as_bytes()],
                     &[b"GET", s.seq_key.as_bytes()],
                     &[b"HGET", s.adaptive_key.as_bytes(), b"batch"],
                 ])
@@ -569,14 +281,14 @@ async fn sample(s: &Shared) -> Sample {
             (len, (seq - len).max(0), batch)
         }
         _ => (
-            backend.waiting as i64 + s.c.pending.load(Ordering::Relaxed).max(0),
+            backend.waiting as i64 + s.crowd.room.pending(),
             ordered + backend.in_flight as i64,
             None,
         ),
     };
     let t = s.now();
     let order_p95_ms = {
-        let mut recent = s.recent_orders.lock().unwrap();
+        let mut recent = lock(&watch.recent_orders);
         while recent.front().is_some_and(|&(done, _)| done < t - 1.0) {
             recent.pop_front();
         }
@@ -589,7 +301,7 @@ async fn sample(s: &Shared) -> Sample {
         queue,
         admitted,
         ordered,
-        client_waiting: s.c.waiting.load(Ordering::Relaxed),
+        client_waiting: c.waiting.load(Ordering::Relaxed),
         backend_in_flight: backend.in_flight as i64,
         backend_waiting: backend.waiting as i64,
         batch,
@@ -619,74 +331,62 @@ fn pcts(mut v: Vec<f64>) -> Pcts {
 }
 
 pub async fn run(a: CrowdArgs) -> Result<()> {
-    let parse = |base: &str, path: &str| -> Result<Uri> {
-        format!("{}{}", base.trim_end_matches('/'), path).parse::<Uri>().map_err(ctx("url"))
-    };
-    let mut connector = HttpConnector::new();
-    connector.set_nodelay(true);
-    connector.set_connect_timeout(Some(Duration::from_secs(5)));
-    let client = Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(Duration::from_secs(50))
-        .pool_max_idle_per_host(a.conns)
-        .build(connector);
     let ideal_s = f64::from(a.users) / a.ideal_rate;
     let timeout_s = a.timeout_s.unwrap_or(ideal_s * 2.0 + 60.0);
-    let prefix = a.endpoints.trim_end_matches('/');
-
-    // Fresh peaks for this scenario.
-    let reset = Request::post(parse(&a.backend, "/admin/reset")?).body(Full::default()).map_err(ctx("reset"))?;
-    client.request(reset).await.map_err(ctx("POST /admin/reset"))?;
-
-    let s = Arc::new(Shared {
-        mode: a.mode,
-        client,
-        gate: Semaphore::new(a.conns.max(1)),
-        start: Instant::now() + Duration::from_millis(100),
-        enter: parse(&a.target, &format!("{prefix}/enter"))?,
-        status: parse(&a.target, &format!("{prefix}/status"))?,
-        order: parse(&a.target, &a.order_path)?,
-        backend_stats: parse(&a.backend, "/admin/stats")?,
+    let backend = |path: &str| url(&format!("{}{path}", a.backend.trim_end_matches('/')));
+    let room = Room::new(RoomSettings {
+        target: a.target.clone(),
+        prefix: a.endpoints.clone(),
+        order_path: a.order_path.clone(),
+        user_header: HeaderName::from_static("x-user-id"),
+        token_header: HeaderName::from_static("x-entry-token"),
         request_timeout: Duration::from_secs(a.request_timeout_s),
-        front_positions: a.front_positions,
-        front_poll: Duration::from_millis(a.front_poll_ms.max(1)),
-        c: Counters::default(),
+        max_conns: Some(a.conns),
+    })?;
+    let start = Instant::now() + Duration::from_millis(100);
+    let watch = Watch {
+        start,
         redis: a.redis.clone().map(|addr| RedisPool::new(addr, 8)),
         queue_key: format!("{{{}}}:queue", a.prefix),
+        tickets: (0..a.users).map(|_| AtomicU64::new(0)).collect(),
+        tickets_missing: AtomicU64::new(0),
+        recent_orders: Mutex::new(VecDeque::new()),
+    };
+    let mut crowd = Crowd::new(room, watch);
+    if a.front_positions > 0 {
+        crowd.front = Some(FrontPolling {
+            positions: a.front_positions,
+            every: Duration::from_millis(a.front_poll_ms.max(1)),
+        });
+    }
+    let s = Shared {
+        crowd: Arc::new(crowd),
+        mode: a.mode,
+        backend_stats: backend("/admin/stats")?,
         seq_key: format!("{{{}}}:seq", a.prefix),
         adaptive_key: format!("{{{}}}:admission:adaptive", a.prefix),
         batch_size: a.batch_size,
-        recent_orders: Mutex::new(VecDeque::new()),
-    });
-    s.c.outside.store(i64::from(a.users), Ordering::Relaxed);
+    };
 
-    let run_tag = format!("{:x}", std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_err(ctx("clock"))?.as_millis() & 0xFFFF_FFFF);
-    let spread = Duration::from_millis(a.spread_ms);
-    let mut recs = Vec::with_capacity(a.users as usize);
-    let mut users = JoinSet::new();
-    for i in 0..a.users {
-        let arrive = spread.mul_f64(SplitMix64::new(u64::from(i)).unit());
-        let user = format!("{}-{run_tag}-{i}", a.label);
-        let rec = Arc::new(Mutex::new(UserRec::default()));
-        recs.push(rec.clone());
-        match a.mode {
-            Mode::Room => users.spawn(room_user(i, user, arrive, s.clone(), rec)),
-            Mode::Direct => users.spawn(direct_user(user, arrive, s.clone(), rec)),
-        };
-    }
+    // Fresh peaks for this scenario.
+    let reset = backend("/admin/reset")?;
+    s.crowd.room.observe(Method::POST, &reset, Duration::from_secs(5)).await.ok_or("POST /admin/reset: no answer")?;
+
+    let visit = match a.mode {
+        Mode::Room => Visit::Room,
+        Mode::Direct => Visit::Direct,
+    };
+    let tag = run_tag();
+    let mut users = s.crowd.spawn(a.users, start, Duration::from_millis(a.spread_ms), visit, |i| format!("{}-{tag}-{i}", a.label));
+    users.give_up_at(start + Duration::from_secs_f64(timeout_s));
 
     let mut series = Vec::new();
-    let mut tick = tokio::time::interval_at(s.start, Duration::from_millis(a.sample_ms));
+    let mut tick = tokio::time::interval_at(start, Duration::from_millis(a.sample_ms));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-    let give_up = tokio::time::sleep_until(s.start + Duration::from_secs_f64(timeout_s));
-    tokio::pin!(give_up);
-    let mut gave_up = false;
     let mut last_print = 0.0;
-    loop {
-        tokio::select! {
-            joined = users.join_next() => {
-                if joined.is_none() { break; }
-            }
-            _ = tick.tick() => {
+    let ending = loop {
+        match users.next(&mut tick).await {
+            Next::Tick => {
                 let smp = sample(&s).await;
                 if smp.t - last_print >= 5.0 {
                     last_print = smp.t;
@@ -695,15 +395,31 @@ pub async fn run(a: CrowdArgs) -> Result<()> {
                 }
                 series.push(smp);
             }
-            _ = &mut give_up => { gave_up = true; break; }
+            Next::End(ending) => break ending,
         }
-    }
-    users.abort_all();
+    };
+    let gave_up = ending != Ending::AllDone;
     series.push(sample(&s).await);
     let backend = backend_stats(&s).await.unwrap_or_default();
 
     // ---- the summary ----
-    let recs: Vec<UserRec> = recs.iter().map(|r| r.lock().unwrap().clone()).collect();
+    let watch = &s.crowd.watcher;
+    let recs: Vec<UserRec> = users
+        .journeys
+        .iter()
+        .zip(&watch.tickets)
+        .map(|(journey, ticket)| {
+            let j = lock(journey).clone();
+            UserRec {
+                arrived: watch.secs(j.arrived),
+                ticket: Some(ticket.load(Ordering::Relaxed)).filter(|&t| t > 0),
+                first_eta: j.first_eta.map(|e| e as f64),
+                entered_at: watch.secs(j.joined),
+                ready_at: watch.secs(j.ready),
+                done_at: watch.secs(j.done),
+            }
+        })
+        .collect();
     let done: Vec<&UserRec> = recs.iter().filter(|r| r.done_at.is_some()).collect();
     let completed = done.len() as u64;
     let lost = u64::from(a.users) - completed;
@@ -740,7 +456,8 @@ pub async fn run(a: CrowdArgs) -> Result<()> {
     let throughput = throughput(&done, completion_s, a.ideal_rate);
     let batch = batch_over_time(&series);
 
-    let polls = s.c.polls.load(Ordering::Relaxed);
+    let c = &s.crowd.counters;
+    let polls = Counters::total(&c.polls);
     let summary = serde_json::json!({
         "label": a.label,
         "mode": a.mode,
@@ -771,7 +488,7 @@ pub async fn run(a: CrowdArgs) -> Result<()> {
             "inversion_fraction": if pairs > 0.0 { inv as f64 / pairs } else { 0.0 },
             "slack_s": a.poll_slack_s,
             "inversions_beyond_slack": inv_beyond,
-            "tickets_missing": s.c.tickets_missing.load(Ordering::Relaxed),
+            "tickets_missing": watch.tickets_missing.load(Ordering::Relaxed),
         },
         "polls_per_user": polls as f64 / f64::from(a.users),
         "eta_error_s": {
@@ -780,15 +497,15 @@ pub async fn run(a: CrowdArgs) -> Result<()> {
             "abs": eta_abs,
         },
         "requests": {
-            "enters": s.c.enters.load(Ordering::Relaxed),
+            "enters": Counters::total(&c.enters),
             "polls": polls,
-            "order_attempts": s.c.order_attempts.load(Ordering::Relaxed),
-            "full_429": s.c.full.load(Ordering::Relaxed),
-            "unavailable_503": s.c.unavailable.load(Ordering::Relaxed),
-            "forbidden_403": s.c.forbidden.load(Ordering::Relaxed),
-            "not_in_queue": s.c.not_in_queue.load(Ordering::Relaxed),
-            "order_failures": s.c.order_failures.load(Ordering::Relaxed),
-            "errors": s.c.errors.load(Ordering::Relaxed),
+            "order_attempts": Counters::total(&c.order_attempts),
+            "full_429": Counters::total(&c.full),
+            "unavailable_503": Counters::total(&c.unavailable),
+            "forbidden_403": Counters::total(&c.forbidden),
+            "not_in_queue": Counters::total(&c.not_in_queue),
+            "order_failures": Counters::total(&c.order_failures),
+            "errors": Counters::total(&c.errors),
         },
         "conns": a.conns,
         "front_positions": a.front_positions,
@@ -813,6 +530,16 @@ pub async fn run(a: CrowdArgs) -> Result<()> {
         }
     );
     Ok(())
+}
+
+/// A user's journey in seconds since the crowd's start, with its place in line.
+struct UserRec {
+    arrived: Option<f64>,
+    ticket: Option<u64>,
+    first_eta: Option<f64>,
+    entered_at: Option<f64>,
+    ready_at: Option<f64>,
+    done_at: Option<f64>,
 }
 
 /// Completed orders per second as a share of `ideal_rate`: over the whole run, and between the

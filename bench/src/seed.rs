@@ -1,6 +1,6 @@
 //! RESP streams for `redis-cli --pipe`: a line of waiting users, and minted entry tokens.
 //!
-//! The layout is the one `lua/enter.lua` and `lua/admit.lua` use (see `src/store/mod.rs`):
+//! The layout is the one `lua/enter.lua` and `lua/admit.lua` use (see `src/store/keys.rs`):
 //! `{prefix}:queue` is a sorted set, member = user, score = the arrival number taken from
 //! `{prefix}:seq`; a token is `{prefix}:token:<user>` (a UUID, with a PX ttl) and is also listed
 //! in `{prefix}:tokens` with its expiry in ms as the score.
@@ -9,9 +9,9 @@ use std::io::Write;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use clap::Args;
+use waitroom_tools::numbers::SplitMix64;
 
 use crate::resp::encode;
-use crate::stats::SplitMix64;
 use crate::{ctx, Result};
 
 #[derive(Args)]

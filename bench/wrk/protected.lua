@@ -4,12 +4,6 @@
 -- Running out of pairs wraps around: spent tokens then answer 403 and show up as non-2xx.
 local file = os.getenv("WR_PAIRS")
 local path = os.getenv("WR_PATH") or "/echo/protected"
-local threads = 0
-
-function setup(thread)
-  threads = threads + 1
-  thread:set("id", threads)
-end
 
 function init(args)
   local nth = tonumber(os.getenv("WR_THREADS") or "2")

@@ -5,12 +5,6 @@ local n = tonumber(os.getenv("WR_QUEUE") or "100000")
 local pool_size = tonumber(os.getenv("WR_POOL") or "10000")
 local method = os.getenv("WR_METHOD") or "GET"
 local path = os.getenv("WR_PATH") or "/queue/status"
-local threads = 0
-
-function setup(thread)
-  threads = threads + 1
-  thread:set("id", threads)
-end
 
 function init(args)
   math.randomseed(7919 * (id or 1))

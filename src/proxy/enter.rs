@@ -42,7 +42,7 @@ pub async fn handle(
         per_address: address.as_deref().map(|a| (a, config.abuse.identities_per_address)),
         poll: pacing.poll_clock(),
     };
-    let (result, answer) = match room.enter_with(request, &policy.rules).await {
+    let (result, answer) = match room.enter(request, &policy.rules).await {
         Ok(entered) => {
             metrics::ABANDONED_TOTAL.inc_by(entered.abandoned);
             if let Some(line) = local {
@@ -78,10 +78,6 @@ pub async fn handle(
 fn client_address(config: &Config, session: &Session) -> String {
     let peer = session.client_addr().and_then(|a| a.as_inet()).map(|a| a.ip());
     let Some(peer) = peer else { return "unknown".to_string() };
-    let forwarded = session
-        .req_header()
-        .headers
-        .get("x-forwarded-for")
-        .and_then(|v| v.to_str().ok());
-    rules::client_address(peer, forwarded, &config.abuse.trusted_proxies).to_string()
+    let forwarded = crate::paths::forwarded_for(&session.req_header().headers);
+    rules::client_address(peer, forwarded.as_deref(), &config.abuse.trusted_proxies).to_string()
 }

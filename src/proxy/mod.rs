@@ -4,16 +4,19 @@
 //! Phases used, in request order:
 //! - `request_filter`: answer enter/status ourselves; check a protected request's token;
 //! - `upstream_peer`: the one upstream, a prebuilt peer;
-//! - `upstream_response_filter`: spend the token on a 2xx before the client sees the response;
+//! - `upstream_response_filter`: spend the token on a 2xx (or release its claim) before the
+//!   client sees the response;
 //! - `fail_to_proxy`: a JSON 502 when the upstream cannot be reached, 504 when it does not answer
 //!   within `limits.upstream_timeout`;
 //! - `logging`: metrics and the access log, once the response is done.
 
 mod answer;
 mod enter;
+pub mod headers;
 mod protected;
 mod status;
 
+use std::borrow::Cow;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -26,9 +29,10 @@ use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 
 pub use answer::Answer;
 
-use crate::config::Config;
+use crate::config::{Config, IdentityConfig};
 use crate::identity::Refusal;
 use crate::metrics;
+use crate::paths::{self, PathRefusal, Verdict};
 use crate::rules;
 use crate::state::{InFlight, RoomState};
 use crate::store::Room;
@@ -54,21 +58,30 @@ impl Endpoint {
         }
     }
 
-    /// Sorts a request; the path is compared without its query string.
-    pub fn classify(config: &Config, method: &http::Method, path: &str) -> Endpoint {
+    /// Sorts a request: the proxy's own endpoints by their exact path, then the `protected`
+    /// rules on the canonical path (contract section 12, see [`crate::paths`]). A protected
+    /// request whose target is not canonical comes with the target to forward instead, so the
+    /// upstream routes what was checked; a target the proxy refuses to guess at is refused.
+    pub fn classify(config: &Config, header: &RequestHeader) -> Result<(Endpoint, Option<Vec<u8>>), PathRefusal> {
+        let path = header.uri.path();
         if let Some(rest) = path.strip_prefix(config.endpoints.prefix.as_str()) {
             match rest {
-                "/enter" => return Endpoint::Enter,
-                "/status" => return Endpoint::Status,
-                "/" if config.page.enabled && method == http::Method::GET => return Endpoint::Page,
+                "/enter" => return Ok((Endpoint::Enter, None)),
+                "/status" => return Ok((Endpoint::Status, None)),
+                "/" if config.page.enabled && header.method == http::Method::GET => {
+                    return Ok((Endpoint::Page, None))
+                }
                 _ => {}
             }
         }
-        if config.protected.iter().any(|r| r.method == method && r.path == path) {
-            Endpoint::Protected
-        } else {
-            Endpoint::Passthrough
-        }
+        let verdict = paths::classify(&config.protected, &header.method, &header.headers, header.raw_path())?;
+        Ok(match verdict {
+            Verdict::PassThrough => (Endpoint::Passthrough, None),
+            Verdict::Protected(canonical) => match canonical.forward_target() {
+                Cow::Borrowed(_) => (Endpoint::Protected, None),
+                Cow::Owned(target) => (Endpoint::Protected, Some(target)),
+            },
+        })
     }
 }
 
@@ -77,8 +90,8 @@ pub struct Ctx {
     endpoint: Endpoint,
     started: Instant,
     user: Option<String>,
-    /// The token a protected request presented, to spend if the upstream answers 2xx.
-    spend: Option<String>,
+    /// The token a protected request claimed: spent if the upstream answers 2xx, else released.
+    claimed: Option<protected::Claimed>,
     upstream_started: Option<Instant>,
     upstream_status: Option<u16>,
     /// Counts the request for a graceful stop until the context is dropped.
@@ -100,6 +113,38 @@ impl Waitroom {
         peer.options.connection_timeout = Some(Duration::from_secs(3));
         Waitroom { state, room: Arc::new(room), upstream: Box::new(peer) }
     }
+}
+
+impl Waitroom {
+    /// Releases a claim that no upstream answer settled (unreachable, timed out, the client went
+    /// away), so the user may retry.
+    async fn release_unsettled(&self, ctx: &mut Ctx) {
+        if let (Some(claimed), Some(user)) = (ctx.claimed.take(), ctx.user.as_deref()) {
+            let ttl = self.state.settings().config.token.ttl;
+            protected::settle(&self.room, self.state.spent(), user, claimed, None, ttl).await;
+        }
+    }
+}
+
+/// Keeps the identity header (trusted-header mode) and the token header out of `Connection`'s
+/// reach, so they travel to the upstream as the client sent them (see [`headers`]).
+fn shield_room_headers(config: &Config, session: &mut Session) -> Result<()> {
+    let headers = &session.req_header().headers;
+    if !headers.contains_key(http::header::CONNECTION) {
+        return Ok(());
+    }
+    let lines = match &config.identity {
+        IdentityConfig::Header(identity) => headers::shielded_connection(headers, &[identity, &config.token.header]),
+        IdentityConfig::Jwt(_) => headers::shielded_connection(headers, &[&config.token.header]),
+    };
+    if let Some(lines) = lines {
+        let request = session.req_header_mut();
+        request.remove_header(&http::header::CONNECTION);
+        for line in lines {
+            request.append_header(http::header::CONNECTION, line)?;
+        }
+    }
+    Ok(())
 }
 
 /// The user named by the request (trusted header or verified JWT, see [`crate::identity`]),
@@ -216,7 +261,7 @@ impl ProxyHttp for Waitroom {
             endpoint: Endpoint::Passthrough,
             started: Instant::now(),
             user: None,
-            spend: None,
+            claimed: None,
             upstream_started: None,
             upstream_status: None,
             _in_flight: self.state.request_started(),
@@ -227,8 +272,19 @@ impl ProxyHttp for Waitroom {
         let settings = self.state.settings();
         let config = &settings.config;
         limit_slow_clients(session);
-        let header = session.req_header();
-        ctx.endpoint = Endpoint::classify(config, &header.method, header.uri.path());
+        shield_room_headers(config, session)?;
+        ctx.endpoint = match Endpoint::classify(config, session.req_header()) {
+            Ok((endpoint, None)) => endpoint,
+            Ok((endpoint, Some(canonical))) => {
+                session.req_header_mut().set_raw_path(&canonical)?;
+                endpoint
+            }
+            Err(refusal) => {
+                tracing::debug!(reason = refusal.message(), "request target refused");
+                write_answer(session, Answer::error(refusal.status(), refusal.message())).await?;
+                return Ok(true);
+            }
+        };
         if let Some(refusal) = own_body_refusal(session, ctx.endpoint, config.limits.header_timeout).await? {
             write_answer(session, refusal).await?;
             return Ok(true);
@@ -244,7 +300,7 @@ impl ProxyHttp for Waitroom {
             }
             Endpoint::Enter => enter::handle(&self.state, &settings, &self.room, session, ctx).await,
             Endpoint::Status => status::handle(&self.state, &settings, &self.room, session, ctx).await,
-            Endpoint::Protected => match protected::check(config, &self.room, session, ctx).await {
+            Endpoint::Protected => match protected::check(config, &self.room, self.state.spent(), session, ctx).await {
                 None => return Ok(false),
                 Some(refusal) => refusal,
             },
@@ -273,6 +329,25 @@ impl ProxyHttp for Waitroom {
         Ok(peer)
     }
 
+    /// Runs after pingora has removed the hop-by-hop headers: what is set here reaches the
+    /// upstream whatever the client's `Connection` said.
+    async fn upstream_request_filter(
+        &self,
+        _session: &mut Session,
+        upstream_request: &mut RequestHeader,
+        ctx: &mut Ctx,
+    ) -> Result<()> {
+        if ctx.endpoint != Endpoint::Protected {
+            return Ok(());
+        }
+        if let (IdentityConfig::Jwt(verifier), Some(user)) = (&self.state.settings().config.identity, &ctx.user) {
+            // The verified identity replaces whatever the client sent under that name, so the
+            // upstream can credit the order to the user the room admitted.
+            upstream_request.insert_header(verifier.forward_header.clone(), user.as_str())?;
+        }
+        Ok(())
+    }
+
     async fn upstream_response_filter(
         &self,
         _session: &mut Session,
@@ -295,9 +370,9 @@ impl ProxyHttp for Waitroom {
                 self.state.latencies().record(latency);
             }
         }
-        if let (Some(token), Some(user)) = (ctx.spend.take(), ctx.user.as_deref()) {
+        if let (Some(claimed), Some(user)) = (ctx.claimed.take(), ctx.user.as_deref()) {
             let ttl = self.state.settings().config.token.ttl;
-            protected::settle(&self.room, user, &token, status, ttl).await;
+            protected::settle(&self.room, self.state.spent(), user, claimed, Some(status), ttl).await;
         }
         Ok(())
     }
@@ -315,6 +390,8 @@ impl ProxyHttp for Waitroom {
                 self.state.latencies().record(started.elapsed());
             }
         }
+        // Released before the error answer leaves, so the user's immediate retry is not a 409.
+        self.release_unsettled(ctx).await;
         let code = match e.etype() {
             ErrorType::HTTPStatus(code) => *code,
             _ if timed_out => 504,
@@ -346,6 +423,7 @@ impl ProxyHttp for Waitroom {
     }
 
     async fn logging(&self, session: &mut Session, error: Option<&Error>, ctx: &mut Ctx) {
+        self.release_unsettled(ctx).await;
         let elapsed = ctx.started.elapsed();
         let endpoint = ctx.endpoint.label();
         metrics::REQUEST_DURATION.with_label_values(&[endpoint]).observe(elapsed.as_secs_f64());

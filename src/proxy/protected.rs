@@ -1,6 +1,7 @@
 //! A protected request (`protected` method + path): forwarded only with the user's current entry
-//! token, which is spent once the upstream answers 2xx.
-//! Parse (identity, token header) -> apply (read the token from Redis) -> render (a refusal, or
+//! token, claimed for this one request as it is forwarded (contract section 12: one admission, one
+//! order), and spent once the upstream answers 2xx; any other outcome releases the claim.
+//! Parse (identity, token header) -> apply (claim the token in Redis) -> render (a refusal, or
 //! nothing and the request goes upstream).
 
 use std::sync::Arc;
@@ -12,11 +13,24 @@ use super::{identity, Answer, Ctx};
 use crate::config::Config;
 use crate::metrics;
 use crate::rules::{self, TokenFate};
-use crate::store::Room;
+use crate::spent::SpentTokens;
+use crate::store::{Claim, Room};
+
+/// A token this request holds: what settling it needs.
+pub struct Claimed {
+    pub token: String,
+    pub id: String,
+}
 
 /// Returns the refusal to send, or `None` when the request may go upstream.
-pub async fn check(config: &Config, room: &Room, session: &Session, ctx: &mut Ctx) -> Option<Answer> {
-    let (result, refusal) = decide(config, room, session, ctx).await;
+pub async fn check(
+    config: &Config,
+    room: &Room,
+    spent: &SpentTokens,
+    session: &Session,
+    ctx: &mut Ctx,
+) -> Option<Answer> {
+    let (result, refusal) = decide(config, room, spent, session, ctx).await;
     metrics::PROTECTED_TOTAL.with_label_values(&[result]).inc();
     refusal
 }
@@ -24,6 +38,7 @@ pub async fn check(config: &Config, room: &Room, session: &Session, ctx: &mut Ct
 async fn decide(
     config: &Config,
     room: &Room,
+    spent: &SpentTokens,
     session: &Session,
     ctx: &mut Ctx,
 ) -> (&'static str, Option<Answer>) {
@@ -31,16 +46,29 @@ async fn decide(
         Ok(user) => ctx.user.insert(user),
         Err(problem) => return ("unauthenticated", Some(Answer::identity(problem))),
     };
-    let presented = match session.req_header().headers.get(&config.token.header) {
-        Some(v) if !v.is_empty() => v.as_bytes(),
+    let mut tokens = session.req_header().headers.get_all(&config.token.header).iter();
+    let presented = match (tokens.next(), tokens.next()) {
+        // The proxy would check one copy and the upstream might read the other.
+        (Some(_), Some(_)) => {
+            return ("forbidden", Some(Answer::error(400, "the entry token header must be sent once")))
+        }
+        (Some(v), None) if !v.is_empty() => v.as_bytes(),
         _ => return ("forbidden", Some(Answer::error(403, "an entry token is required"))),
     };
-    match room.current_token(user).await {
-        Ok(Some(current)) if rules::token_matches(presented, current.as_bytes()) => {
-            ctx.spend = Some(current);
+    if spent.is_spent(presented) {
+        return ("forbidden", Some(Answer::error(403, "the entry token has already been used")));
+    }
+    let Ok(token) = std::str::from_utf8(presented) else {
+        return ("forbidden", Some(Answer::error(403, "the entry token is not valid for this user")));
+    };
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    match room.claim(user, token, &id, config.token.claim_timeout).await {
+        Ok(Claim::Claimed) => {
+            ctx.claimed = Some(Claimed { token: token.to_owned(), id });
             ("forwarded", None)
         }
-        Ok(_) => ("forbidden", Some(Answer::error(403, "the entry token is not valid for this user"))),
+        Ok(Claim::InUse) => ("in_use", Some(Answer::error(409, "this entry token is already in use"))),
+        Ok(Claim::Invalid) => ("forbidden", Some(Answer::error(403, "the entry token is not valid for this user"))),
         Err(error) => {
             metrics::REDIS_ERRORS_TOTAL.inc();
             tracing::warn!(%error, "protected: redis unavailable, refusing (fail closed)");
@@ -49,12 +77,30 @@ async fn decide(
     }
 }
 
-/// Applies the upstream's verdict to the token that was used.
-pub async fn settle(room: &Arc<Room>, user: &str, token: &str, upstream_status: u16, token_ttl: Duration) {
-    if rules::token_fate(Some(upstream_status)) == TokenFate::Keep {
+/// Applies the upstream's verdict to the token that was used: `None` (no answer: unreachable,
+/// timed out, the client went away) releases it like a non-2xx.
+pub async fn settle(
+    room: &Arc<Room>,
+    spent: &SpentTokens,
+    user: &str,
+    claimed: Claimed,
+    upstream_status: Option<u16>,
+    token_ttl: Duration,
+) {
+    let Claimed { token, id } = claimed;
+    if rules::token_fate(upstream_status) == TokenFate::Keep {
+        // Retrying is the user's right; if this release fails the claim still ends with
+        // claim_timeout.
+        if let Err(error) = room.consume(user, &token, &id, false).await {
+            metrics::REDIS_ERRORS_TOTAL.inc();
+            tracing::warn!(%error, user, "could not release an entry token's claim; it expires with token.claim_timeout");
+        }
         return;
     }
-    match room.consume(user, token).await {
+    // Before Redis hears of it: a repeat through this proxy is refused from now on, whatever
+    // becomes of the delete.
+    spent.remember(&token, token_ttl);
+    match room.consume(user, &token, &id, true).await {
         Ok(true) => metrics::TOKENS_CONSUMED_TOTAL.inc(),
         // Expired, or already replaced by a newer token, between the check and now.
         Ok(false) => {}
@@ -64,18 +110,18 @@ pub async fn settle(room: &Arc<Room>, user: &str, token: &str, upstream_status: 
             // the background so the token is gone as soon as Redis is back.
             metrics::REDIS_ERRORS_TOTAL.inc();
             tracing::error!(%error, user, "could not spend an entry token after a successful order; retrying");
-            let (room, user, token) = (room.clone(), user.to_owned(), token.to_owned());
-            tokio::spawn(async move { spend_later(&room, &user, &token, token_ttl).await });
+            let (room, user) = (room.clone(), user.to_owned());
+            tokio::spawn(async move { spend_later(&room, &user, &token, &id, token_ttl).await });
         }
     }
 }
 
 /// Retries spending a token until it succeeds or the token would have expired anyway.
-async fn spend_later(room: &Room, user: &str, token: &str, token_ttl: Duration) {
+async fn spend_later(room: &Room, user: &str, token: &str, claim: &str, token_ttl: Duration) {
     let deadline = Instant::now() + token_ttl;
     while Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(200)).await;
-        match room.consume(user, token).await {
+        match room.consume(user, token, claim, true).await {
             Ok(spent) => {
                 if spent {
                     metrics::TOKENS_CONSUMED_TOTAL.inc();

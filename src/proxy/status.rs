@@ -30,7 +30,7 @@ pub async fn handle(
         metrics::STATUS_TOTAL.with_label_values(&["WAITING"]).inc();
         return Answer::waiting(position, pacing.pace(), config);
     }
-    let (label, answer) = match room.status_with(user, pacing.poll_clock(), &policy.rules).await {
+    let (label, answer) = match room.status(user, pacing.poll_clock(), &policy.rules).await {
         Ok(status) => {
             metrics::ABANDONED_TOTAL.inc_by(status.abandoned);
             if let Some(line) = local {

@@ -16,19 +16,25 @@
 //! Every test binary compiles this module and uses only part of it, hence the allows.
 #![allow(dead_code, unused_imports)]
 
+mod answers;
 mod client;
 mod demo_api;
 mod process;
 mod proxy;
+mod recorder;
 mod redis_server;
+mod store;
 
+pub use answers::*;
 pub use client::{http_client, raw_request, send, try_send, Resp};
 pub use demo_api::DemoApi;
 pub use proxy::{
     base_config, merge_yaml, merged_config_yaml, parse_metric, run_check, run_check_env,
     unique_prefix, Proxy, ProxyBuilder,
 };
+pub use recorder::{Recorder, Seen};
 pub use redis_server::RedisServer;
+pub use store::*;
 
 use std::future::Future;
 use std::net::TcpListener;
@@ -60,4 +66,25 @@ where
         }
         tokio::time::sleep(every).await;
     }
+}
+
+/// An address where a connection is refused right now: a port that was just free, checked by
+/// connecting to it (a refused connect), not merely assumed. For "the upstream is unreachable".
+/// Another process could still bind it later; the check makes that a rare race, not the norm.
+pub fn refused_addr() -> std::net::SocketAddr {
+    for _ in 0..20 {
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], free_port()));
+        match std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)) {
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => return addr,
+            _ => continue, // someone listens there now, or it did not answer: try another
+        }
+    }
+    panic!("no refused port found on 127.0.0.1 in 20 tries");
+}
+
+/// Awaits `f` and says how long it took.
+pub async fn timed<F: Future>(f: F) -> (F::Output, Duration) {
+    let started = Instant::now();
+    let out = f.await;
+    (out, started.elapsed())
 }

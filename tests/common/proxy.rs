@@ -114,9 +114,17 @@ pub struct ProxyBuilder {
     overlays: Vec<String>,
     env: Vec<(String, String)>,
     files: Vec<(PathBuf, String)>,
+    listen_ip: std::net::IpAddr,
 }
 
 impl ProxyBuilder {
+    /// Listen on `ip` (e.g. 0.0.0.0) instead of 127.0.0.1, on a port the harness picks afresh at
+    /// each start attempt (a port written into the YAML would be reused by a retry).
+    pub fn listen_ip(mut self, ip: std::net::IpAddr) -> Self {
+        self.listen_ip = ip;
+        self
+    }
+
     /// Merged over the base, in call order; may override anything, `listen` included.
     pub fn yaml(mut self, yaml: &str) -> Self {
         self.overlays.push(yaml.to_owned());
@@ -168,7 +176,7 @@ impl ProxyBuilder {
             std::fs::create_dir_all(path.parent().unwrap()).expect("create file dir");
             std::fs::write(&path, contents).expect("write file");
         }
-        let listen = SocketAddr::from(([127, 0, 0, 1], free_port()));
+        let listen = SocketAddr::new(self.listen_ip, free_port());
         let metrics = SocketAddr::from(([127, 0, 0, 1], free_port()));
         let config = self.config(listen, metrics);
         // Report the addresses the proxy will really use, should the test have overridden them.
@@ -213,7 +221,7 @@ impl ProxyBuilder {
         C: redis::aio::ConnectionLike + Clone + Send,
     {
         let proxy = self.start().await;
-        let key = format!("{{{}}}:admission:next", proxy.key_prefix());
+        let key = super::store::keys(&proxy).next_admission;
         let ticked = super::wait_until(Duration::from_secs(10), Duration::from_millis(10), || {
             let mut conn = conn.clone();
             let key = key.clone();
@@ -226,7 +234,11 @@ impl ProxyBuilder {
             }
         })
         .await;
-        assert!(ticked, "no first admission tick within 10 s:\n{}", proxy.logs());
+        assert!(
+            ticked,
+            "no first admission tick within 10 s:\n{}",
+            proxy.logs()
+        );
         proxy
     }
 
@@ -269,6 +281,7 @@ impl Proxy {
             overlays: Vec::new(),
             env: Vec::new(),
             files: Vec::new(),
+            listen_ip: [127, 0, 0, 1].into(),
         }
     }
 
@@ -410,6 +423,12 @@ impl Proxy {
     /// The first `protected` route (default `POST /api/orders`) as `user`, with `token` in the
     /// configured token header when given, and a small JSON order as the body.
     pub async fn order(&self, user: &str, token: Option<&str>) -> Resp {
+        send(self.order_request(user, token)).await
+    }
+
+    /// The request `order` sends, for a test to add headers to (e.g. the demo API's
+    /// `X-Demo-Fail` or `X-Demo-Delay-Ms`).
+    pub fn order_request(&self, user: &str, token: Option<&str>) -> reqwest::RequestBuilder {
         let route = self
             .config()
             .get("protected")
@@ -437,7 +456,7 @@ impl Proxy {
                 .unwrap_or("X-Entry-Token".into());
             req = req.header(header, token);
         }
-        send(req).await
+        req
     }
 
     /// Enters `user` and polls status every 20 ms until READY; returns the token.
@@ -477,6 +496,12 @@ impl Proxy {
     /// One series of `/metrics`, see `parse_metric`.
     pub async fn metric(&self, series: &str) -> Option<f64> {
         parse_metric(&self.metrics().await, series)
+    }
+
+    /// A counter's value, 0 while its series has not appeared yet (a labelled series may appear
+    /// only once it first occurs, contract section 4).
+    pub async fn counter(&self, series: &str) -> f64 {
+        self.metric(series).await.unwrap_or(0.0)
     }
 
     /// Status code of `GET /readyz`.

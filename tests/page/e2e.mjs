@@ -15,12 +15,10 @@
 // The browser context sends X-User-Id on every request: it stands in for the authentication
 // layer that, in trusted-header mode, sits in front of the proxy.
 //
-// Chromium: /usr/bin/chromium (Debian's `chromium` package) unless WAITROOM_CHROMIUM names another.
+// Chromium: see browser.mjs.
 
-import { chromium } from "playwright-core";
-import { mkdir, mkdtemp, rm } from "node:fs/promises";
-import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { runInChromium } from "./browser.mjs";
 import { parseArgs } from "node:util";
 
 const { values: opts, positionals } = parseArgs({
@@ -40,17 +38,6 @@ if (!base || !artifacts) {
 }
 
 const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$/;
-const CHROMIUM_ARGS = [
-  "--headless",
-  "--no-sandbox",
-  "--disable-gpu",
-  "--disable-quic",
-  "--no-first-run",
-  "--disable-background-networking",
-  "--disable-component-update",
-  "--disable-sync",
-  "--no-proxy-server",
-];
 const OVERALL_TIMEOUT_MS = 60_000;
 
 const hookText = (name) => `document.querySelector('[data-waitroom="${name}"]').textContent`;
@@ -165,38 +152,16 @@ async function run(context) {
   return { result: "ok", positions, token: stored, orderStatus: shop.orderStatus, order: shop.order };
 }
 
-const timeout = setTimeout(() => {
-  console.error(`e2e: gave up after ${OVERALL_TIMEOUT_MS} ms`);
-  process.exit(1);
-}, OVERALL_TIMEOUT_MS);
-
-await mkdir(artifacts, { recursive: true });
-const userDataDir = await mkdtemp(join(tmpdir(), "waitroom-chromium-"));
-let context;
-let exitCode = 0;
-try {
-  context = await chromium.launchPersistentContext(userDataDir, {
-    executablePath: process.env.WAITROOM_CHROMIUM || "/usr/bin/chromium",
-    headless: true,
-    args: CHROMIUM_ARGS,
+await runInChromium({
+  name: "e2e",
+  artifacts,
+  failureShot: "failure.png",
+  timeoutMs: OVERALL_TIMEOUT_MS,
+  contextOptions: {
     viewport: { width: 390, height: 844 },
     deviceScaleFactor: 2,
-    locale: "en-US",
     colorScheme: "light",
     extraHTTPHeaders: { "X-User-Id": opts.user },
-  });
-  const summary = await run(context);
-  console.log(JSON.stringify(summary));
-} catch (e) {
-  console.error(`e2e failed: ${e.stack ?? e}`);
-  if (context) {
-    const page = context.pages()[0];
-    if (page) await page.screenshot({ path: join(artifacts, "failure.png") }).catch(() => {});
-  }
-  exitCode = 1;
-} finally {
-  await context?.close().catch(() => {});
-  await rm(userDataDir, { recursive: true, force: true });
-  clearTimeout(timeout);
-}
-process.exit(exitCode);
+  },
+  run,
+});

@@ -63,25 +63,7 @@ pub struct NodeLine {
 impl Cluster {
     pub fn start() -> Cluster {
         let started = Instant::now();
-        let nodes: Vec<RedisServer> = (0..6)
-            .map(|_| {
-                // The bus port defaults to port + 10000, which may be taken or past 65535.
-                let bus = free_port().to_string();
-                RedisServer::start_with(&[
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-config-file",
-                    "nodes.conf",
-                    "--cluster-node-timeout",
-                    "2000",
-                    "--cluster-port",
-                    &bus,
-                    // Replicas sync at once instead of waiting 5 s for more to join.
-                    "--repl-diskless-sync-delay",
-                    "0",
-                ])
-            })
-            .collect();
+        let nodes: Vec<RedisServer> = (0..6).map(|_| start_cluster_node()).collect();
         let addrs: Vec<String> = nodes
             .iter()
             .map(|n| format!("127.0.0.1:{}", n.port()))
@@ -202,6 +184,42 @@ impl Cluster {
             cli(n.port(), &["CONFIG", "RESETSTAT"]);
         }
     }
+}
+
+/// One cluster-enabled `redis-server`. The bus port defaults to port + 10000, which may be taken
+/// or past 65535, so it is chosen here; but `RedisServer::start_with` retries a lost port race
+/// with the same arguments, so a bus port someone took meanwhile would fail every retry. Each
+/// attempt therefore gets a fresh bus port.
+fn start_cluster_node() -> RedisServer {
+    let mut last = String::new();
+    for _ in 0..5 {
+        let bus = free_port().to_string();
+        let started = std::panic::catch_unwind(|| {
+            RedisServer::start_with(&[
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                "nodes.conf",
+                "--cluster-node-timeout",
+                "2000",
+                "--cluster-port",
+                &bus,
+                // Replicas sync at once instead of waiting 5 s for more to join.
+                "--repl-diskless-sync-delay",
+                "0",
+            ])
+        });
+        match started {
+            Ok(node) => return node,
+            Err(why) => {
+                last = why
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .unwrap_or_else(|| "panicked".into())
+            }
+        }
+    }
+    panic!("no cluster node started on five bus ports: {last}");
 }
 
 /// How many ranges of `CLUSTER SLOTS` on `port` name a replica besides the primary.

@@ -1,9 +1,9 @@
-//! `demo-order-api`: a stand-in for a shop's unmodified order backend.
+//! The demo order API: a stand-in for a shop's unmodified order backend.
 //!
 //! The integration tests, the demo and the benchmarks put waitroom in front of this server, so it
 //! has to behave like the thing it imitates and tell us what it saw:
 //!
-//! - `POST /api/orders` models a backend limited by a database pool: `--slots` orders run at once,
+//! - `POST /api/orders` models a backend limited by a database pool: `slots` orders run at once,
 //!   the rest queue (FIFO, like a pool's waiters) until a slot frees up. `GET /admin/stats` shows how
 //!   many ran and waited at once, which is how a test proves the proxy kept the backend below its
 //!   capacity.
@@ -13,19 +13,18 @@
 //!   failures and slow requests without restarting the server.
 //!
 //! It is deliberately plain hyper (one task per connection, HTTP/1.1 keep-alive) rather than
-//! pingora: it must not share code paths with the proxy it is used to test.
+//! pingora: it must not share code paths with the proxy it is used to test. The binary
+//! (`src/bin/demo_order_api.rs`) is only its command line; the crowds read `/admin/stats` through
+//! [`StatsSnapshot`], the type this server writes it with.
 
 use std::borrow::Cow;
 use std::convert::Infallible;
-use std::io::IsTerminal;
 use std::net::SocketAddr;
-use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use clap::Parser;
 use http::header::{HeaderValue, CONTENT_TYPE};
 use http::{HeaderMap, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
@@ -37,7 +36,6 @@ use serde::{Deserialize, Serialize};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, SemaphorePermit};
 use tracing::{debug, info, warn};
-use tracing_subscriber::EnvFilter;
 
 /// Request bodies are buffered whole (the echo returns them), so cap them to keep a stray upload
 /// from eating the benchmark machine's memory.
@@ -45,78 +43,12 @@ const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
 
 /// Upper bound for any service time or per-request delay. A longer sleep is never what a test
 /// means; refusing it turns a typo into a 400 instead of a request that hangs for days.
-const MAX_DELAY_MS: u64 = 60 * 60 * 1000;
+pub const MAX_DELAY_MS: u64 = 60 * 60 * 1000;
 
-#[derive(Parser, Debug)]
-#[command(
-    name = "demo-order-api",
-    about = "Demo order backend: a slot-limited order endpoint and an echo"
-)]
-struct Cli {
-    /// Address to listen on (port 0 picks a free port; the line on stdout names it).
-    #[arg(long, default_value = "127.0.0.1:8081")]
-    listen: SocketAddr,
-
-    /// Orders processed at once, like the connections of a database pool; further orders queue.
-    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=100_000))]
-    slots: u32,
-
-    /// How long each order holds its slot, in milliseconds (changeable via PUT /admin/service-time).
-    #[arg(long, alias = "service-time", default_value_t = 200,
-          value_parser = clap::value_parser!(u64).range(0..=MAX_DELAY_MS))]
-    service_time_ms: u64,
-
-    /// Worker threads of the tokio runtime.
-    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..))]
-    threads: u16,
-}
-
-fn main() -> ExitCode {
-    let cli = Cli::parse();
-    init_logging();
-
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(usize::from(cli.threads))
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(e) => {
-            eprintln!("demo-order-api: cannot start the tokio runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-
-    match runtime.block_on(serve(cli)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("demo-order-api: {e}");
-            ExitCode::FAILURE
-        }
-    }
-}
-
-fn init_logging() {
-    // stderr, so that stdout carries only the "listening on" line a script may wait for.
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        // Colour codes only help a human at a terminal; in a test's captured log they are noise.
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
-}
-
-async fn serve(cli: Cli) -> std::io::Result<()> {
-    let listener = TcpListener::bind(cli.listen).await.map_err(|e| {
-        std::io::Error::new(e.kind(), format!("cannot listen on {}: {e}", cli.listen))
-    })?;
-    let local = listener.local_addr()?;
-    // The real address, not the flag: with port 0 this is the only place the port shows up.
-    println!("demo-order-api listening on {local}");
-    info!(%local, slots = cli.slots, service_time_ms = cli.service_time_ms, threads = cli.threads, "started");
-
-    let app = Arc::new(App::new(cli.slots, cli.service_time_ms));
+/// Serves on `listener` until the process ends: `slots` orders at once, each holding its slot for
+/// `service_time_ms` unless a request or `PUT /admin/service-time` says otherwise.
+pub async fn serve(listener: TcpListener, slots: u32, service_time_ms: u64) {
+    let app = Arc::new(App::new(slots, service_time_ms));
     loop {
         match listener.accept().await {
             Ok((stream, peer)) => {
@@ -214,17 +146,19 @@ struct Stats {
     last_order_id: AtomicU64,
 }
 
-#[derive(Serialize)]
+/// `GET /admin/stats` (and the answer to `POST /admin/reset`). Readers deserialize it with this
+/// same type, so a field renamed here cannot silently read as 0 in a crowd's results.
+#[derive(Serialize, Deserialize, Debug, Default, Clone)]
 #[serde(rename_all = "camelCase")]
-struct StatsSnapshot {
-    in_flight: u64,
-    peak_in_flight: u64,
-    waiting: u64,
-    peak_waiting: u64,
-    completed: u64,
-    failed: u64,
-    service_time_ms: u64,
-    slots: u32,
+pub struct StatsSnapshot {
+    pub in_flight: u64,
+    pub peak_in_flight: u64,
+    pub waiting: u64,
+    pub peak_waiting: u64,
+    pub completed: u64,
+    pub failed: u64,
+    pub service_time_ms: u64,
+    pub slots: u32,
 }
 
 impl Stats {

@@ -1,4 +1,13 @@
--- Appended to every script by bench/run.sh: one machine-readable line per wrk run.
+-- Appended to every script by bench/run.sh: numbers wrk's threads (each script's init() reads its
+-- own as `id`, 1..WR_THREADS, to pick its share of users or tokens), and writes one
+-- machine-readable line per wrk run.
+local threads = 0
+
+function setup(thread)
+  threads = threads + 1
+  thread:set("id", threads)
+end
+
 done = function(summary, latency, requests)
   local e = summary.errors
   local secs = summary.duration / 1e6

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
+use tokio::task::JoinHandle;
 
 struct DemoApi {
     child: Child,
@@ -81,6 +82,17 @@ impl Drop for DemoApi {
     }
 }
 
+/// A server with a single slot, held by an order of `service_time_ms` that is running when this
+/// returns (its answer is the handle's).
+async fn one_slot_held(
+    service_time_ms: u64,
+) -> Result<(DemoApi, JoinHandle<reqwest::Result<reqwest::Response>>)> {
+    let api = DemoApi::start(1, service_time_ms).await?;
+    let holder = tokio::spawn(api.order().send());
+    api.wait_for_stat("inFlight", 1).await?;
+    Ok((api, holder))
+}
+
 fn free_port() -> Result<SocketAddr> {
     let listener = TcpListener::bind("127.0.0.1:0")?;
     Ok(listener.local_addr()?)
@@ -137,10 +149,8 @@ async fn order_answers_201_with_id_and_user() -> Result<()> {
 
 #[tokio::test]
 async fn forced_failure_answers_that_status_without_a_slot() -> Result<()> {
-    // A single slot held by a slow order: a failure that queued for it would take 2 s.
-    let api = DemoApi::start(1, 2000).await?;
-    let slow = tokio::spawn(api.order().send());
-    api.wait_for_stat("inFlight", 1).await?;
+    // A failure that queued for the slot would take 2 s.
+    let (api, slow) = one_slot_held(2000).await?;
 
     let started = Instant::now();
     for status in [500u16, 409, 400] {
@@ -311,9 +321,7 @@ async fn delay_header_overrides_the_service_time() -> Result<()> {
 
 #[tokio::test]
 async fn an_abandoned_order_leaves_no_phantom_waiter() -> Result<()> {
-    let api = DemoApi::start(1, 1500).await?;
-    let holder = tokio::spawn(api.order().send());
-    api.wait_for_stat("inFlight", 1).await?;
+    let (api, holder) = one_slot_held(1500).await?;
 
     // This client gives up while queued for the only slot.
     let gave_up = api.order().timeout(Duration::from_millis(300)).send().await;

@@ -1,0 +1,87 @@
+//! Entry tokens this proxy has seen spent, remembered for as long as they could still be live.
+//!
+//! A token is spent by deleting it in Redis once the order succeeded. A Redis that loses that
+//! write (a restart from a snapshot taken before it, a failover to a replica that lagged) would
+//! bring the token back, and a second order with it would be forwarded. Contract section 5 says a
+//! spent token stays refused for the rest of its lifetime even then, so each proxy keeps the
+//! tokens it spent, checked before Redis is asked, and forgets them once their lifetime is over.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// Past this many remembered tokens, expired ones are dropped before the next is added; then
+/// not again until the map has doubled, so a busy proxy prunes in amortised constant time.
+const PRUNE_AT: usize = 4096;
+
+#[derive(Default)]
+struct Held {
+    /// Token -> when it would have expired at the latest.
+    until: HashMap<String, Instant>,
+    prune_at: usize,
+}
+
+#[derive(Default)]
+pub struct SpentTokens {
+    held: Mutex<Held>,
+}
+
+impl SpentTokens {
+    /// Remembers `token` as spent for `lifetime` (the token ttl: no token outlives it).
+    pub fn remember(&self, token: &str, lifetime: Duration) {
+        self.remember_at(token, lifetime, Instant::now());
+    }
+
+    pub fn is_spent(&self, token: &[u8]) -> bool {
+        self.is_spent_at(token, Instant::now())
+    }
+
+    fn remember_at(&self, token: &str, lifetime: Duration, now: Instant) {
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        if held.until.len() >= held.prune_at.max(PRUNE_AT) {
+            held.until.retain(|_, until| *until > now);
+            held.prune_at = held.until.len() * 2;
+        }
+        held.until.insert(token.to_owned(), now + lifetime);
+    }
+
+    fn is_spent_at(&self, token: &[u8], now: Instant) -> bool {
+        let Ok(token) = std::str::from_utf8(token) else { return false };
+        let held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        held.until.get(token).is_some_and(|until| *until > now)
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.held.lock().unwrap().until.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_spent_token_is_refused_until_its_lifetime_is_over() {
+        let spent = SpentTokens::default();
+        let t0 = Instant::now();
+        let ttl = Duration::from_secs(300);
+        spent.remember_at("tok", ttl, t0);
+        assert!(spent.is_spent_at(b"tok", t0));
+        assert!(spent.is_spent_at(b"tok", t0 + ttl - Duration::from_millis(1)));
+        assert!(!spent.is_spent_at(b"tok", t0 + ttl), "expired in Redis too by then");
+        assert!(!spent.is_spent_at(b"other", t0));
+        assert!(!spent.is_spent_at(&[0xff], t0));
+    }
+
+    #[test]
+    fn expired_tokens_are_forgotten_once_many_are_held() {
+        let spent = SpentTokens::default();
+        let t0 = Instant::now();
+        for i in 0..PRUNE_AT {
+            spent.remember_at(&format!("old-{i}"), Duration::from_secs(1), t0);
+        }
+        spent.remember_at("new", Duration::from_secs(1), t0 + Duration::from_secs(2));
+        assert_eq!(spent.len(), 1);
+    }
+}

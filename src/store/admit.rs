@@ -1,0 +1,73 @@
+//! The admission tick: `lua/admit.lua`, which sweeps abandoned places and admits the batch in
+//! force when the room's schedule (in Redis, on Redis's clock) says one is due.
+
+use std::time::Duration;
+
+use super::{Room, RoomRules, StoreError};
+
+script! {
+    static SCRIPT = [ADMISSION] "lua/admit.lua";
+    keys [queue, next_admission, tokens, adaptive, admission_spent, admissions, heard]
+    args AdmitArgs<'a> {
+        interval_us: u64,
+        batch_size: u32,
+        ttl_ms: u64,
+        token_prefix: &'a str,
+        max_active: u64,
+        min_batch: u32,
+        instant: bool,
+        abandon_ms: u64,
+        listens: bool,
+    }
+    reply AdmitReply {
+        admitted: u64,
+        wait_us: u64,
+        was_due: bool,
+        abandoned: u64,
+        batch: u32,
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AdmitOutcome {
+    pub admitted: u64,
+    /// How long until the room's next admission is due.
+    pub next_due: Duration,
+    /// Whether this call was the one the schedule was waiting for (false: another proxy's was).
+    pub was_due: bool,
+    /// Places of users who stopped polling, removed by this tick.
+    pub abandoned: u64,
+    /// The batch this tick admitted with (0 when it was not due).
+    pub batch: u32,
+}
+
+impl Room {
+    /// One admission tick under `rules`: sweeps abandoned places, then admits the batch in
+    /// force (less what max_active leaves no room for) if the room's schedule says one is due.
+    pub async fn admit(&self, rules: &RoomRules) -> Result<AdmitOutcome, StoreError> {
+        let args = AdmitArgs {
+            interval_us: rules.interval_us(),
+            batch_size: rules.batch_size,
+            ttl_ms: rules.ttl_ms(),
+            token_prefix: &self.keys.token_prefix,
+            max_active: rules.max_active,
+            min_batch: rules.min_batch.unwrap_or(0),
+            instant: rules.instant,
+            abandon_ms: rules.abandon_ms(),
+            listens: rules.listens(),
+        };
+        let mut call = invoke(&self.keys, args);
+        // Lua has no secure randomness: one fresh token per place the batch may fill.
+        for _ in 0..rules.batch_size {
+            call.arg(uuid::Uuid::new_v4().to_string());
+        }
+        let reply = AdmitReply::decode(self.run(&call).await?)?;
+        Ok(AdmitOutcome {
+            admitted: reply.admitted,
+            next_due: Duration::from_micros(reply.wait_us),
+            was_due: reply.was_due,
+            abandoned: reply.abandoned,
+            batch: reply.batch,
+        })
+    }
+}

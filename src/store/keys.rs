@@ -1,0 +1,75 @@
+//! The names of a room's keys: the one place they are spelled. Scripts get them as KEYS (see
+//! `script.rs`), tests and tools import them from here rather than rebuild them.
+//!
+//! All of a room's keys share one hash tag, `{<key_prefix>}`, so each script touches one slot and
+//! the same layout works on a Redis Cluster.
+
+/// The names of a room's keys.
+#[derive(Debug, Clone)]
+pub struct Keys {
+    pub queue: String,
+    pub seq: String,
+    pub next_admission: String,
+    pub tokens: String,
+    pub token_prefix: String,
+    /// A protected request's claim on the user's token (contract section 12), per user.
+    pub claim_prefix: String,
+    pub poll_prefix: String,
+    pub abuse_prefix: String,
+    /// What the interval in progress has admitted so far (instant passes share its batch).
+    pub admission_spent: String,
+    /// The adaptive controller's state: the batch in force, its schedule.
+    pub adaptive: String,
+    /// Protected upstream latencies reported since the controller's last step.
+    pub latencies: String,
+    /// Admissions per 100 ms and the room's first admission: the measured rate.
+    pub admissions: String,
+    /// When each waiting user was last heard from (abandonment).
+    pub heard: String,
+    /// A random value that changes when the room is reset (see `crate::line`).
+    pub epoch: String,
+    /// A pub/sub channel nobody publishes on: the line watcher's subscription to it ends the
+    /// moment Redis goes away.
+    pub line_watch: String,
+}
+
+impl Keys {
+    pub fn new(key_prefix: &str) -> Keys {
+        let tag = format!("{{{key_prefix}}}");
+        Keys {
+            queue: format!("{tag}:queue"),
+            seq: format!("{tag}:seq"),
+            next_admission: format!("{tag}:admission:next"),
+            tokens: format!("{tag}:tokens"),
+            token_prefix: format!("{tag}:token:"),
+            claim_prefix: format!("{tag}:claim:"),
+            poll_prefix: format!("{tag}:poll:"),
+            abuse_prefix: format!("{tag}:abuse:"),
+            admission_spent: format!("{tag}:admission:spent"),
+            adaptive: format!("{tag}:admission:adaptive"),
+            latencies: format!("{tag}:admission:latencies"),
+            admissions: format!("{tag}:admission:log"),
+            heard: format!("{tag}:heard"),
+            epoch: format!("{tag}:epoch"),
+            line_watch: format!("{tag}:line:watch"),
+        }
+    }
+
+    pub fn token(&self, user: &str) -> String {
+        [self.token_prefix.as_str(), user].concat()
+    }
+
+    pub fn claim(&self, user: &str) -> String {
+        [self.claim_prefix.as_str(), user].concat()
+    }
+
+    pub fn poll_clock(&self, user: &str) -> String {
+        [self.poll_prefix.as_str(), user].concat()
+    }
+
+    /// The identities counted for one client address (a sorted set, scored by the minute that
+    /// counted each: see `lua/enter.lua`).
+    pub fn abuse_counter(&self, address: &str) -> String {
+        [self.abuse_prefix.as_str(), address].concat()
+    }
+}

@@ -1,0 +1,365 @@
+//! No way around the room (contract section 12): headers a client could use to slip an order
+//! past the room's checks, tried with raw sockets against the real proxy, a real Redis and the
+//! demo order API's echo, which shows what the upstream received.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use serde_json::Value;
+
+/// A room whose protected route is the demo API's echo, so the upstream's view of a protected
+/// request can be read back. Admission is quick so tokens come at once.
+const ECHO_ROOM: &str = "admission: {interval: 20ms, batch_size: 50}\nprotected: [{method: POST, path: /api/echo}]";
+
+/// The JSON body of a raw HTTP response.
+fn body_of(raw: &str) -> Value {
+    let body = raw.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("not JSON ({e}): {raw}"))
+}
+
+fn status_of(raw: &str) -> u16 {
+    raw.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("no status line: {raw:?}"))
+}
+
+/// Every value of `name` the upstream saw, from the echo's `headers` list.
+fn echoed(echo: &Value, name: &str) -> Vec<String> {
+    echo["headers"]
+        .as_array()
+        .expect("echo lists headers")
+        .iter()
+        .filter(|pair| pair[0].as_str().is_some_and(|n| n.eq_ignore_ascii_case(name)))
+        .map(|pair| pair[1].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
+#[tokio::test]
+async fn connection_cannot_drop_the_identity_or_the_token_header() {
+    let redis = RedisServer::start();
+    let api = DemoApi::start(&[]);
+    let proxy = Proxy::builder(&redis.url(), api.addr()).yaml(ECHO_ROOM).start().await;
+    let token = proxy.until_ready("alice", Duration::from_secs(10)).await;
+    let request = format!(
+        "POST /api/echo HTTP/1.1\r\nHost: shop\r\nX-User-Id: alice\r\nX-Entry-Token: {token}\r\n\
+         Connection: close, X-User-Id, X-Entry-Token\r\nContent-Length: 2\r\n\r\n{{}}"
+    );
+    let raw = raw_request(proxy.addr(), request.as_bytes()).await;
+    assert_eq!(status_of(&raw), 200, "{raw}");
+    let echo = body_of(&raw);
+    assert_eq!(echoed(&echo, "x-user-id"), ["alice"], "{echo}");
+    assert_eq!(echoed(&echo, "x-entry-token"), [token.clone()], "{echo}");
+
+    // A pass-through request keeps them too: the upstream may read the identity anywhere.
+    let raw = raw_request(
+        proxy.addr(),
+        b"GET /api/other HTTP/1.1\r\nHost: shop\r\nX-User-Id: bob\r\nConnection: x-user-id, close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(echoed(&body_of(&raw), "x-user-id"), ["bob"], "{raw}");
+}
+
+#[tokio::test]
+async fn a_second_token_header_is_refused_before_the_upstream() {
+    let redis = RedisServer::start();
+    let api = DemoApi::start(&[]);
+    let proxy = Proxy::builder(&redis.url(), api.addr())
+        .yaml("admission: {interval: 20ms, batch_size: 50}")
+        .start()
+        .await;
+    let token = proxy.until_ready("alice", Duration::from_secs(10)).await;
+    for second in [token.as_str(), "forged"] {
+        let request = format!(
+            "POST /api/orders HTTP/1.1\r\nHost: shop\r\nX-User-Id: alice\r\nX-Entry-Token: {token}\r\n\
+             X-Entry-Token: {second}\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{{}}"
+        );
+        let raw = raw_request(proxy.addr(), request.as_bytes()).await;
+        assert_eq!(status_of(&raw), 400, "{raw}");
+        assert_eq!(body_of(&raw), serde_json::json!({"error": "the entry token header must be sent once"}));
+    }
+    assert_eq!(api.stats().await["completed"], 0, "nothing reached the order API");
+    // The token was never claimed or spent: one copy of it still orders.
+    assert_eq!(proxy.order("alice", Some(&token)).await.status, 201);
+}
+
+#[tokio::test]
+async fn an_h2c_upgrade_is_forwarded_without_its_upgrade_headers() {
+    let redis = RedisServer::start();
+    let api = DemoApi::start(&[]);
+    let proxy = Proxy::builder(&redis.url(), api.addr()).start().await;
+    let raw = raw_request(
+        proxy.addr(),
+        b"GET /api/catalog HTTP/1.1\r\nHost: shop\r\nConnection: Upgrade, HTTP2-Settings\r\n\
+          Upgrade: h2c\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n\r\n",
+    )
+    .await;
+    assert_eq!(status_of(&raw), 200, "no switch of protocols: {raw}");
+    let echo = body_of(&raw);
+    assert!(echoed(&echo, "upgrade").is_empty(), "{echo}");
+    assert!(echoed(&echo, "http2-settings").is_empty(), "{echo}");
+}
+
+#[tokio::test]
+async fn every_forwarded_for_line_counts_toward_the_client_address() {
+    let redis = RedisServer::start();
+    let api = DemoApi::start(&[]);
+    let proxy = Proxy::builder(&redis.url(), api.addr())
+        .yaml("abuse: {identities_per_address: 1, trusted_proxies: ['127.0.0.1/32']}")
+        .start()
+        .await;
+    // The client forges a first line; the balancer in front appends its own with the real
+    // address. Each user forges another first line.
+    let enter = |user: &str, forged: &str| {
+        format!(
+            "POST /queue/enter HTTP/1.1\r\nHost: shop\r\nX-User-Id: {user}\r\nX-Forwarded-For: {forged}\r\n\
+             X-Forwarded-For: 203.0.113.7\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        )
+    };
+    let first = raw_request(proxy.addr(), enter("u1", "198.51.100.1").as_bytes()).await;
+    assert_eq!(body_of(&first)["status"], "WAITING", "{first}");
+    let second = raw_request(proxy.addr(), enter("u2", "198.51.100.2").as_bytes()).await;
+    assert_eq!(status_of(&second), 429, "{second}");
+    assert_eq!(body_of(&second)["status"], "LIMITED", "{second}");
+}
+
+#[tokio::test]
+async fn jwt_mode_forwards_the_verified_identity_not_the_clients() {
+    use jsonwebtoken::{EncodingKey, Header};
+    const SECRET: &str = "a-test-secret-of-at-least-32-bytes!!";
+    let redis = RedisServer::start();
+    let api = DemoApi::start(&[]);
+    let proxy = Proxy::builder(&redis.url(), api.addr())
+        .yaml(ECHO_ROOM)
+        .yaml("identity: {jwt: {secret_env: AROUND_JWT_SECRET}}")
+        .env("AROUND_JWT_SECRET", SECRET)
+        .start()
+        .await;
+    let exp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() + 600;
+    let jwt = jsonwebtoken::encode(
+        &Header::default(),
+        &serde_json::json!({"sub": "alice", "exp": exp}),
+        &EncodingKey::from_secret(SECRET.as_bytes()).unwrap(),
+    )
+    .unwrap();
+    let bearer = format!("Bearer {jwt}");
+    let client = proxy.client();
+    send(client.post(proxy.url("/queue/enter")).header("authorization", &bearer)).await;
+    let token = loop {
+        let body = send(client.get(proxy.url("/queue/status")).header("authorization", &bearer)).await.json();
+        if body["status"] == "READY" {
+            break body["token"].as_str().unwrap().to_owned();
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let echo = send(
+        client
+            .post(proxy.url("/api/echo"))
+            .header("authorization", &bearer)
+            .header("x-entry-token", &token)
+            .header("x-user-id", "mallory"),
+    )
+    .await;
+    assert_eq!(echo.status, 200, "{}", echo.body);
+    assert_eq!(echoed(&echo.json(), "x-user-id"), ["alice"], "{}", echo.body);
+}
+
+/// Sends one raw request (closing the connection after it) and returns the status.
+async fn raw_status(addr: std::net::SocketAddr, request: &str) -> (u16, String) {
+    let raw = raw_request(addr, request.as_bytes()).await;
+    (status_of(&raw), raw)
+}
+
+fn post(target: &str, extra: &str) -> String {
+    format!("POST {target} HTTP/1.1\r\nHost: shop\r\nX-User-Id: alice\r\n{extra}Content-Length: 2\r\nConnection: close\r\n\r\n{{}}")
+}
+
+#[tokio::test]
+async fn rewritten_order_paths_never_reach_the_upstream_without_a_token() {
+    let redis = RedisServer::start();
+    let upstream = Recorder::start(201).await;
+    let proxy = Proxy::builder(&redis.url(), upstream.addr()).start().await;
+    // Each is the order handler on some real backend (Express, Tomcat/Spring, Go's mux, Flask).
+    for target in [
+        "/api/orders",
+        "/api/orders/",
+        "/API/orders",
+        "/api/%6Frders",
+        "/api/%6frders",
+        "/api/orders;x=1",
+        "//api/orders",
+        "/api/./orders",
+        "/api/x/../orders",
+        "/api//orders?x=1",
+        "http://shop/api/orders",
+    ] {
+        let (status, raw) = raw_status(proxy.addr(), &post(target, "")).await;
+        assert_eq!(status, 403, "{target}: {raw}");
+        assert_eq!(body_of(&raw), serde_json::json!({"error": "an entry token is required"}), "{target}");
+    }
+    // The method in another case, or named by an override header on a GET.
+    let lower = "post /api/orders HTTP/1.1\r\nHost: shop\r\nX-User-Id: alice\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+    let (status, raw) = raw_status(proxy.addr(), lower).await;
+    assert!(status == 403 || status == 400, "post: {raw}");
+    for header in ["X-HTTP-Method-Override", "X-HTTP-Method", "X-Method-Override"] {
+        let request = format!("GET /api/orders HTTP/1.1\r\nHost: shop\r\nX-User-Id: alice\r\n{header}: post\r\nConnection: close\r\n\r\n");
+        let (status, raw) = raw_status(proxy.addr(), &request).await;
+        assert_eq!(status, 403, "{header}: {raw}");
+    }
+    assert_eq!(upstream.lines(), Vec::<String>::new(), "nothing may reach the upstream");
+    // The recorder does see what is let through.
+    let (status, _) = raw_status(proxy.addr(), "GET /api/catalog HTTP/1.1\r\nHost: shop\r\nConnection: close\r\n\r\n").await;
+    assert_eq!(status, 201);
+    assert_eq!(upstream.lines(), ["GET /api/catalog HTTP/1.1"]);
+}
+
+#[tokio::test]
+async fn ambiguous_targets_are_refused_before_the_upstream() {
+    let redis = RedisServer::start();
+    let upstream = Recorder::start(201).await;
+    let proxy = Proxy::builder(&redis.url(), upstream.addr()).start().await;
+    for target in ["/api%2Forders", "/api%2forders", "/api%5Corders", "/api%5corders", "/api\\orders"] {
+        let (status, raw) = raw_status(proxy.addr(), &post(target, "")).await;
+        assert_eq!(status, 400, "{target}: {raw}");
+        assert!(body_of(&raw)["error"].is_string(), "{target}: {raw}");
+    }
+    // Climbing above the root is refused whatever the request.
+    let (status, raw) =
+        raw_status(proxy.addr(), "GET /../etc/passwd HTTP/1.1\r\nHost: shop\r\nConnection: close\r\n\r\n").await;
+    assert_eq!(status, 400, "{raw}");
+    assert_eq!(upstream.lines(), Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn a_protected_request_is_forwarded_with_the_path_that_was_checked() {
+    let redis = RedisServer::start();
+    let upstream = Recorder::start(500).await;
+    let proxy = Proxy::builder(&redis.url(), upstream.addr())
+        .yaml("admission: {interval: 20ms, batch_size: 50}")
+        .start()
+        .await;
+    let token = proxy.until_ready("alice", Duration::from_secs(10)).await;
+    let extra = format!("X-Entry-Token: {token}\r\n");
+    // 500: the token stays, so each try is checked and forwarded.
+    for (target, forwarded) in [
+        ("/api//./%6Frders;v=1?src=%2Fapp&x", "POST /api/orders;v=1?src=%2Fapp&x HTTP/1.1"),
+        ("/API/Orders/", "POST /API/Orders/ HTTP/1.1"),
+        ("/api/orders", "POST /api/orders HTTP/1.1"),
+    ] {
+        let (status, raw) = raw_status(proxy.addr(), &post(target, &extra)).await;
+        assert_eq!(status, 500, "{target}: {raw}");
+        assert_eq!(upstream.lines().last().map(String::as_str), Some(forwarded), "{target}");
+    }
+    // Pass-through requests keep their target byte for byte.
+    raw_status(proxy.addr(), "GET /shop//a/./b%6F?q HTTP/1.1\r\nHost: shop\r\nConnection: close\r\n\r\n").await;
+    assert_eq!(upstream.lines().last().map(String::as_str), Some("GET /shop//a/./b%6F?q HTTP/1.1"));
+}
+
+#[tokio::test]
+async fn a_prefix_rule_protects_everything_below_its_path() {
+    let redis = RedisServer::start();
+    let upstream = Recorder::start(200).await;
+    let proxy = Proxy::builder(&redis.url(), upstream.addr())
+        .yaml("protected: [{method: POST, path: /api/orders, match: prefix}]")
+        .start()
+        .await;
+    for target in ["/api/orders", "/api/orders/42/pay", "/API/ORDERS/42/", "/api/orders;v=2/42"] {
+        let (status, raw) = raw_status(proxy.addr(), &post(target, "")).await;
+        assert_eq!(status, 403, "{target}: {raw}");
+    }
+    assert_eq!(upstream.lines(), Vec::<String>::new());
+    let (status, _) = raw_status(proxy.addr(), &post("/api/ordersX", "")).await;
+    assert_eq!(status, 200, "a longer name is another path");
+    assert_eq!(upstream.lines(), ["POST /api/ordersX HTTP/1.1"]);
+}
+
+// ---- one admission, one order ----------------------------------------------------------------
+
+#[tokio::test]
+async fn parallel_orders_with_one_token_forward_exactly_one() {
+    let redis = RedisServer::start();
+    let api = DemoApi::start(&["--service-time-ms", "400"]);
+    let proxy = Proxy::builder(&redis.url(), api.addr())
+        .yaml("admission: {interval: 20ms, batch_size: 50}")
+        .start()
+        .await;
+    let token = proxy.until_ready("alice", Duration::from_secs(10)).await;
+    let answers = futures::future::join_all((0..8).map(|_| send(proxy.order_request("alice", Some(&token))))).await;
+    let mut statuses: Vec<u16> = answers.iter().map(|r| r.status).collect();
+    statuses.sort();
+    assert_eq!(statuses, [201, 409, 409, 409, 409, 409, 409, 409], "{answers:?}");
+    for refused in answers.iter().filter(|r| r.status == 409) {
+        assert_eq!(refused.json(), serde_json::json!({"error": "this entry token is already in use"}));
+    }
+    assert_eq!(api.stats().await["completed"], 1, "one order reached the order API");
+    assert_eq!(proxy.metric(r#"waitroom_protected_requests_total{result="in_use"}"#).await, Some(7.0));
+    assert_eq!(proxy.order("alice", Some(&token)).await.status, 403, "spent with the one order");
+}
+
+#[tokio::test]
+async fn a_failed_order_releases_the_claim_for_an_immediate_retry() {
+    let redis = RedisServer::start();
+    let api = DemoApi::start(&[]);
+    let proxy = Proxy::builder(&redis.url(), api.addr())
+        .yaml("admission: {interval: 20ms, batch_size: 50}")
+        .start()
+        .await;
+    let token = proxy.until_ready("alice", Duration::from_secs(10)).await;
+    let failed = send(proxy.order_request("alice", Some(&token)).header("x-demo-fail", "500")).await;
+    assert_eq!(failed.status, 500, "{}", failed.body);
+    assert_eq!(proxy.order("alice", Some(&token)).await.status, 201, "retried at once, not 409");
+}
+
+#[tokio::test]
+async fn an_unreachable_upstream_releases_the_claim() {
+    let redis = RedisServer::start();
+    let proxy = Proxy::builder(&redis.url(), refused_addr())
+        .yaml("admission: {interval: 20ms, batch_size: 50}")
+        .start()
+        .await;
+    let token = proxy.until_ready("alice", Duration::from_secs(10)).await;
+    for attempt in 0..2 {
+        let r = proxy.order("alice", Some(&token)).await;
+        assert_eq!(r.status, 502, "attempt {attempt}: {}", r.body);
+    }
+}
+
+/// A proxy killed while its order is at the upstream leaves the claim behind: the room refuses the
+/// token (409) until `token.claim_timeout`, then it works again through any proxy.
+#[tokio::test]
+async fn a_claim_left_by_a_dead_proxy_expires_with_claim_timeout() {
+    let redis = RedisServer::start();
+    let api = DemoApi::start(&["--service-time-ms", "5000"]);
+    let room = Proxy::builder(&redis.url(), api.addr())
+        .yaml("admission: {interval: 20ms, batch_size: 50}\ntoken: {claim_timeout: 2s}\nlimits: {upstream_timeout: 1s}");
+    let dying = room.start().await;
+    let token = dying.until_ready("alice", Duration::from_secs(10)).await;
+    let order = tokio::spawn(send(dying.order_request("alice", Some(&token))));
+    assert!(
+        wait_until(Duration::from_secs(5), Duration::from_millis(10), || async {
+            api.stats().await["inFlight"].as_u64() == Some(1)
+        })
+        .await,
+        "the order reached the order API"
+    );
+    dying.kill();
+    let _ = order.await;
+    let other = room.start().await;
+    let claimed_at = std::time::Instant::now();
+    let r = other.order("alice", Some(&token)).await;
+    assert_eq!(r.status, 409, "{}", r.body);
+    api_set_fast(&api).await;
+    assert!(
+        wait_until(Duration::from_secs(5), Duration::from_millis(100), || async {
+            other.order("alice", Some(&token)).await.status == 201
+        })
+        .await,
+        "the claim never expired"
+    );
+    assert!(claimed_at.elapsed() >= Duration::from_millis(1500), "expired too early: {:?}", claimed_at.elapsed());
+}
+
+/// Orders take 1 ms from now on.
+async fn api_set_fast(api: &DemoApi) {
+    let r = http_client().put(api.url("/admin/service-time")).body(r#"{"ms":1}"#).send().await.unwrap();
+    assert!(r.status().is_success(), "{r:?}");
+}

@@ -1,0 +1,101 @@
+//! Redis read (and seeded) the way the proxy writes it: key names come from the crate
+//! (`waitroom::store::Keys`), never spelled again here, so a renamed key breaks these helpers
+//! at compile time or fails the tests, instead of leaving them reading a key nobody writes.
+
+use super::proxy::Proxy;
+use super::redis_server::RedisServer;
+use redis::aio::ConnectionLike;
+use waitroom::config::Config;
+use waitroom::store::{EnterOutcome, EnterRequest, PollClock, Room, RoomRules, StoreError};
+
+pub use waitroom::store::Keys;
+
+/// The keys of the room `proxy` serves.
+pub fn keys(proxy: &Proxy) -> Keys {
+    Keys::new(&proxy.key_prefix())
+}
+
+/// `ZCARD key`: how many members a sorted set (the line, the live tokens, ...) holds.
+pub async fn zcard<C: ConnectionLike>(conn: &mut C, key: &str) -> u64 {
+    redis::cmd("ZCARD")
+        .arg(key)
+        .query_async(conn)
+        .await
+        .expect("ZCARD")
+}
+
+/// How many users wait in `proxy`'s room, read straight from Redis.
+pub async fn queue_len(redis: &RedisServer, proxy: &Proxy) -> u64 {
+    zcard(&mut redis.conn().await, &keys(proxy).queue).await
+}
+
+/// Redis's clock in milliseconds: admission, abuse windows and poll clocks follow it, not ours.
+pub async fn redis_now_ms<C: ConnectionLike>(conn: &mut C) -> i64 {
+    let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(conn).await.expect("TIME");
+    secs * 1000 + micros / 1000
+}
+
+/// The room of `prefix` through the library, to seed or inspect a line as a proxy would.
+pub fn library_room(redis: &RedisServer, prefix: &str) -> Room {
+    let yaml = format!(
+        "upstream: 127.0.0.1:1\nredis: {{url: \"{}\", key_prefix: \"{prefix}\", timeout: 2s}}\n",
+        redis.url()
+    );
+    Room::new(&Config::parse(&yaml).expect("valid").redis).expect("room")
+}
+
+/// `n` library rooms on one prefix, each with its own connection: `n` proxies of one room.
+pub fn library_rooms(redis: &RedisServer, prefix: &str, n: usize) -> Vec<std::sync::Arc<Room>> {
+    (0..n)
+        .map(|_| std::sync::Arc::new(library_room(redis, prefix)))
+        .collect()
+}
+
+/// Queues `user` straight in Redis, as a proxy's enter would.
+pub async fn enter_room(
+    room: &Room,
+    user: &str,
+    capacity: u64,
+) -> Result<EnterOutcome, StoreError> {
+    let request = EnterRequest { user, capacity, per_address: None, poll: PollClock::OFF };
+    Ok(room.enter(request, &RoomRules::OFF).await?.outcome)
+}
+
+/// A proxy whose room has had its first admission tick (see `ProxyBuilder::start_settled`).
+pub async fn start_settled(redis: &RedisServer, builder: &super::proxy::ProxyBuilder) -> Proxy {
+    builder.start_settled(&redis.conn().await).await
+}
+
+/// Returns once Redis's current one-minute window (the per-address abuse windows follow Redis's
+/// clock) has at least `need` seconds left, sleeping into the next window if it has not: a test
+/// that counts within one window then never straddles two.
+pub async fn minute_left<C: ConnectionLike>(conn: &mut C, need: u64) {
+    let into = redis_now_ms(conn).await as u64 % 60_000;
+    if 60_000 - into < need * 1000 {
+        tokio::time::sleep(std::time::Duration::from_millis(60_000 - into + 50)).await;
+    }
+}
+
+/// A fresh Redis and demo API, and a proxy on them in a `NO_ADMISSION` room with `yaml` merged
+/// in, started once its first (empty) admission tick has passed: nobody it queues is admitted.
+pub async fn quiet_room(yaml: &str) -> (RedisServer, super::DemoApi, Proxy) {
+    let redis = RedisServer::start();
+    let api = super::DemoApi::start(&[]);
+    let builder = Proxy::builder(&redis.url(), api.addr())
+        .yaml(super::NO_ADMISSION)
+        .yaml(yaml);
+    let proxy = start_settled(&redis, &builder).await;
+    (redis, api, proxy)
+}
+
+/// A fresh Redis, a demo API started with `api_args`, and a ready proxy on them with `yaml`
+/// merged in (not waiting for the first admission tick: see `quiet_room` for that).
+pub async fn room(api_args: &[&str], yaml: &str) -> (RedisServer, super::DemoApi, Proxy) {
+    let redis = RedisServer::start();
+    let api = super::DemoApi::start(api_args);
+    let proxy = Proxy::builder(&redis.url(), api.addr())
+        .yaml(yaml)
+        .start()
+        .await;
+    (redis, api, proxy)
+}

@@ -1,0 +1,111 @@
+// The live waiting page in headless Chromium against a running proxy: which state it shows, and
+// when it calls again (contract section 10: `pollAfter` seconds after each answer, plus up to 10 %
+// jitter; a refusal's Retry-After likewise).
+//
+//   node tests/page/states.mjs <proxy base url> <artifact dir> --expect STATE [--calls N]
+//        [--prefix /queue] [--user page-user] [--steal-clock-after MS]
+//
+// tests/page.rs prepares a room that answers the page's user with STATE (a full room, a stopped
+// Redis, enforced polling, an address over its limit, or a plain line) and runs this. The script
+// opens the page, waits until `[data-waitroom="state"]` shows STATE, lets the page make `--calls`
+// calls to the room's endpoints, and prints as its last stdout line a JSON summary:
+// `{ states: [...], calls: [{ name, status, start, end }] }`, times in ms on the page's clock
+// (Resource Timing: `start` when the request began, `end` when its body had arrived), so that
+// tests/page.rs can check each gap between an answer and the next call.
+//
+// `--steal-clock-after MS`: MS after the page's first answer, the script itself polls status as
+// the page's user (on time): under enforced polling that restarts the user's poll clock, so the
+// page's own next poll comes too early and is refused with TOO_EARLY.
+//
+// Chromium: see browser.mjs.
+
+import { join } from "node:path";
+import { runInChromium } from "./browser.mjs";
+import { parseArgs } from "node:util";
+
+const { values: opts, positionals } = parseArgs({
+  allowPositionals: true,
+  options: {
+    prefix: { type: "string", default: "/queue" },
+    user: { type: "string", default: "page-user" },
+    expect: { type: "string" },
+    calls: { type: "string", default: "3" },
+    "steal-clock-after": { type: "string" },
+  },
+});
+const [base, artifacts] = positionals;
+if (!base || !artifacts || !opts.expect) {
+  console.error("usage: node states.mjs <proxy base url> <artifact dir> --expect STATE [--calls N] ...");
+  process.exit(2);
+}
+const OVERALL_TIMEOUT_MS = 60_000;
+
+function log(message) {
+  console.log(`[states ${opts.expect} ${new Date().toISOString().slice(11, 23)}] ${message}`);
+}
+
+/** The page's calls to the room so far, from Resource Timing. */
+const roomCalls = (page) =>
+  page.evaluate((prefix) => {
+    return performance
+      .getEntriesByType("resource")
+      .filter((e) => new URL(e.name).pathname.startsWith(`${prefix}/`) && e.initiatorType === "fetch")
+      .map((e) => ({
+        name: new URL(e.name).pathname.slice(prefix.length + 1),
+        status: e.responseStatus,
+        start: e.startTime,
+        end: e.responseEnd,
+      }));
+  }, opts.prefix);
+
+async function run(context) {
+  const page = context.pages()[0] ?? (await context.newPage());
+  const pageErrors = [];
+  page.on("pageerror", (e) => pageErrors.push(String(e)));
+  const states = [];
+  await page.exposeFunction("recordState", (s) => states.push(s));
+
+  const response = await page.goto(`${base}${opts.prefix}/`);
+  if (response.status() !== 200) throw new Error(`page: HTTP ${response.status()}`);
+  await page.evaluate(() => {
+    // Every state the page shows, in order, as it shows it.
+    const el = document.querySelector('[data-waitroom="state"]');
+    new MutationObserver(() => window.recordState(el.textContent)).observe(el, { childList: true, characterData: true, subtree: true });
+    if (el.textContent) window.recordState(el.textContent);
+  });
+  performance.setResourceTimingBufferSize?.(1000);
+
+  if (opts["steal-clock-after"]) {
+    await page.waitForFunction(() => performance.getEntriesByType("resource").some((e) => e.name.endsWith("/enter") && e.responseEnd > 0));
+    await new Promise((r) => setTimeout(r, Number(opts["steal-clock-after"])));
+    const res = await fetch(`${base}${opts.prefix}/status`, { headers: { "X-User-Id": opts.user } });
+    log(`stole the poll clock: status ${res.status} ${await res.text()}`);
+  }
+
+  await page.waitForFunction(
+    (want) => document.querySelector('[data-waitroom="state"]').textContent === want,
+    opts.expect,
+    { timeout: 20_000 },
+  );
+  log(`page shows ${opts.expect}`);
+  await page.screenshot({ path: join(artifacts, `${opts.expect.toLowerCase()}.png`), animations: "disabled" });
+
+  const want = Number(opts.calls);
+  const deadline = Date.now() + 40_000;
+  let calls = await roomCalls(page);
+  while (calls.filter((c) => c.end > 0).length < want && Date.now() < deadline) {
+    await new Promise((r) => setTimeout(r, 100));
+    calls = await roomCalls(page);
+  }
+  if (pageErrors.length) throw new Error(`errors in the page: ${pageErrors.join("; ")}`);
+  return { states, calls };
+}
+
+await runInChromium({
+  name: `states ${opts.expect}`,
+  artifacts,
+  failureShot: `failure-${opts.expect.toLowerCase()}.png`,
+  timeoutMs: OVERALL_TIMEOUT_MS,
+  contextOptions: { extraHTTPHeaders: { "X-User-Id": opts.user } },
+  run,
+});

@@ -1,0 +1,83 @@
+//! `demo-order-api`: the command line of the demo order backend (`waitroom_tools::demo_api`).
+
+use std::io::IsTerminal;
+use std::net::SocketAddr;
+use std::process::ExitCode;
+
+use clap::Parser;
+use tokio::net::TcpListener;
+use tracing::info;
+use tracing_subscriber::EnvFilter;
+use waitroom_tools::demo_api::{self, MAX_DELAY_MS};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "demo-order-api",
+    about = "Demo order backend: a slot-limited order endpoint and an echo"
+)]
+struct Cli {
+    /// Address to listen on (port 0 picks a free port; the line on stdout names it).
+    #[arg(long, default_value = "127.0.0.1:8081")]
+    listen: SocketAddr,
+
+    /// Orders processed at once, like the connections of a database pool; further orders queue.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    slots: u32,
+
+    /// How long each order holds its slot, in milliseconds (changeable via PUT /admin/service-time).
+    #[arg(long, alias = "service-time", default_value_t = 200,
+          value_parser = clap::value_parser!(u64).range(0..=MAX_DELAY_MS))]
+    service_time_ms: u64,
+
+    /// Worker threads of the tokio runtime.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..))]
+    threads: u16,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging();
+
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(usize::from(cli.threads))
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("demo-order-api: cannot start the tokio runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+
+    match runtime.block_on(listen_and_serve(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("demo-order-api: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logging() {
+    // stderr, so that stdout carries only the "listening on" line a script may wait for.
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        // Colour codes only help a human at a terminal; in a test's captured log they are noise.
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+}
+
+async fn listen_and_serve(cli: Cli) -> std::io::Result<()> {
+    let listener = TcpListener::bind(cli.listen).await.map_err(|e| {
+        std::io::Error::new(e.kind(), format!("cannot listen on {}: {e}", cli.listen))
+    })?;
+    let local = listener.local_addr()?;
+    // The real address, not the flag: with port 0 this is the only place the port shows up.
+    println!("demo-order-api listening on {local}");
+    info!(%local, slots = cli.slots, service_time_ms = cli.service_time_ms, threads = cli.threads, "started");
+    demo_api::serve(listener, cli.slots, cli.service_time_ms).await;
+    Ok(())
+}

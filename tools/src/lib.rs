@@ -1,0 +1,13 @@
+//! waitroom seen from outside: the tools that stand around the proxy in the demo, the tests and
+//! the benchmark, none of which shares code with the proxy itself.
+//!
+//! - [`demo_api`]: the demo order API, a slot-limited backend and an echo (binary `demo-order-api`);
+//! - [`room`]: a room's endpoints as a client calls them;
+//! - [`crowd`]: simulated users who enter, poll as told and order, used by the demo's `crowd`
+//!   binary and by the benchmark's `wrbench crowd`;
+//! - [`numbers`]: the seeded generator and percentiles both crowds use.
+
+pub mod crowd;
+pub mod demo_api;
+pub mod numbers;
+pub mod room;
