@@ -325,12 +325,15 @@ impl LimitedStream {
         self.phase = Phase::Head { held: Vec::new(), end: HeadEnd::default(), first_byte: false, fresh, started: now };
     }
 
+    /// Counted when the limit strikes: a refused head at its 431, a deadline here.
     fn close(&mut self, why: Closed) -> io::Error {
-        metrics::CONNECTIONS_CLOSED_TOTAL.with_label_values(&[why.label()]).inc();
         self.phase = Phase::Closed;
         let kind = match why {
             Closed::HeadTooLarge => io::ErrorKind::InvalidData,
-            _ => io::ErrorKind::TimedOut,
+            Closed::IdleTimeout | Closed::HeaderTimeout => {
+                metrics::CONNECTIONS_CLOSED_TOTAL.with_label_values(&[why.label()]).inc();
+                io::ErrorKind::TimedOut
+            }
         };
         io::Error::new(kind, why.label())
     }
@@ -390,6 +393,7 @@ impl LimitedStream {
             let head_len = held.len() + done.unwrap_or(new.len());
             if head_len > self.max_head {
                 buf.set_filled(before);
+                metrics::CONNECTIONS_CLOSED_TOTAL.with_label_values(&[Closed::HeadTooLarge.label()]).inc();
                 self.phase = Phase::Refusing { response: too_large_response(), at: 0 };
                 return self.poll_phase(cx, buf);
             }

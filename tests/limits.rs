@@ -297,7 +297,8 @@ async fn a_silent_upstream_gets_504_within_upstream_timeout_and_the_token_surviv
     assert_eq!(proxy.metric(r#"waitroom_upstream_responses_total{class="error"}"#).await, Some(1.0));
     assert_eq!(proxy.metric("waitroom_tokens_consumed_total").await.unwrap_or(0.0), 0.0);
 
-    // The token was not spent: the retry goes through (and spends it).
+    // The token was not spent and its claim was released with the 504 (section 12): the retry
+    // goes through at once (no 409) and spends it.
     let retry = proxy.order("alice", Some(&token)).await;
     assert_eq!(retry.status, 201, "{}", retry.body);
     assert_eq!(proxy.order("alice", Some(&token)).await.status, 403);
