@@ -200,29 +200,26 @@ impl Admitter {
     }
 }
 
+/// Runs `step` over and over, sleeping the pause each run returns, until shutdown.
+async fn every_pause<F, Fut>(mut shutdown: ShutdownWatch, mut step: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Duration>,
+{
+    loop {
+        let pause = step().await;
+        tokio::select! {
+            _ = tokio::time::sleep(pause) => {}
+            _ = shutdown.changed() => return,
+        }
+    }
+}
+
 #[async_trait]
 impl BackgroundService for Admitter {
     async fn start(&self, shutdown: ShutdownWatch) {
-        let ticker = async {
-            let mut shutdown = shutdown.clone();
-            loop {
-                let pause = self.tick().await;
-                tokio::select! {
-                    _ = tokio::time::sleep(pause) => {}
-                    _ = shutdown.changed() => return,
-                }
-            }
-        };
-        let reporter = async {
-            let mut shutdown = shutdown.clone();
-            loop {
-                let pause = self.adapt().await;
-                tokio::select! {
-                    _ = tokio::time::sleep(pause) => {}
-                    _ = shutdown.changed() => return,
-                }
-            }
-        };
+        let ticker = every_pause(shutdown.clone(), || self.tick());
+        let reporter = every_pause(shutdown.clone(), || self.adapt());
         tokio::join!(ticker, reporter);
         tracing::info!("admission ticker stopped");
     }

@@ -151,6 +151,14 @@ async fn jwt_mode_forwards_the_verified_identity_not_the_clients() {
     assert_eq!(echoed(&echo.json(), "x-user-id"), ["alice"], "{}", echo.body);
 }
 
+/// A proxy in front of a [`Recorder`] answering `status`, with `yaml` on top.
+async fn recorded_room(status: u16, yaml: &str) -> (RedisServer, Recorder, Proxy) {
+    let redis = RedisServer::start();
+    let upstream = Recorder::start(status).await;
+    let proxy = Proxy::builder(&redis.url(), upstream.addr()).yaml(yaml).start().await;
+    (redis, upstream, proxy)
+}
+
 /// Sends one raw request (closing the connection after it) and returns the status.
 async fn raw_status(addr: std::net::SocketAddr, request: &str) -> (u16, String) {
     let raw = raw_request(addr, request.as_bytes()).await;
@@ -163,9 +171,7 @@ fn post(target: &str, extra: &str) -> String {
 
 #[tokio::test]
 async fn rewritten_order_paths_never_reach_the_upstream_without_a_token() {
-    let redis = RedisServer::start();
-    let upstream = Recorder::start(201).await;
-    let proxy = Proxy::builder(&redis.url(), upstream.addr()).start().await;
+    let (_redis, upstream, proxy) = recorded_room(201, "").await;
     // Each is the order handler on some real backend (Express, Tomcat/Spring, Go's mux, Flask).
     for target in [
         "/api/orders",
@@ -202,9 +208,7 @@ async fn rewritten_order_paths_never_reach_the_upstream_without_a_token() {
 
 #[tokio::test]
 async fn ambiguous_targets_are_refused_before_the_upstream() {
-    let redis = RedisServer::start();
-    let upstream = Recorder::start(201).await;
-    let proxy = Proxy::builder(&redis.url(), upstream.addr()).start().await;
+    let (_redis, upstream, proxy) = recorded_room(201, "").await;
     for target in ["/api%2Forders", "/api%2forders", "/api%5Corders", "/api%5corders", "/api\\orders"] {
         let (status, raw) = raw_status(proxy.addr(), &post(target, "")).await;
         assert_eq!(status, 400, "{target}: {raw}");
@@ -219,12 +223,7 @@ async fn ambiguous_targets_are_refused_before_the_upstream() {
 
 #[tokio::test]
 async fn a_protected_request_is_forwarded_with_the_path_that_was_checked() {
-    let redis = RedisServer::start();
-    let upstream = Recorder::start(500).await;
-    let proxy = Proxy::builder(&redis.url(), upstream.addr())
-        .yaml("admission: {interval: 20ms, batch_size: 50}")
-        .start()
-        .await;
+    let (_redis, upstream, proxy) = recorded_room(500, "admission: {interval: 20ms, batch_size: 50}").await;
     let token = proxy.until_ready("alice", Duration::from_secs(10)).await;
     let extra = format!("X-Entry-Token: {token}\r\n");
     // 500: the token stays, so each try is checked and forwarded.
@@ -244,12 +243,7 @@ async fn a_protected_request_is_forwarded_with_the_path_that_was_checked() {
 
 #[tokio::test]
 async fn a_prefix_rule_protects_everything_below_its_path() {
-    let redis = RedisServer::start();
-    let upstream = Recorder::start(200).await;
-    let proxy = Proxy::builder(&redis.url(), upstream.addr())
-        .yaml("protected: [{method: POST, path: /api/orders, match: prefix}]")
-        .start()
-        .await;
+    let (_redis, upstream, proxy) = recorded_room(200, "protected: [{method: POST, path: /api/orders, match: prefix}]").await;
     for target in ["/api/orders", "/api/orders/42/pay", "/API/ORDERS/42/", "/api/orders;v=2/42"] {
         let (status, raw) = raw_status(proxy.addr(), &post(target, "")).await;
         assert_eq!(status, 403, "{target}: {raw}");

@@ -110,6 +110,20 @@ async fn trickle_until_closed(s: &mut TcpStream, since: Instant, give_up: Durati
     None
 }
 
+/// A keep-alive connection that has been served one status poll.
+async fn served_connection(proxy: &Proxy) -> TcpStream {
+    let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
+    s.write_all(status_request("alice").as_bytes()).await.unwrap();
+    assert!(read_response(&mut s).await.starts_with("HTTP/1.1 200"));
+    s
+}
+
+/// `waitroom_connections_closed_total{limit}` counted exactly `count` closes.
+async fn assert_closed_by(proxy: &Proxy, limit: &str, count: f64) {
+    let series = format!(r#"waitroom_connections_closed_total{{limit="{limit}"}}"#);
+    assert_eq!(proxy.metric(&series).await, Some(count), "{series}");
+}
+
 #[tokio::test]
 async fn a_head_trickled_byte_by_byte_is_cut_at_header_timeout() {
     let (_redis, _api, proxy) = room("limits: {header_timeout: 1s, idle_timeout: 30s}").await;
@@ -118,10 +132,7 @@ async fn a_head_trickled_byte_by_byte_is_cut_at_header_timeout() {
     let closed = trickle_until_closed(&mut s, started, Duration::from_secs(1) + SLACK).await;
     let closed = closed.expect("a trickling connection still open past header_timeout");
     assert!(closed >= Duration::from_millis(950), "closed before header_timeout: {closed:?}");
-    assert_eq!(
-        proxy.metric(r#"waitroom_connections_closed_total{limit="header_timeout"}"#).await,
-        Some(1.0)
-    );
+    assert_closed_by(&proxy, "header_timeout", 1.0).await;
     // Other clients were served all along.
     assert_eq!(proxy.status("alice").await.status, 200);
 }
@@ -145,9 +156,7 @@ async fn the_second_head_on_a_keep_alive_connection_is_cut_at_header_timeout_too
 async fn an_idle_connection_is_closed_at_idle_timeout_whether_or_not_it_served_a_request() {
     let (_redis, _api, proxy) = room("limits: {header_timeout: 5s, idle_timeout: 1s}").await;
     // After one request.
-    let mut served = TcpStream::connect(proxy.addr()).await.unwrap();
-    served.write_all(status_request("alice").as_bytes()).await.unwrap();
-    assert!(read_response(&mut served).await.starts_with("HTTP/1.1 200"));
+    let mut served = served_connection(&proxy).await;
     let served_since = Instant::now();
     // And one that never sent anything.
     let silent_since = Instant::now();
@@ -161,10 +170,7 @@ async fn an_idle_connection_is_closed_at_idle_timeout_whether_or_not_it_served_a
         let closed = closed.unwrap_or_else(|| panic!("the {name} connection is still open past idle_timeout"));
         assert!(closed >= Duration::from_millis(950), "the {name} connection closed early: {closed:?}");
     }
-    assert_eq!(
-        proxy.metric(r#"waitroom_connections_closed_total{limit="idle_timeout"}"#).await,
-        Some(2.0)
-    );
+    assert_closed_by(&proxy, "idle_timeout", 2.0).await;
 }
 
 #[tokio::test]
@@ -202,10 +208,7 @@ async fn a_head_over_max_request_head_gets_431_and_the_connection_is_closed() {
         assert!(lower.contains("connection: close"), "{answer}");
         assert!(answer.ends_with(r#"{"error":"request header too large"}"#), "{answer}");
     }
-    assert_eq!(
-        proxy.metric(r#"waitroom_connections_closed_total{limit="head_too_large"}"#).await,
-        Some(2.0)
-    );
+    assert_closed_by(&proxy, "head_too_large", 2.0).await;
 }
 
 #[tokio::test]
@@ -324,9 +327,7 @@ async fn a_stalled_body_on_enter_gets_408_within_header_timeout() {
 #[tokio::test]
 async fn limits_reload_without_a_restart_and_apply_to_the_next_connection() {
     let (_redis, _api, proxy) = room("limits: {max_connections: 100, header_timeout: 30s, idle_timeout: 30s}").await;
-    let mut kept = TcpStream::connect(proxy.addr()).await.unwrap();
-    kept.write_all(status_request("alice").as_bytes()).await.unwrap();
-    assert!(read_response(&mut kept).await.starts_with("HTTP/1.1 200"));
+    let mut kept = served_connection(&proxy).await;
 
     proxy.rewrite_config("limits: {max_connections: 1, idle_timeout: 1s}");
     proxy.signal("HUP");

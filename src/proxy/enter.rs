@@ -1,10 +1,10 @@
 //! `POST {prefix}/enter`: join the line, or learn where you already stand.
-//! Parse (method, identity) -> apply (this proxy's view of the line for a user it knows is
+//! Parse (method, identity: done for both endpoints by the proxy's `caller`) -> apply (this proxy's view of the line for a user it knows is
 //! waiting, else one script in Redis) -> render (the answer).
 
 use pingora::proxy::Session;
 
-use super::{caller, Answer, Ctx};
+use super::Answer;
 use crate::config::Config;
 use crate::metrics;
 use crate::policy::Settings;
@@ -17,13 +17,9 @@ pub async fn handle(
     settings: &Settings,
     room: &Room,
     session: &Session,
-    ctx: &mut Ctx,
+    user: &str,
 ) -> Answer {
     let (config, policy) = (&settings.config, &settings.policy);
-    let user = match caller(config, session, ctx, http::Method::POST, "POST") {
-        Ok(user) => user,
-        Err(refusal) => return refusal,
-    };
     let address = (config.abuse.identities_per_address > 0).then(|| client_address(config, session));
     let pacing = state.pacing(settings);
     // Entering again while waiting changes nothing (same place, no new number, no limit spent)

@@ -316,8 +316,14 @@ impl ProxyHttp for Waitroom {
                 write_page(session, page).await?;
                 return Ok(true);
             }
-            Endpoint::Enter => enter::handle(&self.state, &settings, &self.room, session, ctx).await,
-            Endpoint::Status => status::handle(&self.state, &settings, &self.room, session, ctx).await,
+            Endpoint::Enter => match caller(config, session, ctx, http::Method::POST, "POST") {
+                Ok(user) => enter::handle(&self.state, &settings, &self.room, session, user).await,
+                Err(refusal) => refusal,
+            },
+            Endpoint::Status => match caller(config, session, ctx, http::Method::GET, "GET") {
+                Ok(user) => status::handle(&self.state, &settings, &self.room, user).await,
+                Err(refusal) => refusal,
+            },
             Endpoint::Protected => match protected::check(config, &self.room, self.state.spent(), session, ctx).await {
                 None => return Ok(false),
                 Some(refusal) => refusal,

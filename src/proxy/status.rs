@@ -1,9 +1,7 @@
 //! `GET {prefix}/status`: where a user stands, and when to ask again.
-//! Parse (method, identity) -> apply (this proxy's view of the line, else Redis) -> render.
+//! Parse (method, identity: done for both endpoints by the proxy's `caller`) -> apply (this proxy's view of the line, else Redis) -> render.
 
-use pingora::proxy::Session;
-
-use super::{caller, Answer, Ctx};
+use super::Answer;
 use crate::metrics;
 use crate::policy::Settings;
 use crate::state::RoomState;
@@ -13,14 +11,9 @@ pub async fn handle(
     state: &RoomState,
     settings: &Settings,
     room: &Room,
-    session: &Session,
-    ctx: &mut Ctx,
+    user: &str,
 ) -> Answer {
     let (config, policy) = (&settings.config, &settings.policy);
-    let user = match caller(config, session, ctx, http::Method::GET, "GET") {
-        Ok(user) => user,
-        Err(refusal) => return refusal,
-    };
     let pacing = state.pacing(settings);
     let local = policy.local_answers.then_some(state.line());
     if let Some(position) = local.and_then(|line| line.position(user)) {

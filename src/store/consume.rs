@@ -29,7 +29,7 @@ pub(super) mod claim {
         /// holds it. A claim left behind (a proxy that died mid-request) ends after `hold`, or
         /// with the token.
         pub async fn claim(&self, user: &str, token: &str, claim: &str, hold: Duration) -> Result<Claim, StoreError> {
-            let (user_token, user_claim) = (self.keys.token(user), self.keys.claim(user));
+            let (user_token, user_claim) = self.keys.token_and_claim(user);
             let call = invoke(
                 &self.keys,
                 ClaimKeys { user_token: &user_token, user_claim: &user_claim },
@@ -71,12 +71,9 @@ impl Room {
     /// Ends the request's claim and, when `spend` (the order succeeded), deletes the user's
     /// token if it is still `token`; true when it was deleted.
     pub async fn consume(&self, user: &str, token: &str, claim: &str, spend: bool) -> Result<bool, StoreError> {
-        let (user_token, user_claim) = (self.keys.token(user), self.keys.claim(user));
-        let call = invoke(
-            &self.keys,
-            ConsumeKeys { user_token: &user_token, user_claim: &user_claim },
-            ConsumeArgs { token, user, claim, spend },
-        );
+        let (user_token, user_claim) = self.keys.token_and_claim(user);
+        let keys = ConsumeKeys { user_token: &user_token, user_claim: &user_claim };
+        let call = invoke(&self.keys, keys, ConsumeArgs { token, user, claim, spend });
         let deleted: i64 = self.run(&call).await?;
         Ok(deleted == 1)
     }

@@ -63,6 +63,11 @@ impl Keys {
         [self.claim_prefix.as_str(), user].concat()
     }
 
+    /// The user's token and the claim on it: a protected request's two keys.
+    pub fn token_and_claim(&self, user: &str) -> (String, String) {
+        (self.token(user), self.claim(user))
+    }
+
     pub fn poll_clock(&self, user: &str) -> String {
         [self.poll_prefix.as_str(), user].concat()
     }
