@@ -676,9 +676,12 @@ async fn the_adaptive_batch_follows_the_backend_identically_on_two_proxies() {
         "p95 well under the target must keep the ceiling: {fast:?}"
     );
 
-    // Slow backend: down to min_batch. The first cut halves (6 -> 3); src/rules.rs then lets two
-    // steps pass before the next cut (SETTLE_STEPS), so 1 comes at most 3 steps (+1 s of gauge
-    // age) after the first move.
+    // Slow backend: down to min_batch. A cut at most halves the batch, and never goes below 90 %
+    // of what the backend served in the overloaded second (src/rules/adaptive.rs), so from 6 it
+    // takes two or three cuts (6 -> 3 -> 1, or 6 -> 4 -> 2 -> 1 when the backend still served
+    // well); after each cut two steps pass without another (SETTLE_STEPS). So 1 comes at most
+    // 6 steps (+1 s of gauge age) after the first move. (Not a contract bound: the contract
+    // bounds the first move, checked above.)
     put_service_time(&api, 800).await;
     let (first_cut, fell_at) = until(fast.0, |v| v == 1.0, Duration::from_secs(12)).await;
     let first_cut = first_cut.expect("the batch never moved on a slow backend");
@@ -689,7 +692,7 @@ async fn the_adaptive_batch_follows_the_backend_identically_on_two_proxies() {
          measured): {series:?}"
     );
     assert!(
-        fell_at <= first_cut + Duration::from_secs(4),
+        fell_at <= first_cut + Duration::from_secs(7),
         "fell to 1 {fell_at:?} after, first cut at {first_cut:?}: {series:?}"
     );
 
