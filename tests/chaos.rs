@@ -426,8 +426,8 @@ async fn sample_room(url: String, prefix: String, stop: Arc<AtomicBool>) -> Vec<
         }
         if let Some(c) = conn.as_mut() {
             let got: redis::RedisResult<SampleReply> = script
-                .key(format!("{{{prefix}}}:queue"))
-                .key(format!("{{{prefix}}}:seq"))
+                .key(Keys::new(&prefix).queue)
+                .key(Keys::new(&prefix).seq)
                 .invoke_async(c)
                 .await;
             match got {
@@ -625,9 +625,9 @@ async fn no_user_is_lost_or_admitted_twice_while_processes_die() {
         "users with other than one token: {twice:#?}"
     );
     let mut db = redis.conn().await;
-    let k = |s: &str| format!("{{{prefix}}}:{s}");
+    let keys = Keys::new(&prefix);
     let seq: u64 = redis::cmd("GET")
-        .arg(k("seq"))
+        .arg(&keys.seq)
         .query_async(&mut db)
         .await
         .expect("seq");
@@ -647,7 +647,7 @@ async fn no_user_is_lost_or_admitted_twice_while_processes_die() {
         "users told NOT_IN_QUEUE while waiting, or 403 with their token: {lost:#?}"
     );
     let line: u64 = redis::cmd("ZCARD")
-        .arg(k("queue"))
+        .arg(&keys.queue)
         .query_async(&mut db)
         .await
         .expect("ZCARD");
@@ -673,7 +673,7 @@ async fn no_user_is_lost_or_admitted_twice_while_processes_die() {
         .collect();
     let unspent = unspent_users(&all_logs);
     let token_keys: Vec<String> = redis::cmd("KEYS")
-        .arg(k("token:*"))
+        .arg(keys.token("*"))
         .query_async(&mut db)
         .await
         .expect("KEYS");

@@ -30,9 +30,6 @@ async fn cluster_db(cluster: &Cluster) -> Db {
         .expect("connect to the cluster")
 }
 
-fn key(proxy: &Proxy, suffix: &str) -> String {
-    format!("{{{}}}:{suffix}", proxy.key_prefix())
-}
 
 /// A proxy whose room has had its first admission tick (see `ProxyBuilder::start_settled`).
 async fn start_settled(db: &Db, builder: &ProxyBuilder) -> Proxy {
@@ -147,7 +144,7 @@ async fn enter_positions_and_the_cap(db: &Db, builder: &ProxyBuilder) {
     );
     assert_eq!(full, 50, "everyone past the cap is told FULL");
     assert_eq!(
-        zcard(db, &key(&proxy, "queue")).await,
+        zcard(db, &keys(&proxy).queue).await,
         50,
         "the line in the cluster holds 50"
     );
@@ -187,7 +184,7 @@ async fn fifo_at_the_room_rate_and_tokens(db: &Db, builder: &ProxyBuilder) {
 
     // Admission times in Redis's clock: each live token's expiry is its admission + ttl.
     let admitted: Vec<(String, f64)> = redis::cmd("ZRANGE")
-        .arg(key(&a, "tokens"))
+        .arg(keys(&a).tokens)
         .arg(0)
         .arg(-1)
         .arg("WITHSCORES")
@@ -237,7 +234,7 @@ async fn fifo_at_the_room_rate_and_tokens(db: &Db, builder: &ProxyBuilder) {
         );
     }
     let live: Option<String> = redis::cmd("GET")
-        .arg(key(&a, &format!("token:{}", users[0])))
+        .arg(keys(&a).token(&users[0]))
         .query_async(&mut db.clone())
         .await
         .expect("GET");
@@ -654,7 +651,7 @@ async fn failover_under_load(cluster: &mut Cluster, db: &Db, builder: &ProxyBuil
             "shared position"
         );
     }
-    let line = zcard(db, &key(&p1, "queue")).await;
+    let line = zcard(db, &keys(&p1).queue).await;
     assert_eq!(
         line,
         (waiting.len() + entered.len()) as u64,

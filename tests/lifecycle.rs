@@ -184,7 +184,7 @@ async fn measure_rate(proxy: &Proxy, redis: &RedisServer, window: Duration) -> (
 async fn queue_len(proxy: &Proxy, redis: &RedisServer) -> u64 {
     let mut conn = redis.conn().await;
     redis::cmd("ZCARD")
-        .arg(format!("{{{}}}:queue", proxy.key_prefix()))
+        .arg(keys(&proxy).queue)
         .query_async(&mut conn)
         .await
         .expect("ZCARD")
@@ -865,7 +865,7 @@ async fn token_ttl_applies_to_tokens_issued_after_the_reload() {
         .unwrap();
     let mut conn = redis.conn().await;
     let pttl: i64 = redis::cmd("PTTL")
-        .arg(format!("{{{}}}:token:early", proxy.key_prefix()))
+        .arg(keys(&proxy).token("early"))
         .query_async(&mut conn)
         .await
         .unwrap();
@@ -1107,7 +1107,7 @@ async fn changing_addresses_or_redis_needs_a_restart_and_keeps_serving() {
     let r = proxy.enter("still-here").await;
     assert_eq!(r.status, 200, "{}", r.body);
     let place: Option<f64> = redis::cmd("ZSCORE")
-        .arg(format!("{{{}}}:queue", proxy.key_prefix()))
+        .arg(common::keys(&proxy).queue)
         .arg("still-here")
         .query_async(&mut redis.conn().await)
         .await

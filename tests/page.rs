@@ -238,20 +238,24 @@ async fn browser_ready() -> PathBuf {
          or WAITROOM_CHROMIUM set to a Chromium binary",
         chromium.display()
     );
-    let page_dir = page_tests_dir();
-    if !page_dir
-        .join("node_modules/playwright-core/package.json")
-        .exists()
-    {
-        run_to_success(
-            "npm ci in tests/page",
-            Command::new("npm")
-                .args(["ci", "--no-audit", "--no-fund"])
-                .current_dir(&page_dir),
-            Duration::from_secs(300),
-        )
+    // Once per test binary: `npm ci` starts by deleting node_modules, so a second browser test
+    // running it at the same time would pull playwright-core away from the first.
+    static INSTALLED: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+    INSTALLED
+        .get_or_init(|| async {
+            let page_dir = page_tests_dir();
+            if !page_dir.join("node_modules/playwright-core/package.json").exists() {
+                run_to_success(
+                    "npm ci in tests/page",
+                    Command::new("npm")
+                        .args(["ci", "--no-audit", "--no-fund"])
+                        .current_dir(&page_dir),
+                    Duration::from_secs(300),
+                )
+                .await;
+            }
+        })
         .await;
-    }
     chromium
 }
 

@@ -140,7 +140,7 @@ async fn write_until_followed(
     new_primary: &RedisServer,
 ) -> (Vec<(usize, String, Instant)>, Vec<Follow>) {
     let client = probe_client();
-    let queue = format!("{{{}}}:queue", proxies[0].key_prefix());
+    let queue = keys(&proxies[0]).queue;
     let mut on_new = None;
     let mut acked = Vec::new();
     let mut follow = vec![Follow::default(); proxies.len()];
@@ -350,7 +350,7 @@ async fn proxies_follow_the_sentinels_through_failovers() {
     assert_eq!(third, replica.port());
     // Which acknowledged enters reached the new primary? The demoted one keeps taking writes
     // until the sentinels reconfigure it (seconds later); what it took then is lost.
-    let queue = format!("{{{}}}:queue", a.key_prefix());
+    let queue = keys(&a).queue;
     let mut on_new = replica.conn().await;
     let mut lost = 0;
     for (_, user, _) in &acked {
