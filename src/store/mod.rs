@@ -107,33 +107,6 @@ impl RoomRules {
         }
     }
 
-    /// The rules in force under `config`. `abandon_after` is never shorter than the longest
-    /// pollAfter a user can be told (tiers are rounded up to whole seconds in answers), so a
-    /// user who polls as told never loses the place.
-    pub fn from_config(config: &crate::config::Config) -> RoomRules {
-        let a = &config.admission;
-        let abandon_after = if config.queue.abandon_after.is_zero() {
-            Duration::ZERO
-        } else {
-            let longest = config
-                .poll_after
-                .iter()
-                .map(|t| Duration::from_secs(crate::rules::ceil_secs(t.poll_after)))
-                .max()
-                .unwrap_or_default();
-            config.queue.abandon_after.max(longest)
-        };
-        RoomRules {
-            interval: a.interval,
-            batch_size: a.batch_size.get(),
-            token_ttl: config.token.ttl,
-            instant: a.instant,
-            max_active: a.max_active,
-            min_batch: a.adaptive.as_ref().map(|ad| ad.min_batch.get()),
-            abandon_after,
-        }
-    }
-
     /// Whether any admission switch is on: then the room logs its admissions, and estimates
     /// use the measured rate.
     pub fn listens(&self) -> bool {
