@@ -330,7 +330,8 @@ async fn user(shared: Arc<Shared>, id: String) -> UserLog {
 }
 
 /// The spent token, once more, at once, through any proxy: 403, never forwarded. A 503 (Redis
-/// down: fail closed) or a dead proxy only delays the verdict.
+/// down: fail closed), a dead proxy, or a 409 (the order's claim is still held because settling
+/// it did not reach Redis; it ends with claim_timeout) only delays the verdict.
 async fn reuse_spent_token(shared: &Shared, log: &mut UserLog, token: &str) {
     let until = Instant::now() + REUSE_LIMIT;
     loop {
@@ -350,6 +351,10 @@ async fn reuse_spent_token(shared: &Shared, log: &mut UserLog, token: &str) {
             Answer::Http(code, body, retry_after) if is_unavailable(code, &body, retry_after) => {
                 log.outcomes.add("reuse 503");
                 log.reuse.push("503".into());
+            }
+            Answer::Http(409, body, _) if body["error"] == "this entry token is already in use" => {
+                log.outcomes.add("reuse 409");
+                log.reuse.push("409".into());
             }
             Answer::Failed => {
                 log.outcomes.add("reuse failed");
