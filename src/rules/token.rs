@@ -1,19 +1,10 @@
-//! A protected request's entry token: how it is compared, what the upstream's answer means for
-//! it, and how its remaining life is told.
+//! A protected request's entry token: what the upstream's answer means for it, and how its
+//! remaining life is told (it is compared, hashed, inside `lua/claim.lua`).
 
 /// What is left of a token's life in whole seconds, rounded up, at least 1. Not capped by the
 /// configured ttl: a token issued before a reload shortened it keeps its own, longer life.
 pub fn expires_in_secs(remaining_ms: u64) -> u64 {
     remaining_ms.div_ceil(1000).max(1)
-}
-
-/// Compares a presented token with the user's current one without leaking, through timing, how
-/// many leading bytes matched.
-pub fn token_matches(presented: &[u8], current: &[u8]) -> bool {
-    if presented.len() != current.len() {
-        return false;
-    }
-    presented.iter().zip(current).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
 }
 
 /// What a protected request's upstream outcome means for the token it used.
@@ -59,14 +50,6 @@ mod tests {
         assert_eq!(expires_in_secs(900_000), 900);
     }
 
-
-    #[test]
-    fn token_comparison() {
-        assert!(token_matches(b"abc", b"abc"));
-        assert!(!token_matches(b"abc", b"abd"));
-        assert!(!token_matches(b"abc", b"abcd"));
-        assert!(!token_matches(b"", b"a"));
-    }
 
     #[test]
     fn only_2xx_spends_a_token() {
