@@ -120,8 +120,9 @@ impl Waitroom {
     /// away), so the user may retry.
     async fn release_unsettled(&self, ctx: &mut Ctx) {
         if let (Some(claimed), Some(user)) = (ctx.claimed.take(), ctx.user.as_deref()) {
-            let ttl = self.state.settings().config.token.ttl;
-            protected::settle(&self.room, self.state.spent(), user, claimed, None, ttl).await;
+            // Cloned, not borrowed: a settings guard must not be held across an await.
+            let lifetimes = self.state.settings().config.token.clone();
+            protected::settle(&self.room, self.state.spent(), user, claimed, None, &lifetimes).await;
         }
     }
 }
@@ -395,8 +396,8 @@ impl ProxyHttp for Waitroom {
             }
         }
         if let (Some(claimed), Some(user)) = (ctx.claimed.take(), ctx.user.as_deref()) {
-            let ttl = self.state.settings().config.token.ttl;
-            protected::settle(&self.room, self.state.spent(), user, claimed, Some(status), ttl).await;
+            let lifetimes = self.state.settings().config.token.clone();
+            protected::settle(&self.room, self.state.spent(), user, claimed, Some(status), &lifetimes).await;
         }
         Ok(())
     }

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use pingora::proxy::Session;
 
 use super::{identity, Answer, Ctx};
-use crate::config::Config;
+use crate::config::{Config, TokenConfig};
 use crate::metrics;
 use crate::rules::{self, TokenFate};
 use crate::spent::SpentTokens;
@@ -25,7 +25,7 @@ pub struct Claimed {
 /// Returns the refusal to send, or `None` when the request may go upstream.
 pub async fn check(
     config: &Config,
-    room: &Room,
+    room: &Arc<Room>,
     spent: &SpentTokens,
     session: &Session,
     ctx: &mut Ctx,
@@ -37,7 +37,7 @@ pub async fn check(
 
 async fn decide(
     config: &Config,
-    room: &Room,
+    room: &Arc<Room>,
     spent: &SpentTokens,
     session: &Session,
     ctx: &mut Ctx,
@@ -72,6 +72,13 @@ async fn decide(
         Err(error) => {
             metrics::REDIS_ERRORS_TOTAL.inc();
             tracing::warn!(%error, "protected: redis unavailable, refusing (fail closed)");
+            // The claim may have been written before the reply was lost (Redis died in between):
+            // left alone it would hold the user's retries at 409 for claim_timeout. The id is
+            // this request's own, so ending it can never end another request's claim.
+            let room = room.clone();
+            let (user, token) = (user.clone(), token.to_owned());
+            let deadline = Instant::now() + config.token.claim_timeout;
+            tokio::spawn(async move { settle_later(&room, &user, &token, &id, false, deadline).await });
             ("unavailable", Some(Answer::unavailable(config)))
         }
     }
@@ -85,15 +92,21 @@ pub async fn settle(
     user: &str,
     claimed: Claimed,
     upstream_status: Option<u16>,
-    token_ttl: Duration,
+    lifetimes: &TokenConfig,
 ) {
     let Claimed { token, id } = claimed;
+    let (token_ttl, claim_timeout) = (lifetimes.ttl, lifetimes.claim_timeout);
     if rules::token_fate(upstream_status) == TokenFate::Keep {
         // Retrying is the user's right; if this release fails the claim still ends with
         // claim_timeout.
         if let Err(error) = room.consume(user, &token, &id, false).await {
+            // Left to claim_timeout, the claim would refuse the user's retries with 409 long
+            // after Redis is back.
             metrics::REDIS_ERRORS_TOTAL.inc();
-            tracing::warn!(%error, user, "could not release an entry token's claim; it expires with token.claim_timeout");
+            tracing::warn!(%error, user, "could not release an entry token's claim; retrying");
+            let (room, user) = (room.clone(), user.to_owned());
+            let deadline = Instant::now() + claim_timeout;
+            tokio::spawn(async move { settle_later(&room, &user, &token, &id, false, deadline).await });
         }
         return;
     }
@@ -111,22 +124,23 @@ pub async fn settle(
             metrics::REDIS_ERRORS_TOTAL.inc();
             tracing::error!(%error, user, "could not spend an entry token after a successful order; retrying");
             let (room, user) = (room.clone(), user.to_owned());
-            tokio::spawn(async move { spend_later(&room, &user, &token, &id, token_ttl).await });
+            let deadline = Instant::now() + token_ttl;
+            tokio::spawn(async move { settle_later(&room, &user, &token, &id, true, deadline).await });
         }
     }
 }
 
-/// Retries spending a token until it succeeds or the token would have expired anyway.
-async fn spend_later(room: &Room, user: &str, token: &str, claim: &str, token_ttl: Duration) {
-    let deadline = Instant::now() + token_ttl;
+/// Retries settling a token (ending its claim, and spending it after a successful order) until
+/// Redis answers or there is nothing left to settle: the claim or the token would have expired.
+async fn settle_later(room: &Room, user: &str, token: &str, claim: &str, spend: bool, deadline: Instant) {
     while Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(200)).await;
-        match room.consume(user, token, claim, true).await {
+        match room.consume(user, token, claim, spend).await {
             Ok(spent) => {
                 if spent {
                     metrics::TOKENS_CONSUMED_TOTAL.inc();
                 }
-                tracing::info!(user, "entry token spent after Redis came back");
+                tracing::info!(user, spend, "entry token settled after Redis came back");
                 return;
             }
             Err(_) => metrics::REDIS_ERRORS_TOTAL.inc(),
