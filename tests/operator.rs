@@ -250,8 +250,9 @@ async fn the_state_survives_a_restart_of_every_proxy() {
     drop((a, b));
 
     let c = room.start().await;
+    // The gauge first: a look through the admin API would tell this proxy itself.
+    assert!(gauge_reaches(&c, "paused", FOLLOW).await, "a new proxy reads the state it starts into");
     assert_eq!(look(&c).await["state"], "paused");
-    assert!(gauge_reaches(&c, "paused", FOLLOW).await);
     assert_eq!(c.enter("u1").await.json()["status"], "WAITING");
     idle_ticks(&[&c], 3.0).await;
     assert_eq!(c.status("u1").await.json()["status"], "WAITING", "still paused after the restart");
@@ -259,6 +260,7 @@ async fn the_state_survives_a_restart_of_every_proxy() {
     assert_eq!(command(&c, "close").await["state"], "closed");
     c.kill();
     let d = room.start().await;
+    assert!(gauge_reaches(&d, "closed", FOLLOW).await);
     assert_eq!(look(&d).await["state"], "closed");
     assert_eq!(d.enter("u2").await.json()["status"], "CLOSED");
 }
