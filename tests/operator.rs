@@ -61,7 +61,11 @@ async fn gauge_state(proxy: &Proxy) -> Option<&'static str> {
 }
 
 async fn gauge_reaches(proxy: &Proxy, state: &str, within: Duration) -> bool {
-    wait_until(within, Duration::from_millis(10), || async { gauge_state(proxy).await == Some(state) }).await
+    let since = Instant::now();
+    let reached =
+        wait_until(within, Duration::from_millis(10), || async { gauge_state(proxy).await == Some(state) }).await;
+    eprintln!("waitroom_room_state {state}: {:?}", since.elapsed());
+    reached
 }
 
 /// Waits until every proxy has made `n` more admission calls that admitted nobody because the
