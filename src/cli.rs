@@ -97,8 +97,8 @@ pub fn run(config: &Config, config_path: &str, action: Action) -> Result<String,
         404 => return Err(CliError::NotEnabled(addr)),
         status => return Err(CliError::Refused { status, message: message() }),
     }
-    let room: serde_json::Value = serde_json::from_slice(&body)
-        .map_err(|e| CliError::Garbled { addr, what: format!("not JSON ({e})") })?;
+    let room: serde_json::Value =
+        serde_json::from_slice(&body).map_err(|e| CliError::Garbled { addr, what: format!("not JSON ({e})") })?;
     let mut out = String::new();
     if let Some(done) = action.done() {
         out.push_str(&format!("room {done}\n\n"));

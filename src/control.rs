@@ -170,9 +170,7 @@ pub async fn apply(
     detail: &str,
 ) -> Result<Applied, StoreError> {
     let read_batch = state.settings().policy.rules.min_batch.is_some();
-    let report = room
-        .room_command(command.map_or("", Command::as_str), actor.as_str(), read_batch)
-        .await?;
+    let report = room.room_command(command.map_or("", Command::as_str), actor.as_str(), read_batch).await?;
     let (before, after) = (Mode::parse(Some(&report.before)), Mode::parse(Some(&report.state)));
     let changed = before != after;
     if changed {
@@ -355,7 +353,9 @@ mod tests {
 
     #[test]
     fn commands_name_their_target() {
-        for (word, target) in [("pause", Mode::Paused), ("resume", Mode::Open), ("close", Mode::Closed), ("open", Mode::Open)] {
+        for (word, target) in
+            [("pause", Mode::Paused), ("resume", Mode::Open), ("close", Mode::Closed), ("open", Mode::Open)]
+        {
             let command = Command::parse(word).unwrap();
             assert_eq!((command.as_str(), command.target()), (word, target));
         }

@@ -73,12 +73,8 @@ impl Room {
     pub async fn read_room_state(&self) -> Result<RoomStateReading, StoreError> {
         self.bounded(async {
             let mut conn = self.conn().await?;
-            let (state, since): (Option<String>, Option<u64>) = redis::cmd("HMGET")
-                .arg(&self.keys.room)
-                .arg("state")
-                .arg("since")
-                .query_async(&mut conn)
-                .await?;
+            let (state, since): (Option<String>, Option<u64>) =
+                redis::cmd("HMGET").arg(&self.keys.room).arg("state").arg("since").query_async(&mut conn).await?;
             Ok(RoomStateReading { state, since_ms: since })
         })
         .await
