@@ -402,3 +402,54 @@ async fn the_command_line_shows_and_steers_the_room() {
     let unreachable = failure(&cli(&config, &["status"], Some(TOKEN)));
     assert!(unreachable.contains("cannot reach the admin API at"), "{unreachable}");
 }
+
+/// `lua/room.lua` on its own: which command leads where (open keeps a paused line, only open
+/// leaves closed), and the minute of admissions counting only the last 60 seconds of its ring.
+#[tokio::test]
+async fn the_room_script_moves_between_states_and_counts_one_minute() {
+    let redis = RedisServer::start();
+    let prefix = unique_prefix();
+    let room = library_room(&redis, &prefix);
+    let keys = Keys::new(&prefix);
+    let state = |report: &waitroom::store::RoomReport| (report.before.clone(), report.state.clone(), report.refused.is_some());
+    let s = |a: &str, b: &str, refused: bool| (a.to_owned(), b.to_owned(), refused);
+
+    assert_eq!(state(&room.room_command("", "admin", false).await.unwrap()), s("open", "open", false));
+    assert!(matches!(enter_room(&room, "u1", 10).await.unwrap(), waitroom::store::EnterOutcome::Waiting { .. }));
+    assert_eq!(state(&room.room_command("pause", "admin", false).await.unwrap()), s("open", "paused", false));
+    assert_eq!(state(&room.room_command("pause", "admin", false).await.unwrap()), s("paused", "paused", false));
+    let opened = room.room_command("open", "admin", false).await.unwrap();
+    assert_eq!((state(&opened), opened.waiting), (s("paused", "open", false), 1), "open keeps a paused line");
+    let closed = room.room_command("close", "origin", false).await.unwrap();
+    assert_eq!((state(&closed), closed.waiting), (s("open", "closed", false), 0));
+    assert!(closed.since_ms.is_some());
+    for verb in ["pause", "resume"] {
+        assert_eq!(state(&room.room_command(verb, "admin", false).await.unwrap()), s("closed", "closed", true), "{verb}");
+    }
+    assert_eq!(
+        enter_room(&room, "u2", 10).await.unwrap(),
+        waitroom::store::EnterOutcome::Closed,
+        "a closed room queues nobody"
+    );
+    let by: Option<String> =
+        redis::cmd("HGET").arg(&keys.room).arg("by").query_async(&mut redis.conn().await).await.unwrap();
+    assert_eq!(by.as_deref(), Some("origin"), "who changed it is stored with the state");
+
+    // Seconds 10 and 30 ago count; 75 and 100 ago are past the minute (each in its own slot).
+    let mut conn = redis.conn().await;
+    let now_s = redis_now_ms(&mut conn).await / 1000;
+    for (age, n) in [(10, 3), (30, 2), (75, 7), (100, 11)] {
+        let second = now_s - age;
+        let slot = second % 60;
+        let _: () = redis::cmd("HSET")
+            .arg(&keys.admitted_minute)
+            .arg(format!("s{slot}"))
+            .arg(second)
+            .arg(format!("n{slot}"))
+            .arg(n)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+    assert_eq!(room.room_command("", "admin", false).await.unwrap().admitted_last_minute, 5);
+}
