@@ -2,7 +2,7 @@
 -- due; Redis's own clock and the stored schedule decide, so however many proxies call, the room
 -- admits at most one batch per interval, and the others learn how long to sleep.
 -- Built after a prelude that binds the names below (declared in src/store/admit.rs) and after
--- lua/admission.lua.
+-- lua/admission.lua and lua/room_state.lua.
 --
 -- KEYS
 --   queue            the line
@@ -15,6 +15,8 @@
 --   admissions       the admissions log, for the measured rate (see record_admissions)
 --   heard            when each waiting user was last heard from (sorted set, score = ms), for
 --                    abandonment
+--   room             the room's state: only an open room admits (see room_state.lua)
+--   admitted_minute  admissions per second of the last minute (see room_state.lua)
 -- The admitted users' token keys (token_prefix .. user) cannot be declared: who is admitted is
 -- known only once they are popped, inside this script. They share the room's hash tag with
 -- every declared key, so a Redis Cluster still finds them all in one slot.
@@ -35,6 +37,12 @@ local SWEEP_MAX = 1000
 
 local now = redis_now_us()
 interval_us = tonumber(interval_us)
+
+-- Paused or closed (room_state.lua): nobody is admitted and the schedule is left as it is; on
+-- resume the schedule is a whole interval late, so next_tick restarts it from then, no burst.
+if room_state_of(room) ~= 'open' then
+  return {0, interval_us, 0, 0, 0}
+end
 local due = tonumber(redis.call('GET', next_admission) or '0')
 
 if now < due then
@@ -108,4 +116,5 @@ end
 if listens then
   record_admissions(admissions, admitted, now_ms)
 end
+count_admitted(admitted_minute, admitted, now_ms)
 return {admitted, next_due - now, 1, abandoned, batch}

@@ -1,6 +1,7 @@
 -- Enter the line: one atomic step, so no burst of concurrent enters can exceed the capacity,
 -- share a number, or hold two places for one user. Built after a prelude that binds the names
--- below (declared in src/store/enter.rs) and after lua/poll_clock.lua and lua/admission.lua.
+-- below (declared in src/store/enter.rs) and after lua/poll_clock.lua, lua/admission.lua
+-- and lua/room_state.lua.
 --
 -- KEYS
 --   queue            the line (sorted set, member = user, score = arrival number)
@@ -13,6 +14,8 @@
 --                    live tokens, the admission schedule, the interval's spent budget, the
 --                    adaptive state, the admissions log, heard-from times (as in admit.lua)
 --   epoch            the room's epoch (see src/line.rs)
+--   room, admitted_minute
+--                    the room's state and the minute of admissions (see room_state.lua)
 -- ARGV
 --   user, capacity, per_address (identities per address per minute, 0 = no limit),
 --   abandon_ms (0 = off),
@@ -27,6 +30,7 @@
 --   WAITING  position, already (1: was waiting), abandoned, arrival (the user's number), epoch
 --   FULL     abandoned
 --   LIMITED  retry_secs (until the address's window ends), abandoned
+--   CLOSED   (nothing: the room is closed, contract section 15)
 -- Numbers arrive as text (see src/store/script.rs): each is converted on the paths that use it.
 
 abandon_ms = tonumber(abandon_ms)
@@ -35,6 +39,13 @@ local held = redis.call('GET', user_token)
 if held then
   stop_poll_clock(user_clock)
   return {'READY', held, redis.call('PTTL', user_token), 0, 0}
+end
+
+-- A closed room takes nobody new (READY users above keep their tokens); a paused one still
+-- queues, but gives no instant pass (see room_state.lua).
+local room_state = room_state_of(room)
+if room_state == 'closed' then
+  return {'CLOSED'}
 end
 
 local abandoned = 0
@@ -98,10 +109,11 @@ local function instant_pass()
   redis.call('HSET', admission_spent, 'due', int_text(next_due), 'count', spent + 1)
   issue_token(user_token, tokens, user, instant_token, tonumber(ttl_ms), ms)
   if listens then record_admissions(admissions, 1, ms) end
+  count_admitted(admitted_minute, 1, ms)
   return true
 end
 
-if instant_token ~= '' and instant_pass() then
+if instant_token ~= '' and room_state == 'open' and instant_pass() then
   stop_poll_clock(user_clock)
   return {'READY', instant_token, redis.call('PTTL', user_token), 1, abandoned}
 end

@@ -106,6 +106,24 @@ pub mod raw {
         pub page: Page,
         #[serde(default)]
         pub limits: Limits,
+        #[serde(default)]
+        pub admin: Admin,
+    }
+
+    /// Operator control (contract section 15).
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct Admin {
+        #[serde(default)]
+        pub token_env: Option<String>,
+        #[serde(default = "d_true")]
+        pub origin_commands: bool,
+    }
+
+    impl Default for Admin {
+        fn default() -> Self {
+            Admin { token_env: None, origin_commands: true }
+        }
     }
 
     #[derive(Debug, Deserialize)]
@@ -477,6 +495,35 @@ pub struct Config {
     pub abuse: AbuseConfig,
     pub page: PageConfig,
     pub limits: LimitsConfig,
+    pub admin: AdminConfig,
+}
+
+/// `admin` (contract section 15): the admin API on `metrics_listen` and origin commands.
+#[derive(Debug, Clone)]
+pub struct AdminConfig {
+    /// The bearer token the admin API wants, read from the variable `admin.token_env` names;
+    /// `None`: no admin API (404).
+    pub token: Option<Secret>,
+    /// The variable's name, for the command-line client's messages.
+    pub token_env: Option<String>,
+    /// Whether a protected response's `Waitroom-Command` is obeyed (it is removed either way).
+    pub origin_commands: bool,
+}
+
+/// A value that must never reach a log line: its `Debug` shows only that it is set.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(Vec<u8>);
+
+impl Secret {
+    pub fn expose(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(..)")
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -623,6 +670,7 @@ impl Config {
         let abuse = v.abuse(raw.abuse);
         let page = v.page(raw.page);
         let limits = v.limits(raw.limits);
+        let admin = v.admin(raw.admin);
 
         if let (Some(abandon), Some(tiers)) = (abandon_after, poll_after.as_ref()) {
             // What users are told: answers carry whole seconds, rounded up.
@@ -686,6 +734,7 @@ impl Config {
                 abuse: abuse.expect(unwrap),
                 page: page.expect(unwrap),
                 limits: limits.expect(unwrap),
+                admin: admin.expect(unwrap),
             })
         } else {
             Err(ConfigError { problems: v.problems })
@@ -1153,6 +1202,24 @@ impl Validator {
             return self.fail("page.ready_url", "must be a URL or path without quotes, spaces or angle brackets");
         }
         Some(PageConfig { ready_url: p.ready_url, enabled: p.enabled })
+    }
+
+    /// The token is read here, once: a variable that is named but unset or empty would leave an
+    /// admin API nobody can use, so it is refused like a missing JWT secret.
+    fn admin(&mut self, a: raw::Admin) -> Option<AdminConfig> {
+        let token_env = a.token_env.map(|name| name.trim().to_owned());
+        let token = match token_env.as_deref() {
+            None => None,
+            Some("") => return self.fail("admin.token_env", "must name an environment variable (or leave the key out)"),
+            Some(name) => match std::env::var_os(name) {
+                Some(value) if !value.is_empty() => {
+                    Some(Secret(std::os::unix::ffi::OsStringExt::into_vec(value)))
+                }
+                Some(_) => return self.fail("admin.token_env", format!("environment variable {name} is empty")),
+                None => return self.fail("admin.token_env", format!("environment variable {name} is not set")),
+            },
+        };
+        Some(AdminConfig { token, token_env, origin_commands: a.origin_commands })
     }
 }
 

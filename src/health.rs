@@ -1,5 +1,6 @@
-//! The operator's side: `/metrics`, `/healthz` and `/readyz` on `metrics_listen`, and the room
-//! watcher that keeps readiness and the room-wide gauges fresh.
+//! The operator's side: `/metrics`, `/healthz` and `/readyz` on `metrics_listen` (and the admin
+//! API of [`crate::admin`] beside them), and the room watcher that keeps readiness and the
+//! room-wide gauges fresh.
 //!
 //! Readiness and the gauges come from one probe a few times a second rather than from request
 //! traffic, so an idle proxy still notices a dead Redis within a second and every proxy of a room
@@ -98,14 +99,15 @@ impl BackgroundService for RoomWatcher {
     }
 }
 
-/// Serves the operator endpoints.
+/// Serves the operator endpoints, and the admin API under `/admin` ([`crate::admin`]).
 pub struct OpsEndpoints {
     state: Arc<RoomState>,
+    room: Room,
 }
 
 impl OpsEndpoints {
-    pub fn new(state: Arc<RoomState>) -> OpsEndpoints {
-        OpsEndpoints { state }
+    pub fn new(state: Arc<RoomState>, room: Room) -> OpsEndpoints {
+        OpsEndpoints { state, room }
     }
 }
 
@@ -123,6 +125,10 @@ fn plain(status: StatusCode, content_type: &str, body: Vec<u8>) -> Response<Vec<
 impl ServeHttp for OpsEndpoints {
     async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
         let text = "text/plain; charset=utf-8";
+        let path = session.req_header().uri.path();
+        if path.strip_prefix(crate::admin::PREFIX).is_some_and(|rest| rest.is_empty() || rest.starts_with('/')) {
+            return crate::admin::serve(&self.state, &self.room, session).await;
+        }
         if session.req_header().method != http::Method::GET {
             return plain(StatusCode::METHOD_NOT_ALLOWED, text, b"method not allowed\n".to_vec());
         }

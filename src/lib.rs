@@ -6,7 +6,10 @@
 //! and the scripts in `lua/`).
 
 pub mod admission;
+pub mod admin;
+pub mod cli;
 pub mod config;
+pub mod control;
 pub mod health;
 pub mod identity;
 pub mod lifecycle;

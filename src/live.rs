@@ -73,6 +73,8 @@ pub fn merge(running: &Config, mut next: Config) -> (Config, Changes) {
         // Nothing of `limits` is baked into a socket: the connection guard reads them at each
         // accept and each request head, the upstream peer per request (see crate::limits).
         ("limits", next.limits != running.limits),
+        // Read per admin request and per protected response.
+        ("admin", differs(&next.admin, &running.admin)),
     ];
     changes.applied = applied.iter().filter(|(_, changed)| *changed).map(|(k, _)| *k).collect();
     (next, changes)

@@ -1,7 +1,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::{Parser, Subcommand, ValueEnum};
 
 use waitroom::config::Config;
 
@@ -39,11 +39,50 @@ static LAZY_ARENAS: extern "C" fn() = lazy_arenas;
 #[command(name = "waitroom", version)]
 struct Cli {
     /// The configuration file.
-    #[arg(long, value_name = "PATH", default_value = "proxy.yaml")]
+    #[arg(long, value_name = "PATH", default_value = "proxy.yaml", global = true)]
     config: PathBuf,
     /// Validate the configuration and exit (needs no Redis).
     #[arg(long)]
     check: bool,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Look at or steer the room through a running proxy's admin API (metrics_listen, with the
+    /// token from the variable admin.token_env names).
+    Room {
+        #[arg(value_enum)]
+        action: RoomAction,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum RoomAction {
+    /// Show the room's state and numbers.
+    Status,
+    /// Stop admission; the line keeps accepting and waiting users keep their places.
+    Pause,
+    /// Undo pause.
+    Resume,
+    /// Close the line: nobody new gets in, waiting users lose their places; tokens stay valid.
+    Close,
+    /// Open a closed room with a new, empty line.
+    Open,
+}
+
+impl From<RoomAction> for waitroom::cli::Action {
+    fn from(action: RoomAction) -> Self {
+        use waitroom::cli::Action;
+        match action {
+            RoomAction::Status => Action::Status,
+            RoomAction::Pause => Action::Pause,
+            RoomAction::Resume => Action::Resume,
+            RoomAction::Close => Action::Close,
+            RoomAction::Open => Action::Open,
+        }
+    }
 }
 
 fn main() -> ExitCode {
@@ -58,6 +97,18 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Some(Command::Room { action }) = cli.command {
+        return match waitroom::cli::run(&config, &cli.config.display().to_string(), action.into()) {
+            Ok(text) => {
+                print!("{text}");
+                ExitCode::SUCCESS
+            }
+            Err(error) => {
+                eprintln!("waitroom room: {error}");
+                ExitCode::from(1)
+            }
+        };
+    }
     if cli.check {
         println!("{}: configuration is valid", cli.config.display());
         return ExitCode::SUCCESS;

@@ -13,7 +13,7 @@ use std::sync::LazyLock;
 
 use prometheus::{
     register_histogram_vec, register_int_counter, register_int_counter_vec, register_int_gauge,
-    HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    register_int_gauge_vec, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
 };
 
 const LATENCY_BUCKETS: &[f64] = &[
@@ -46,6 +46,15 @@ metric!(ADMISSION_RATE: prometheus::Gauge = prometheus::register_gauge!(
 metric!(ESTIMATE_RATE: prometheus::Gauge = prometheus::register_gauge!(
     "waitroom_admission_estimate_rate_per_second",
     "The admission rate estimatedWaitTime is computed with: the configured one, or with an admission switch on the room's measured rate over the last 10 s (room-wide)"
+));
+metric!(ROOM_STATE: IntGaugeVec = register_int_gauge_vec!(
+    "waitroom_room_state",
+    "The room's state: 1 for the current one of open, paused, closed (room-wide, from Redis)",
+    &["state"]
+));
+metric!(ROOM_STATE_CHANGED: prometheus::Gauge = prometheus::register_gauge!(
+    "waitroom_room_state_changed_timestamp_seconds",
+    "When the room's state last changed (Unix time, Redis's clock; room-wide)"
 ));
 metric!(ENTER_TOTAL: IntCounterVec =
     register_int_counter_vec!("waitroom_enter_total", "Enter calls by outcome", &["result"]));
@@ -104,6 +113,8 @@ pub fn init() {
     LazyLock::force(&ADMISSION_RATE);
     LazyLock::force(&ESTIMATE_RATE);
     LazyLock::force(&ENTER_TOTAL);
+    LazyLock::force(&ROOM_STATE);
+    LazyLock::force(&ROOM_STATE_CHANGED);
     LazyLock::force(&STATUS_TOTAL);
     LazyLock::force(&ADMITTED_TOTAL);
     LazyLock::force(&ADMISSION_TICKS_TOTAL);

@@ -13,6 +13,7 @@ use pingora::services::listening::Service;
 
 use crate::admission::Admitter;
 use crate::config::Config;
+use crate::control::ModeWatcher;
 use crate::health::{OpsEndpoints, RoomWatcher};
 use crate::lifecycle::{Drain, Reloader, StopSignals};
 use crate::limits::{AtCapacity, Connections, Guarded};
@@ -108,7 +109,7 @@ pub fn run(config: Config, config_path: PathBuf) -> Result<(), StartError> {
     proxy.set_connection_filter(Arc::new(AtCapacity(connections)));
     proxy.add_tcp(&listen);
 
-    let mut ops = Service::new("ops".to_string(), OpsEndpoints::new(state.clone()));
+    let mut ops = Service::new("ops".to_string(), OpsEndpoints::new(state.clone(), Room::new(&redis)?));
     ops.add_tcp(&metrics_listen);
     ops.threads = Some(1);
 
@@ -120,6 +121,8 @@ pub fn run(config: Config, config_path: PathBuf) -> Result<(), StartError> {
     watcher.threads = Some(1);
     let mut line_watcher = background_service("line watcher", LineWatcher::new(state.clone(), Room::new(&redis)?));
     line_watcher.threads = Some(1);
+    let mut mode_watcher = background_service("room state", ModeWatcher::new(state.clone(), Room::new(&redis)?));
+    mode_watcher.threads = Some(1);
     let mut reloader = background_service("reloader", Reloader::new(state.clone(), config_path));
     reloader.threads = Some(1);
     let mut drain = background_service("drain", Drain::new(state));
@@ -130,6 +133,7 @@ pub fn run(config: Config, config_path: PathBuf) -> Result<(), StartError> {
     server.add_service(admitter);
     server.add_service(watcher);
     server.add_service(line_watcher);
+    server.add_service(mode_watcher);
     server.add_service(reloader);
     server.add_service(drain);
 

@@ -5,13 +5,14 @@
 //! data flow is visible in [`crate::server::run`]: nothing here is a process-wide static (only
 //! the Prometheus metrics are), so a test can build two rooms in one process.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use arc_swap::{ArcSwap, ArcSwapOption, Guard};
 
 use crate::admission::{LatencyHistogram, Pacing, RoomView};
 use crate::config::Config;
+use crate::control::Mode;
 use crate::line::LocalLine;
 use crate::policy::Settings;
 use crate::spent::SpentTokens;
@@ -31,6 +32,8 @@ pub struct RoomState {
     line: LocalLine,
     /// Tokens spent through this proxy, refused even if Redis loses the spend.
     spent: SpentTokens,
+    /// The room's state as this proxy last read it from Redis (see `crate::control`).
+    mode: AtomicU8,
 }
 
 impl RoomState {
@@ -43,6 +46,7 @@ impl RoomState {
             in_flight: AtomicUsize::new(0),
             line: LocalLine::default(),
             spent: SpentTokens::default(),
+            mode: AtomicU8::new(Mode::Open.to_u8()),
         })
     }
 
@@ -87,6 +91,15 @@ impl RoomState {
     /// Records whether Redis answered the last probe; returns what the probe before said.
     pub fn set_redis_ready(&self, ready: bool) -> bool {
         self.redis_ready.swap(ready, Ordering::AcqRel)
+    }
+
+    pub fn mode(&self) -> Mode {
+        Mode::from_u8(self.mode.load(Ordering::Acquire))
+    }
+
+    /// Records the room's state as read from Redis; returns the one held before.
+    pub fn set_mode(&self, mode: Mode) -> Mode {
+        Mode::from_u8(self.mode.swap(mode.to_u8(), Ordering::AcqRel))
     }
 
     /// Counts a request as in flight until the returned guard is dropped.

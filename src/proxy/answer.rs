@@ -27,6 +27,7 @@ enum QueueBody<'a> {
     Full { retry_after: u64 },
     TooEarly { retry_after: u64 },
     Limited { retry_after: u64 },
+    Closed { poll_after: Option<u64> },
 }
 
 #[derive(Serialize)]
@@ -72,6 +73,13 @@ impl Answer {
 
     pub fn not_in_queue() -> Answer {
         json(200, &QueueBody::NotInQueue { poll_after: None })
+    }
+
+    /// The room takes nobody (closed by an operator or the origin, contract section 15, or past
+    /// an event's `closes_at`, section 14): the one answer for enter, and for the status of
+    /// anyone not holding a token.
+    pub fn closed() -> Answer {
+        json(200, &QueueBody::Closed { poll_after: None })
     }
 
     pub fn full(config: &Config) -> Answer {
@@ -135,6 +143,8 @@ mod tests {
             r#"{"status":"READY","token":"u-1","expiresIn":300,"pollAfter":null}"#
         );
         assert_eq!(body(&Answer::not_in_queue()), r#"{"status":"NOT_IN_QUEUE","pollAfter":null}"#);
+        assert_eq!(body(&Answer::closed()), r#"{"status":"CLOSED","pollAfter":null}"#);
+        assert_eq!(Answer::closed().status, 200);
         let full = Answer::full(&c);
         assert_eq!((full.status, full.retry_after), (429, Some(30)));
         assert_eq!(body(&full), r#"{"status":"FULL","retryAfter":30}"#);

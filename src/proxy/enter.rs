@@ -55,6 +55,7 @@ pub async fn handle(
                 }
                 EnterOutcome::Full => ("full", Answer::full(config)),
                 EnterOutcome::Limited { retry_secs } => ("limited", Answer::limited(retry_secs)),
+                EnterOutcome::Closed => ("closed", Answer::closed()),
             }
         }
         Err(error) => {

@@ -379,6 +379,9 @@ impl ProxyHttp for Waitroom {
         upstream_response: &mut ResponseHeader,
         ctx: &mut Ctx,
     ) -> Result<()> {
+        if ctx.endpoint == Endpoint::Protected {
+            crate::control::from_origin(&self.state, &self.room, upstream_response, ctx.user.as_deref()).await;
+        }
         let status = upstream_response.status.as_u16();
         if status < 200 {
             // Informational (100 Continue): the real answer is still to come.

@@ -2,6 +2,7 @@
 //! Parse (method, identity: done for both endpoints by the proxy's `caller`) -> apply (this proxy's view of the line, else Redis) -> render.
 
 use super::Answer;
+use crate::control::{self, Mode};
 use crate::metrics;
 use crate::policy::Settings;
 use crate::state::RoomState;
@@ -15,7 +16,8 @@ pub async fn handle(
 ) -> Answer {
     let (config, policy) = (&settings.config, &settings.policy);
     let pacing = state.pacing(settings);
-    let local = policy.local_answers.then_some(state.line());
+    // A closed room's line is empty: only Redis can tell its READY users from the rest.
+    let local = (policy.local_answers && state.mode() != Mode::Closed).then_some(state.line());
     if let Some(position) = local.and_then(|line| line.position(user)) {
         metrics::STATUS_TOTAL.with_label_values(&["WAITING"]).inc();
         return Answer::waiting(position, pacing.pace(), config);
@@ -33,6 +35,7 @@ pub async fn handle(
                 StatusOutcome::Ready { token, remaining_ms } => {
                     ("READY", Answer::ready(&token, remaining_ms))
                 }
+                StatusOutcome::NotInQueue if control::closed_now(state, room).await => ("CLOSED", Answer::closed()),
                 StatusOutcome::NotInQueue => ("NOT_IN_QUEUE", Answer::not_in_queue()),
                 StatusOutcome::TooEarly { retry_secs } => ("TOO_EARLY", Answer::too_early(retry_secs)),
             }

@@ -6,8 +6,8 @@ use std::time::Duration;
 use super::{Room, RoomRules, StoreError};
 
 script! {
-    static SCRIPT = [ADMISSION] "lua/admit.lua";
-    keys [queue, next_admission, tokens, adaptive, admission_spent, admissions, heard]
+    static SCRIPT = [ADMISSION, ROOM_STATE] "lua/admit.lua";
+    keys [queue, next_admission, tokens, adaptive, admission_spent, admissions, heard, room, admitted_minute]
     args AdmitArgs<'a> {
         interval_us: u64,
         batch_size: u32,

@@ -4,8 +4,8 @@
 use super::{PollClock, Room, RoomRules, StoreError};
 
 script! {
-    static SCRIPT = [POLL_CLOCK, ADMISSION] "lua/enter.lua";
-    keys [queue, seq, tokens, next_admission, admission_spent, adaptive, admissions, heard, epoch]
+    static SCRIPT = [POLL_CLOCK, ADMISSION, ROOM_STATE] "lua/enter.lua";
+    keys [queue, seq, tokens, next_admission, admission_spent, adaptive, admissions, heard, epoch, room, admitted_minute]
         and EnterKeys { user_token, user_clock, address_counter }
     args EnterArgs<'a> {
         user: &'a str,
@@ -32,6 +32,7 @@ script! {
         },
         "FULL" => Full { abandoned: i64 },
         "LIMITED" => Limited { retry_secs: i64, abandoned: i64 },
+        "CLOSED" => Closed {},
     }
 }
 
@@ -44,6 +45,8 @@ pub enum EnterOutcome {
     Instant { token: String, remaining_ms: u64 },
     Full,
     Limited { retry_secs: u64 },
+    /// The room is closed (contract section 15): not queued.
+    Closed,
 }
 
 /// An enter's outcome, and whether it found the user's place lost (abandonment) and removed it.
@@ -117,6 +120,7 @@ fn entered(reply: EnterReply) -> Entered {
         EnterReply::Limited { retry_secs, abandoned } => {
             (EnterOutcome::Limited { retry_secs: retry_secs.max(1) as u64 }, abandoned, None)
         }
+        EnterReply::Closed {} => (EnterOutcome::Closed, 0, None),
     };
     Entered { outcome, abandoned: abandoned.max(0) as u64, arrival }
 }

@@ -31,6 +31,11 @@ pub struct Keys {
     /// A pub/sub channel nobody publishes on: the line watcher's subscription to it ends the
     /// moment Redis goes away.
     pub line_watch: String,
+    /// The room's state (`crate::control`): a hash of `state` (open, paused, closed; missing =
+    /// open), `since` (Redis ms of the last change) and `by` (who made it).
+    pub room: String,
+    /// Admissions per second of the last minute, as a ring of 60 slots (`lua/room_state.lua`).
+    pub admitted_minute: String,
 }
 
 impl Keys {
@@ -52,6 +57,8 @@ impl Keys {
             heard: format!("{tag}:heard"),
             epoch: format!("{tag}:epoch"),
             line_watch: format!("{tag}:line:watch"),
+            room: format!("{tag}:room"),
+            admitted_minute: format!("{tag}:admission:minute"),
         }
     }
 

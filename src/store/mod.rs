@@ -6,7 +6,7 @@
 //! request at most that long, never a stuck connection.
 //!
 //! One module per script or operation (`enter`, `status`, `admit`, `adapt`, `consume`, `stats`,
-//! `line`), as mini-redis has one file per command: each owns its Lua file, declares the names of
+//! `line`, `room`), as mini-redis has one file per command: each owns its Lua file, declares the names of
 //! its KEYS, ARGV and reply once (see `script.rs`: Rust fills them by name, the Lua reads them by
 //! name), and decodes its own reply. A new key or argument touches that module and its Lua file,
 //! nothing else; a new key name, `keys.rs`. `Room` holds only what they share: the key names, the
@@ -40,6 +40,7 @@ mod consume;
 mod enter;
 mod keys;
 mod line;
+mod room;
 mod stats;
 mod status;
 
@@ -50,6 +51,7 @@ pub use consume::Claim;
 pub use enter::{EnterOutcome, EnterRequest, Entered};
 pub use keys::Keys;
 pub use line::LineReading;
+pub use room::{RoomReport, RoomStateReading, ROOM_STATE_EVERY};
 pub use stats::RoomWatch;
 pub use status::{Status, StatusOutcome};
 
@@ -236,6 +238,7 @@ mod tests {
             &super::consume::SCRIPT,
             &super::consume::claim::SCRIPT,
             &super::stats::SCRIPT,
+            &super::room::SCRIPT,
         ] {
             LazyLock::force(script);
         }

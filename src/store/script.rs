@@ -60,6 +60,13 @@ pub(super) const ADMISSION: Helper = Helper {
     needs: &[],
 };
 
+/// The room's state and the minute of admissions (contract section 15): only parameters.
+pub(super) const ROOM_STATE: Helper = Helper {
+    file: "lua/room_state.lua",
+    source: include_str!("../../lua/room_state.lua"),
+    needs: &[],
+};
+
 /// How the prelude binds an argument (Redis hands every one over as text).
 #[derive(Debug, Clone, Copy)]
 pub(super) enum Bind {

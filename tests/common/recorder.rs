@@ -24,13 +24,21 @@ pub struct Recorder {
 impl Recorder {
     /// Answers every request with `status` and an empty JSON object.
     pub async fn start(status: u16) -> Recorder {
+        Recorder::start_with_headers(status, &[]).await
+    }
+
+    /// As [`Recorder::start`], each answer also carrying `headers` (e.g. an origin's
+    /// `Waitroom-Command`).
+    pub async fn start_with_headers(status: u16, headers: &[(&str, &str)]) -> Recorder {
+        let extra: String = headers.iter().map(|(name, value)| format!("{name}: {value}\r\n")).collect();
+        let extra: Arc<str> = extra.into();
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind recorder");
         let addr = listener.local_addr().unwrap();
         let seen = Arc::new(Mutex::new(Vec::new()));
         let log = seen.clone();
         let task = tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
-                tokio::spawn(serve(stream, status, log.clone()));
+                tokio::spawn(serve(stream, status, extra.clone(), log.clone()));
             }
         });
         Recorder { addr, seen, task }
@@ -56,7 +64,7 @@ impl Drop for Recorder {
     }
 }
 
-async fn serve(mut stream: TcpStream, status: u16, log: Arc<Mutex<Vec<Seen>>>) {
+async fn serve(mut stream: TcpStream, status: u16, extra: Arc<str>, log: Arc<Mutex<Vec<Seen>>>) {
     let mut buf = Vec::new();
     let mut chunk = [0u8; 4096];
     loop {
@@ -102,7 +110,7 @@ async fn serve(mut stream: TcpStream, status: u16, log: Arc<Mutex<Vec<Seen>>>) {
             buf.drain(..length);
         }
         log.lock().unwrap().push(Seen { line, headers });
-        let answer = format!("HTTP/1.1 {status} Recorded\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{{}}");
+        let answer = format!("HTTP/1.1 {status} Recorded\r\nContent-Type: application/json\r\n{extra}Content-Length: 2\r\n\r\n{{}}");
         if stream.write_all(answer.as_bytes()).await.is_err() {
             return;
         }
