@@ -9,9 +9,13 @@
 #   FUZZ_SECONDS=60    wall-clock seconds per target (libFuzzer's -max_total_time)
 #   FUZZ_JOBS=1        parallel fuzzing processes per target (libFuzzer's -fork)
 #   FUZZ_TOOLCHAIN=nightly   cargo-fuzz needs a nightly toolchain (for -Zsanitizer)
+#   FUZZ_TOOLCHAIN=stable    no cargo-fuzz and no AddressSanitizer: the targets are built by plain
+#                            cargo with the coverage flags cargo-fuzz would pass, and the libFuzzer
+#                            binaries run directly. CI uses this (its machine has one toolchain, so
+#                            nightly cannot be fetched); the targets are the same code either way.
 #
-# Needs rustup with that toolchain and cargo-fuzz (`cargo install cargo-fuzz`); installs
-# cargo-fuzz when it is missing. Corpora grow in fuzz/corpus/<target> (seeded on first run from
+# With nightly: needs rustup with that toolchain and cargo-fuzz (`cargo install cargo-fuzz`);
+# installs cargo-fuzz when it is missing. Corpora grow in fuzz/corpus/<target> (seeded on first run from
 # the shipped proxy.yaml and a few tokens); a crash leaves its input in fuzz/artifacts/<target>
 # and makes this script exit 1. The last line is `N passed, N failed`, N counting targets.
 set -euo pipefail
@@ -23,16 +27,18 @@ toolchain="${FUZZ_TOOLCHAIN:-nightly}"
 
 say() { printf '==> %s\n' "$*" >&2; }
 
-rustup run "$toolchain" rustc --version >/dev/null 2>&1 \
-  || { echo "error: the $toolchain toolchain is missing (rustup toolchain install $toolchain)" >&2; exit 1; }
-if ! cargo fuzz --version >/dev/null 2>&1; then
-  say "installing cargo-fuzz"
-  cargo install --locked cargo-fuzz
+if [ "$toolchain" != stable ]; then
+  rustup run "$toolchain" rustc --version >/dev/null 2>&1 \
+    || { echo "error: the $toolchain toolchain is missing (rustup toolchain install $toolchain, or FUZZ_TOOLCHAIN=stable)" >&2; exit 1; }
+  if ! cargo fuzz --version >/dev/null 2>&1; then
+    say "installing cargo-fuzz"
+    cargo install --locked cargo-fuzz
+  fi
 fi
 
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
-  mapfile -t targets < <(cargo "+$toolchain" fuzz list)
+  mapfile -t targets < <(sed -n 's/^name = "\([a-z_]*\)"$/\1/p' fuzz/Cargo.toml | grep -vx waitroom-fuzz)
 fi
 
 # Seeds: real inputs get the fuzzer past the first bytes quickly.
@@ -54,7 +60,23 @@ seed canonical_path ambiguous '5/api%2Fzz/../orders'
 seed canonical_path absolute '0http://shop.example/api/%6Frders/./?q'
 
 say "building the fuzz targets ($toolchain)"
-cargo "+$toolchain" fuzz build >&2
+if [ "$toolchain" = stable ]; then
+  # What cargo-fuzz passes to rustc, less the sanitizer: libFuzzer's coverage counters, comparison
+  # tracing, and the `fuzzing` cfg. opt-level 1 keeps a cold CI build short; debug assertions on,
+  # as cargo-fuzz has them.
+  export RUSTFLAGS="--cfg fuzzing -Cpasses=sancov-module -Cllvm-args=-sanitizer-coverage-level=4 \
+-Cllvm-args=-sanitizer-coverage-inline-8bit-counters -Cllvm-args=-sanitizer-coverage-pc-table \
+-Cllvm-args=-sanitizer-coverage-trace-compares -Cdebug-assertions -Coverflow-checks"
+  # An explicit --target keeps RUSTFLAGS off build scripts and proc macros, which run on the host
+  # without libFuzzer's runtime to link against.
+  host=$(rustc -vV | sed -n 's/^host: //p')
+  CARGO_PROFILE_RELEASE_OPT_LEVEL=1 cargo build --release --manifest-path fuzz/Cargo.toml --bins \
+    --target "$host" >&2
+  run_target() { "fuzz/target/$host/release/$1" "fuzz/corpus/$1" -artifact_prefix="fuzz/artifacts/$1/" "${@:2}"; }
+else
+  cargo "+$toolchain" fuzz build >&2
+  run_target() { cargo "+$toolchain" fuzz run "$1" "fuzz/corpus/$1" -- "${@:2}"; }
+fi
 
 passed=0
 failed=0
@@ -65,7 +87,8 @@ for target in "${targets[@]}"; do
   say "fuzzing $target for ${seconds}s"
   args=(-max_total_time="$seconds" -print_final_stats=1 -max_len=16384)
   [ "$jobs" -gt 1 ] && args+=(-fork="$jobs")
-  if cargo "+$toolchain" fuzz run "$target" "fuzz/corpus/$target" -- "${args[@]}" >"$log" 2>&1; then
+  mkdir -p "fuzz/artifacts/$target"
+  if run_target "$target" "${args[@]}" >"$log" 2>&1; then
     result=ok
     passed=$((passed + 1))
   else
