@@ -4,7 +4,9 @@
 #   1. installs what the tests need when it is missing (apt-get; sudo only when not root):
 #      cmake (pingora builds zlib-ng with it), redis-server and redis-cli (every integration test
 #      starts its own redis-server on a free port), promtool (checks the /metrics exposition and
-#      the alert rules), node, npm and chromium (the waiting page's tests);
+#      the alert rules), node, npm and chromium (the waiting page's tests), and in a venv under
+#      target/ the pinned Python tools that check the API description, docs/openapi.yaml
+#      (docs/requirements-api.txt: openapi-spec-validator, schemathesis);
 #   2. builds the binaries (the proxy's, and the demo order API and the crowd of tools/, which the
 #      integration tests start) and runs `waitroom --check` on every configuration shipped in the
 #      repository (proxy.yaml, examples/**/*.yaml), so an example can never drift from the code;
@@ -32,6 +34,7 @@ tools=(cc cmake redis-server redis-cli promtool node npm)
 # The browser test uses /usr/bin/chromium unless WAITROOM_CHROMIUM names another binary.
 [ -z "${WAITROOM_CHROMIUM:-}" ] && tools+=(chromium)
 ensure_tools "${tools[@]}"
+ensure_api_tools
 node_major=$(node --version | sed 's/^v\([0-9]*\).*/\1/')
 if [ "${node_major:-0}" -lt 20 ]; then
   say "warning: node $(node --version) is older than the 20 the page tests need (https://nodejs.org)"
