@@ -1098,7 +1098,10 @@ fn alert_rules_pass_promtool_and_their_unit_tests() {
         "WaitroomUpstreamSlow",
         "WaitroomConfigReloadFailing",
     ] {
-        assert!(names.contains(wanted), "{ALERTS} has no {wanted}: {names:?}");
+        assert!(
+            names.contains(wanted),
+            "{ALERTS} has no {wanted}: {names:?}"
+        );
     }
 
     // Which alerts the unit tests see firing, and which they see quiet.
@@ -1108,12 +1111,19 @@ fn alert_rules_pass_promtool_and_their_unit_tests() {
         for case in test["alert_rule_test"].as_sequence().into_iter().flatten() {
             let name = case["alertname"].as_str().expect("alertname").to_owned();
             let expected = case["exp_alerts"].as_sequence().map_or(0, Vec::len);
-            if expected > 0 { fires.insert(name) } else { quiet.insert(name) };
+            let seen = if expected > 0 { &mut fires } else { &mut quiet };
+            seen.insert(name);
         }
     }
     for name in &names {
-        assert!(fires.contains(*name), "{ALERT_TESTS}: no case where {name} fires");
-        assert!(quiet.contains(*name), "{ALERT_TESTS}: no case where {name} stays quiet");
+        assert!(
+            fires.contains(*name),
+            "{ALERT_TESTS}: no case where {name} fires"
+        );
+        assert!(
+            quiet.contains(*name),
+            "{ALERT_TESTS}: no case where {name} stays quiet"
+        );
     }
 
     for args in [["check", "rules", ALERTS], ["test", "rules", ALERT_TESTS]] {
