@@ -34,13 +34,14 @@ tools=(cc cmake redis-server redis-cli promtool node npm)
 # The browser test uses /usr/bin/chromium unless WAITROOM_CHROMIUM names another binary.
 [ -z "${WAITROOM_CHROMIUM:-}" ] && tools+=(chromium)
 ensure_tools "${tools[@]}"
-ensure_api_tools
 node_major=$(node --version | sed 's/^v\([0-9]*\).*/\1/')
 if [ "${node_major:-0}" -lt 20 ]; then
   say "warning: node $(node --version) is older than the 20 the page tests need (https://nodejs.org)"
 fi
 
 cd "$ROOT"
+# After the cd: a relative CARGO_TARGET_DIR names the same folder for the venv and for cargo.
+ensure_api_tools
 say "cargo build --bins"
 cargo build --bins
 BIN=${CARGO_TARGET_DIR:-$ROOT/target}/debug
