@@ -391,7 +391,8 @@ const LISTEN: &[&str] = &[
     "admin",
 ];
 /// The operator endpoints on `metrics_listen` (the admin API joins them when it is merged: drop
-/// `pending` from its operations, and give the rooms below an `admin.token_env`).
+/// `pending` from its operations, give the rooms below an `admin.token_env`, and pass its token
+/// to these runs with `-H "Authorization: Bearer ..."`).
 const METRICS_LISTEN: &[&str] = &[
     "--include-tag",
     "operations",
