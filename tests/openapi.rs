@@ -351,6 +351,8 @@ async fn schemathesis(what: &str, base_url: String, examples: u32, args: &[&str]
             .arg("run")
             .arg(spec_path())
             .args(["--url", &base_url])
+            // Valid and invalid requests both (schemathesis's default, said out loud).
+            .args(["--mode", "all"])
             .args(["--max-examples", &examples.to_string()])
             .args(["--request-timeout", "10"])
             .args(&args)
@@ -434,6 +436,13 @@ async fn schemathesis_finds_the_proxy_true_to_the_spec() {
         &with(METRICS_LISTEN, NO_STATEFUL),
     )
     .await;
+    // The links carried real tokens to the upstream: without them the order would only ever
+    // have been refused, and its forwarded path never checked.
+    let spent = flowing.counter("waitroom_tokens_consumed_total").await;
+    assert!(
+        spent > 0.0,
+        "no order of the run was forwarded and spent its token: the spec's links broke"
+    );
 
     // A room whose upstream is gone: the same flow, but a real token's order finds nobody to
     // forward to, and the proxy answers 502 itself (the token kept). The 502 is the contract's
