@@ -751,6 +751,27 @@ async fn busy_proxy() -> (RedisServer, DemoApi, Proxy, String) {
     (redis, api, proxy, text)
 }
 
+/// The operator endpoints serve GET only, and say so: any other method gets 405 with
+/// `Allow: GET` (RFC 9110 makes `Allow` part of a 405; schemathesis found it missing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operator_endpoints_answer_other_methods_with_405_and_allow() {
+    let redis = RedisServer::start();
+    let api = DemoApi::start(&[]);
+    let proxy = Proxy::builder(&redis.url(), api.addr()).start().await;
+    for path in ["/metrics", "/healthz", "/readyz"] {
+        for method in ["POST", "PUT", "DELETE", "PATCH", "TRACE"] {
+            let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+            let r = send(proxy.client().request(method.clone(), proxy.metrics_url(path))).await;
+            assert_eq!(
+                (r.status, r.header("allow")),
+                (405, Some("GET")),
+                "{method} {path}: {}",
+                r.body
+            );
+        }
+    }
+}
+
 // ---- the dashboard ------------------------------------------------------------------------------
 
 fn dashboard() -> serde_json::Value {
