@@ -64,6 +64,48 @@ ensure_tools() {
   done
 }
 
+# ensure_api_tools: the Python tools the API description's tests run (tests/openapi.rs), at the
+# versions docs/requirements-api.txt pins, in a venv of their own under the target directory
+# (target/api-tools, or $CARGO_TARGET_DIR/api-tools), where the test looks for them. A venv keeps
+# them out of the system's Python and off PATH. pip runs only when a pinned version is missing
+# from the venv, so a second run costs a tenth of a second.
+ensure_api_tools() {
+  local root req venv
+  root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+  req="$root/docs/requirements-api.txt"
+  venv="${CARGO_TARGET_DIR:-$root/target}/api-tools"
+  if [ -x "$venv/bin/python" ] && _api_tools_pinned "$venv/bin/python" "$req"; then
+    return 0
+  fi
+  if [ ! -x "$venv/bin/python" ]; then
+    command -v python3 >/dev/null 2>&1 || apt_install python3 python3-venv
+    # Debian's python3 keeps `venv`'s pip bootstrap (ensurepip) in a package of its own.
+    python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || apt_install python3-venv
+    rm -rf "$venv"
+    python3 -m venv "$venv"
+  fi
+  say "installing the API tools of docs/requirements-api.txt into $venv"
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-input -r "$req"
+  _api_tools_pinned "$venv/bin/python" "$req" || die "$venv lacks the versions $req pins"
+}
+
+# _api_tools_pinned PYTHON REQUIREMENTS: true when PYTHON has every NAME==VERSION of the file.
+_api_tools_pinned() {
+  "$1" - "$2" <<'PY' >/dev/null 2>&1
+import sys, importlib.metadata as m
+for line in open(sys.argv[1]):
+    line = line.split("#")[0].strip()
+    if line:
+        name, _, version = line.partition("==")
+        try:
+            ok = m.version(name.strip()) == version.strip()
+        except m.PackageNotFoundError:
+            ok = False
+        if not ok:
+            sys.exit(1)
+PY
+}
+
 # port_in_use PORT: true when something accepts connections on 127.0.0.1:PORT.
 port_in_use() {
   (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null

@@ -4,7 +4,9 @@
 #   1. installs what the tests need when it is missing (apt-get; sudo only when not root):
 #      cmake (pingora builds zlib-ng with it), redis-server and redis-cli (every integration test
 #      starts its own redis-server on a free port), promtool (checks the /metrics exposition and
-#      the alert rules), node, npm and chromium (the waiting page's tests);
+#      the alert rules), node, npm and chromium (the waiting page's tests), and in a venv under
+#      target/ the pinned Python tools that check the API description, docs/openapi.yaml
+#      (docs/requirements-api.txt: openapi-spec-validator, schemathesis);
 #   2. builds the binaries (the proxy's, and the demo order API and the crowd of tools/, which the
 #      integration tests start) and runs `waitroom --check` on every configuration shipped in the
 #      repository (proxy.yaml, examples/**/*.yaml), so an example can never drift from the code;
@@ -38,6 +40,8 @@ if [ "${node_major:-0}" -lt 20 ]; then
 fi
 
 cd "$ROOT"
+# After the cd: a relative CARGO_TARGET_DIR names the same folder for the venv and for cargo.
+ensure_api_tools
 say "cargo build --bins"
 cargo build --bins
 BIN=${CARGO_TARGET_DIR:-$ROOT/target}/debug

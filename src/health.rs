@@ -130,7 +130,11 @@ impl ServeHttp for OpsEndpoints {
             return crate::admin::serve(&self.state, &self.room, session).await;
         }
         if session.req_header().method != http::Method::GET {
-            return plain(StatusCode::METHOD_NOT_ALLOWED, text, b"method not allowed\n".to_vec());
+            // RFC 9110 makes `Allow` part of every 405: without it a client cannot tell what
+            // the path serves (schemathesis's unsupported-method check found it missing).
+            let mut refused = plain(StatusCode::METHOD_NOT_ALLOWED, text, b"method not allowed\n".to_vec());
+            refused.headers_mut().insert(http::header::ALLOW, http::HeaderValue::from_static("GET"));
+            return refused;
         }
         match session.req_header().uri.path() {
             "/metrics" => plain(StatusCode::OK, "text/plain; version=0.0.4; charset=utf-8", metrics::render()),

@@ -1,6 +1,8 @@
 //! Observability (issue 3, contract section 4): what `/metrics` says after a scripted session,
 //! whether the Grafana dashboard only asks for metrics the proxy exports, whether `promtool`
-//! accepts the exposition and the dashboard's PromQL, and that entry tokens stay out of the logs.
+//! accepts the exposition and the dashboard's PromQL, whether the alerting rules
+//! (dashboards/alerts.yaml, issue 19) pass `promtool` and their unit tests and watch only metrics
+//! the proxy exports, and that entry tokens stay out of the logs.
 //!
 //! Every test runs its own Redis, demo API and proxy on free ports, so counters start at zero and
 //! "moved by" is the exported value itself.
@@ -749,6 +751,27 @@ async fn busy_proxy() -> (RedisServer, DemoApi, Proxy, String) {
     (redis, api, proxy, text)
 }
 
+/// The operator endpoints serve GET only, and say so: any other method gets 405 with
+/// `Allow: GET` (RFC 9110 makes `Allow` part of a 405; schemathesis found it missing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operator_endpoints_answer_other_methods_with_405_and_allow() {
+    let redis = RedisServer::start();
+    let api = DemoApi::start(&[]);
+    let proxy = Proxy::builder(&redis.url(), api.addr()).start().await;
+    for path in ["/metrics", "/healthz", "/readyz"] {
+        for method in ["POST", "PUT", "DELETE", "PATCH", "TRACE"] {
+            let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+            let r = send(proxy.client().request(method.clone(), proxy.metrics_url(path))).await;
+            assert_eq!(
+                (r.status, r.header("allow")),
+                (405, Some("GET")),
+                "{method} {path}: {}",
+                r.body
+            );
+        }
+    }
+}
+
 // ---- the dashboard ------------------------------------------------------------------------------
 
 fn dashboard() -> serde_json::Value {
@@ -951,19 +974,7 @@ async fn dashboard_uses_only_metrics_the_proxy_exports() {
             problems.push(format!("{place}: names no waitroom_ metric: {expr}"));
         }
         for name in names {
-            let histogram_part = ["_bucket", "_sum", "_count"]
-                .iter()
-                .find_map(|suffix| name.strip_suffix(suffix))
-                .filter(|base| fams.get(*base).map(String::as_str) == Some("histogram"));
-            let problem = match (fams.get(&name).map(String::as_str), histogram_part) {
-                (Some("histogram"), _) => Some("is a histogram: query its _bucket, _sum or _count".to_owned()),
-                (Some(_), _) | (None, Some(_)) => None,
-                (None, None) if source.contains(&format!("\"{name}\"")) => Some(
-                    "is registered in src/metrics.rs but had no series after busy_proxy's traffic: extend that traffic".to_owned(),
-                ),
-                (None, None) => Some("is not exported by the proxy".to_owned()),
-            };
-            if let Some(p) = problem {
+            if let Some(p) = unexported(&name, &fams, &source) {
                 problems.push(format!("{place}: {name} {p}"));
             }
         }
@@ -974,6 +985,24 @@ async fn dashboard_uses_only_metrics_the_proxy_exports() {
         problems.join("\n  "),
         fams.keys().collect::<Vec<_>>()
     );
+}
+
+/// What is wrong with querying `name`, given the families of a busy proxy's scrape (`fams`) and
+/// the text of src/metrics.rs; None when the proxy exports it (`_bucket`/`_sum`/`_count` only on
+/// histogram families).
+fn unexported(name: &str, fams: &BTreeMap<String, String>, source: &str) -> Option<String> {
+    let histogram_part = ["_bucket", "_sum", "_count"]
+        .iter()
+        .find_map(|suffix| name.strip_suffix(suffix))
+        .filter(|base| fams.get(*base).map(String::as_str) == Some("histogram"));
+    match (fams.get(name).map(String::as_str), histogram_part) {
+        (Some("histogram"), _) => Some("is a histogram: query its _bucket, _sum or _count".to_owned()),
+        (Some(_), _) | (None, Some(_)) => None,
+        (None, None) if source.contains(&format!("\"{name}\"")) => Some(
+            "is registered in src/metrics.rs but had no series after busy_proxy's traffic: extend that traffic".to_owned(),
+        ),
+        (None, None) => Some("is not exported by the proxy".to_owned()),
+    }
 }
 
 // ---- promtool -----------------------------------------------------------------------------------
@@ -1049,6 +1078,113 @@ fn dashboard_queries_are_valid_promql() {
         "promtool check rules:\n{}{}\n--- rules ---\n{rules}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+// ---- the alerting rules -------------------------------------------------------------------------
+
+const ALERTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/dashboards/alerts.yaml");
+const ALERT_TESTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/dashboards/alerts.test.yaml");
+
+fn yaml_file(path: &str) -> serde_yaml::Value {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("read {path}: {e}"));
+    serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{path} is not YAML: {e}"))
+}
+
+/// (alert name, expr) of every alerting rule in dashboards/alerts.yaml.
+fn alert_rules() -> Vec<(String, String)> {
+    let rules = yaml_file(ALERTS);
+    let mut alerts = Vec::new();
+    for group in rules["groups"].as_sequence().expect("groups") {
+        for rule in group["rules"].as_sequence().expect("rules") {
+            if let Some(name) = rule["alert"].as_str() {
+                let expr = rule["expr"].as_str().expect("expr").to_owned();
+                alerts.push((name.to_owned(), expr));
+            }
+        }
+    }
+    alerts
+}
+
+/// `promtool check rules` accepts dashboards/alerts.yaml and `promtool test rules` passes its
+/// unit tests, in which every alert has a case where it fires and one where it stays quiet.
+#[test]
+fn alert_rules_pass_promtool_and_their_unit_tests() {
+    let alerts = alert_rules();
+    let names: BTreeSet<&str> = alerts.iter().map(|(n, _)| n.as_str()).collect();
+    for wanted in [
+        "WaitroomRedisDown",
+        "WaitroomLineNearCapacity",
+        "WaitroomAdmissionStalled",
+        "WaitroomUpstreamSlow",
+        "WaitroomConfigReloadFailing",
+    ] {
+        assert!(
+            names.contains(wanted),
+            "{ALERTS} has no {wanted}: {names:?}"
+        );
+    }
+
+    // Which alerts the unit tests see firing, and which they see quiet.
+    let tests = yaml_file(ALERT_TESTS);
+    let (mut fires, mut quiet) = (BTreeSet::new(), BTreeSet::new());
+    for test in tests["tests"].as_sequence().expect("tests") {
+        for case in test["alert_rule_test"].as_sequence().into_iter().flatten() {
+            let name = case["alertname"].as_str().expect("alertname").to_owned();
+            let expected = case["exp_alerts"].as_sequence().map_or(0, Vec::len);
+            let seen = if expected > 0 { &mut fires } else { &mut quiet };
+            seen.insert(name);
+        }
+    }
+    for name in &names {
+        assert!(
+            fires.contains(*name),
+            "{ALERT_TESTS}: no case where {name} fires"
+        );
+        assert!(
+            quiet.contains(*name),
+            "{ALERT_TESTS}: no case where {name} stays quiet"
+        );
+    }
+
+    for args in [["check", "rules", ALERTS], ["test", "rules", ALERT_TESTS]] {
+        let out = promtool(&args, b"");
+        assert!(
+            out.status.success(),
+            "promtool {}:\n{}{}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// The alerts can never watch a metric that does not exist (an alert on a missing series never
+/// fires): every metric their expressions name is exported by a running proxy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn alert_rules_use_only_metrics_the_proxy_exports() {
+    let alerts = alert_rules();
+    let (_redis, _api, _proxy, text) = busy_proxy().await;
+    let fams = families(&text);
+    let source = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/src/metrics.rs"))
+        .unwrap_or_default();
+    let mut problems = Vec::new();
+    for (alert, expr) in &alerts {
+        let names = metric_names(expr);
+        if names.is_empty() {
+            problems.push(format!("{alert}: names no waitroom_ metric"));
+        }
+        for name in names {
+            if let Some(p) = unexported(&name, &fams, &source) {
+                problems.push(format!("{alert}: {name} {p}"));
+            }
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "alert rule problems:\n  {}\n\nexported families: {:?}",
+        problems.join("\n  "),
+        fams.keys().collect::<Vec<_>>()
     );
 }
 
