@@ -24,6 +24,8 @@
 --   max_active (0 = no cap), min_batch (0 = not adaptive),
 --   instant          instant passes share the interval's batch (record what the tick spent),
 --   abandon_ms (0 = off), listens (log admissions for the measured rate),
+--   opens_us (a scheduled event's opening in Redis TIME microseconds, 0 = none): nobody is
+--                    admitted before it, so the pre-queue waits for its draw (see event.lua),
 --   from ARGV[REST], one fresh random token per place in the batch (Lua has no secure randomness)
 --
 -- Reply, in the order src/store/admit.rs declares it (AdmitReply): admitted, wait_us (until the
@@ -35,6 +37,10 @@ local SWEEP_MAX = 1000
 
 local now = redis_now_us()
 interval_us = tonumber(interval_us)
+opens_us = tonumber(opens_us)
+if now < opens_us then
+  return {0, math.min(opens_us - now, interval_us), 0, 0, 0}
+end
 local due = tonumber(redis.call('GET', next_admission) or '0')
 
 if now < due then

@@ -125,7 +125,8 @@ impl Admitter {
         let settings = self.state.settings();
         let rules = &settings.policy.rules;
         let interval = rules.interval;
-        match self.room.admit(rules).await {
+        let opens_at = settings.config.event.as_ref().map(|e| e.opens_ms());
+        match self.room.admit_from(rules, opens_at).await {
             Ok(outcome) => {
                 let label = match (outcome.was_due, outcome.admitted) {
                     (false, _) => "early",

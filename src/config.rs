@@ -106,6 +106,8 @@ pub mod raw {
         pub page: Page,
         #[serde(default)]
         pub limits: Limits,
+        /// A scheduled event (contract section 14); absent: the room is always open.
+        pub event: Option<Event>,
     }
 
     #[derive(Debug, Deserialize)]
@@ -354,6 +356,22 @@ pub mod raw {
         }
     }
 
+    /// Times stay text, checked (with their key path) by `Validator::event`.
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct Event {
+        pub opens_at: String,
+        #[serde(default = "d_prequeue")]
+        pub prequeue: String,
+        pub closes_at: Option<String>,
+        #[serde(default = "d_true")]
+        pub shuffle: bool,
+    }
+
+    fn d_prequeue() -> String {
+        s("30m")
+    }
+
     fn s(v: &str) -> String {
         v.to_string()
     }
@@ -477,6 +495,7 @@ pub struct Config {
     pub abuse: AbuseConfig,
     pub page: PageConfig,
     pub limits: LimitsConfig,
+    pub event: Option<crate::event::EventConfig>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -623,6 +642,7 @@ impl Config {
         let abuse = v.abuse(raw.abuse);
         let page = v.page(raw.page);
         let limits = v.limits(raw.limits);
+        let event = raw.event.map(|e| v.event(e));
 
         if let (Some(abandon), Some(tiers)) = (abandon_after, poll_after.as_ref()) {
             // What users are told: answers carry whole seconds, rounded up.
@@ -686,6 +706,7 @@ impl Config {
                 abuse: abuse.expect(unwrap),
                 page: page.expect(unwrap),
                 limits: limits.expect(unwrap),
+                event: event.map(|e| e.expect(unwrap)),
             })
         } else {
             Err(ConfigError { problems: v.problems })
@@ -1146,6 +1167,24 @@ impl Validator {
             upstream_timeout: upstream_timeout?,
             max_request_head: max_request_head?,
         })
+    }
+
+    fn event(&mut self, e: raw::Event) -> Option<crate::event::EventConfig> {
+        let instant = |v: &mut Validator, path: &str, text: &str| match crate::event::parse_time(text) {
+            Ok(t) => Some(t),
+            Err(why) => v.fail(path, format!("'{text}' is not an RFC 3339 time ({why}), e.g. 2026-12-24T10:00:00Z")),
+        };
+        let opens_at = instant(self, "event.opens_at", &e.opens_at);
+        let prequeue = self.duration("event.prequeue", &e.prequeue);
+        let closes_at = match &e.closes_at {
+            Some(text) => Some(instant(self, "event.closes_at", text)?),
+            None => None,
+        };
+        let opens_at = opens_at?;
+        if closes_at.is_some_and(|c| c <= opens_at) {
+            return self.fail("event.closes_at", "must be after event.opens_at");
+        }
+        Some(crate::event::EventConfig { opens_at, prequeue: prequeue?, closes_at, shuffle: e.shuffle })
     }
 
     fn page(&mut self, p: raw::Page) -> Option<PageConfig> {

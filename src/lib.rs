@@ -7,6 +7,7 @@
 
 pub mod admission;
 pub mod config;
+pub mod event;
 pub mod health;
 pub mod identity;
 pub mod lifecycle;

@@ -73,6 +73,8 @@ pub fn merge(running: &Config, mut next: Config) -> (Config, Changes) {
         // Nothing of `limits` is baked into a socket: the connection guard reads them at each
         // accept and each request head, the upstream peer per request (see crate::limits).
         ("limits", next.limits != running.limits),
+        // Times may move before the draw; the seed lives in Redis, out of any file's reach.
+        ("event", next.event != running.event),
     ];
     changes.applied = applied.iter().filter(|(_, changed)| *changed).map(|(k, _)| *k).collect();
     (next, changes)

@@ -13,6 +13,7 @@ use pingora::services::listening::Service;
 
 use crate::admission::Admitter;
 use crate::config::Config;
+use crate::event::EventWatcher;
 use crate::health::{OpsEndpoints, RoomWatcher};
 use crate::lifecycle::{Drain, Reloader, StopSignals};
 use crate::limits::{AtCapacity, Connections, Guarded};
@@ -120,6 +121,8 @@ pub fn run(config: Config, config_path: PathBuf) -> Result<(), StartError> {
     watcher.threads = Some(1);
     let mut line_watcher = background_service("line watcher", LineWatcher::new(state.clone(), Room::new(&redis)?));
     line_watcher.threads = Some(1);
+    let mut event_watcher = background_service("event watcher", EventWatcher::new(state.clone(), Room::new(&redis)?));
+    event_watcher.threads = Some(1);
     let mut reloader = background_service("reloader", Reloader::new(state.clone(), config_path));
     reloader.threads = Some(1);
     let mut drain = background_service("drain", Drain::new(state));
@@ -130,6 +133,7 @@ pub fn run(config: Config, config_path: PathBuf) -> Result<(), StartError> {
     server.add_service(admitter);
     server.add_service(watcher);
     server.add_service(line_watcher);
+    server.add_service(event_watcher);
     server.add_service(reloader);
     server.add_service(drain);
 

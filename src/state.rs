@@ -12,6 +12,7 @@ use arc_swap::{ArcSwap, ArcSwapOption, Guard};
 
 use crate::admission::{LatencyHistogram, Pacing, RoomView};
 use crate::config::Config;
+use crate::event::EventState;
 use crate::line::LocalLine;
 use crate::policy::Settings;
 use crate::spent::SpentTokens;
@@ -31,6 +32,8 @@ pub struct RoomState {
     line: LocalLine,
     /// Tokens spent through this proxy, refused even if Redis loses the spend.
     spent: SpentTokens,
+    /// The scheduled event as this proxy last read it from Redis.
+    event: EventState,
 }
 
 impl RoomState {
@@ -43,6 +46,7 @@ impl RoomState {
             in_flight: AtomicUsize::new(0),
             line: LocalLine::default(),
             spent: SpentTokens::default(),
+            event: EventState::default(),
         })
     }
 
@@ -78,6 +82,10 @@ impl RoomState {
 
     pub fn spent(&self) -> &SpentTokens {
         &self.spent
+    }
+
+    pub fn event(&self) -> &EventState {
+        &self.event
     }
 
     pub fn redis_ready(&self) -> bool {

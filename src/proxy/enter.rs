@@ -19,6 +19,9 @@ pub async fn handle(
     session: &Session,
     user: &str,
 ) -> Answer {
+    if let Some(answer) = super::event::enter(state, settings, room, user).await {
+        return answer;
+    }
     let (config, policy) = (&settings.config, &settings.policy);
     let address = (config.abuse.identities_per_address > 0).then(|| client_address(config, session));
     let pacing = state.pacing(settings);

@@ -13,6 +13,9 @@ pub async fn handle(
     room: &Room,
     user: &str,
 ) -> Answer {
+    if let Some(answer) = super::event::status(state, settings, room, user).await {
+        return answer;
+    }
     let (config, policy) = (&settings.config, &settings.policy);
     let pacing = state.pacing(settings);
     let local = policy.local_answers.then_some(state.line());

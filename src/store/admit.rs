@@ -18,6 +18,7 @@ script! {
         instant: bool,
         abandon_ms: u64,
         listens: bool,
+        opens_us: u64,
     }
     reply AdmitReply {
         admitted: u64,
@@ -45,6 +46,12 @@ impl Room {
     /// One admission tick under `rules`: sweeps abandoned places, then admits the batch in
     /// force (less what max_active leaves no room for) if the room's schedule says one is due.
     pub async fn admit(&self, rules: &RoomRules) -> Result<AdmitOutcome, StoreError> {
+        self.admit_from(rules, None).await
+    }
+
+    /// [`Room::admit`], admitting nobody before `opens_at_ms` of Redis's clock (a scheduled
+    /// event's opening: its pre-queue waits for the draw).
+    pub async fn admit_from(&self, rules: &RoomRules, opens_at_ms: Option<i64>) -> Result<AdmitOutcome, StoreError> {
         let args = AdmitArgs {
             interval_us: rules.interval_us(),
             batch_size: rules.batch_size,
@@ -55,6 +62,7 @@ impl Room {
             instant: rules.instant,
             abandon_ms: rules.abandon_ms(),
             listens: rules.listens(),
+            opens_us: opens_at_ms.map_or(0, |ms| ms.max(0) as u64 * 1000),
         };
         let mut call = invoke(&self.keys, args);
         // Lua has no secure randomness: one fresh token per place the batch may fill.

@@ -31,6 +31,10 @@ pub struct Keys {
     /// A pub/sub channel nobody publishes on: the line watcher's subscription to it ends the
     /// moment Redis goes away.
     pub line_watch: String,
+    /// A scheduled event's seed, draw and close (see `lua/event.lua`).
+    pub event: String,
+    /// The draw list: pre-queued users' HMACs in drawn order.
+    pub event_draw: String,
 }
 
 impl Keys {
@@ -52,6 +56,8 @@ impl Keys {
             heard: format!("{tag}:heard"),
             epoch: format!("{tag}:epoch"),
             line_watch: format!("{tag}:line:watch"),
+            event: format!("{tag}:event"),
+            event_draw: format!("{tag}:event:draw"),
         }
     }
 

@@ -38,6 +38,7 @@ mod admit;
 mod conn;
 mod consume;
 mod enter;
+mod event;
 mod keys;
 mod line;
 mod stats;
@@ -48,6 +49,7 @@ pub use admit::AdmitOutcome;
 pub use conn::{Connector, RedisConn};
 pub use consume::Claim;
 pub use enter::{EnterOutcome, EnterRequest, Entered};
+pub use event::{EventEnter, EventTick, Standing, DRAW_PAGE};
 pub use keys::Keys;
 pub use line::LineReading;
 pub use stats::RoomWatch;
@@ -236,6 +238,7 @@ mod tests {
             &super::consume::SCRIPT,
             &super::consume::claim::SCRIPT,
             &super::stats::SCRIPT,
+            &super::event::SCRIPT,
         ] {
             LazyLock::force(script);
         }
