@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-const HOOKS: [&str; 5] = ["state", "position", "eta", "progress", "continue"];
+const HOOKS: [&str; 6] = ["state", "position", "eta", "progress", "continue", "opens-in"];
 
 fn manifest_dir() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
