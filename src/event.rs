@@ -316,9 +316,13 @@ impl EventWatcher {
     async fn watch(&self) {
         let event = self.state.settings().config.event.clone();
         let Some(event) = event else {
+            // Zeros rather than nothing: a dashboard shows "no event", and a reload that removes
+            // the event clears what it showed.
             for phase in Phase::ALL {
                 metrics::EVENT_PHASE.with_label_values(&[phase.label()]).set(0);
             }
+            metrics::EVENT_PREQUEUED.set(0);
+            metrics::EVENT_DRAWN.set(0);
             return;
         };
         match self.state.event().refresh(&self.room, &event).await {

@@ -139,7 +139,7 @@ metric!(CONNECTIONS_CLOSED_TOTAL: IntCounterVec = register_int_counter_vec!(
 ));
 
 // Scheduled events (contract section 14), read from Redis by every proxy's event watcher four
-// times a second: room-wide, like the queue gauges. Exported only while an event is configured.
+// times a second: room-wide, like the queue gauges. All 0 while no event is configured.
 metric!(EVENT_PHASE: prometheus::IntGaugeVec = prometheus::register_int_gauge_vec!(
     "waitroom_event_phase",
     "1 for the event's current phase (before, prequeue, open, closed), by Redis's clock (room-wide)",
