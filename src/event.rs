@@ -206,8 +206,9 @@ impl Snapshot {
     /// need not ask Redis about the phase first.
     pub fn settled(&self, event: &EventConfig) -> bool {
         let now = self.redis_now_ms();
-        let margin = 1000;
-        let far_from = |t: i64| (now - t).abs() > margin;
+        let margin = 1000u64;
+        // abs_diff: a huge `prequeue` puts the pre-queue's start at i64::MIN.
+        let far_from = |t: i64| now.abs_diff(t) > margin;
         self.read_at.elapsed() < Duration::from_secs(2)
             && far_from(event.prequeue_ms())
             && far_from(event.opens_ms())
@@ -394,6 +395,15 @@ mod tests {
         assert_eq!(at("2026-12-24T10:00:00Z"), Phase::Open);
         assert_eq!(at("2026-12-24T12:00:00Z"), Phase::Closed);
         assert!(e.describe().contains("pre-queue from 2026-12-24T09:30:00Z, opens at 2026-12-24T10:00:00Z"));
+    }
+
+    #[test]
+    fn absurd_times_are_served_not_panicked_on() {
+        let e = event("{opens_at: \"9999-12-31T23:59:59Z\", prequeue: 10000000000000h}").unwrap();
+        assert_eq!(e.phase_at(0), Phase::Prequeue);
+        let snapshot = Snapshot { redis_ms: i64::MAX / 2, read_at: Instant::now(), seed: None, drawn: None, prequeued: 0 };
+        assert!(snapshot.settled(&e));
+        assert!(!e.describe().is_empty());
     }
 
     #[test]

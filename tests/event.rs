@@ -184,12 +184,15 @@ async fn the_draw_is_the_hmac_order_of_the_seed_committed_before_anyone_entered_
     }
 
     let now = redis_now_ms(&mut redis.conn().await).await;
-    let event = format!("event: {{opens_at: \"{}\", prequeue: 2h}}", at(now, 1_500));
+    let opens_at = now + 1_500;
+    let event = format!("event: {{opens_at: \"{}\", prequeue: 2h}}", at(opens_at, 0));
     for proxy in &proxies {
         move_event(proxy, &event).await;
     }
     let shown = until_phase(&proxies[0], "open").await;
     assert_eq!(until_phase(&proxies[1], "open").await, shown, "both proxies show one draw");
+    let late = redis_now_ms(&mut redis.conn().await).await - opens_at;
+    assert!(late < 1_000, "the proxies agreed on the opening {late} ms after Redis's clock passed it");
     let seed = shown["seed"].as_str().unwrap();
     assert_eq!(hex::encode(Sha256::digest(hex::decode(seed).unwrap())), committed, "the committed seed");
     assert_eq!(shown["drawn"], users.len());
