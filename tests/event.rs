@@ -282,6 +282,38 @@ async fn prequeued_places_survive_restarts_re_enters_and_reloads_and_the_cap_app
     assert_eq!(draw, json!({"drawn": 3, "hmacs": arrival}), "the list in drawn (arrival) order");
 }
 
+#[tokio::test]
+async fn admission_waits_for_the_opening() {
+    let redis = RedisServer::start();
+    let api = DemoApi::start(&[]);
+    let now = redis_now_ms(&mut redis.conn().await).await;
+    let proxy = Proxy::builder(&redis.url(), api.addr())
+        .yaml("admission: {interval: 20ms, batch_size: 10}")
+        .yaml(&format!("event: {{opens_at: \"{}\", prequeue: 2h}}", at(now, 3_600_000)))
+        .start()
+        .await;
+    for user in ["p1", "p2"] {
+        assert_status_is(&proxy.enter(user).await, 200, "PREQUEUED");
+    }
+    // Ticks keep coming (each told it is not due yet); none admits a pre-queued user.
+    let ticks = || async {
+        let mut n = 0.0;
+        for result in ["early", "idle", "admitted"] {
+            n += proxy.counter(&format!("waitroom_admission_ticks_total{{result=\"{result}\"}}")).await;
+        }
+        n
+    };
+    let from = ticks().await;
+    let ticked = wait_until(Duration::from_secs(10), Duration::from_millis(20), || async {
+        ticks().await >= from + 5.0
+    })
+    .await;
+    assert!(ticked, "the ticker stopped:\n{}", proxy.metrics().await);
+    assert_eq!(zcard(&mut redis.conn().await, &keys(&proxy).tokens).await, 0, "admitted before the opening");
+    assert_status_is(&proxy.status("p1").await, 200, "PREQUEUED");
+    assert_eq!(proxy.counter("waitroom_admitted_total").await, 0.0);
+}
+
 #[test]
 fn check_shows_the_event_and_names_each_problem() {
     let ok = run_check("upstream: 127.0.0.1:1\nevent: {opens_at: \"2026-12-24T19:00:00+09:00\", prequeue: 30m}\n");
