@@ -320,11 +320,14 @@ pub mod raw {
         pub ready_url: String,
         #[serde(default = "d_true")]
         pub enabled: bool,
+        /// Per language, overrides of the page's texts: `{ ko: { title: "..." } }`.
+        #[serde(default)]
+        pub texts: std::collections::BTreeMap<String, std::collections::BTreeMap<String, String>>,
     }
 
     impl Default for Page {
         fn default() -> Self {
-            Page { ready_url: d_ready_url(), enabled: true }
+            Page { ready_url: d_ready_url(), enabled: true, texts: Default::default() }
         }
     }
 
@@ -578,6 +581,8 @@ pub struct LimitsConfig {
 pub struct PageConfig {
     pub ready_url: String,
     pub enabled: bool,
+    /// `page.texts`, checked: only the page's languages and the keys its texts have.
+    pub texts: crate::page::TextOverrides,
 }
 
 impl Config {
@@ -1191,7 +1196,23 @@ impl Validator {
         if p.ready_url.is_empty() || p.ready_url.contains(['"', '<', '>', '\'', ' ']) {
             return self.fail("page.ready_url", "must be a URL or path without quotes, spaces or angle brackets");
         }
-        Some(PageConfig { ready_url: p.ready_url, enabled: p.enabled })
+        let mut texts = crate::page::TextOverrides::default();
+        for (lang, overrides) in p.texts {
+            match crate::page::Lang::from_code(&lang) {
+                None => self.fail::<()>(&format!("page.texts.{lang}"), "not a language of the page (en, ko)"),
+                Some(code) => {
+                    for (key, text) in overrides {
+                        if crate::page::Lang::En.has_text(&key) {
+                            texts.insert(code, key, text);
+                        } else {
+                            self.fail::<()>(&format!("page.texts.{lang}.{key}"), "not a text of the page (see assets/i18n/en.json)");
+                        }
+                    }
+                    Some(())
+                }
+            };
+        }
+        Some(PageConfig { ready_url: p.ready_url, enabled: p.enabled, texts })
     }
 }
 
