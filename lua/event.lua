@@ -9,7 +9,8 @@
 --   event_draw  the draw list (sorted set, member = a pre-queued user's HMAC hex, score = the
 --               user's score in the line): what {prefix}/event/draw publishes
 --   queue, seq  the line and its arrival counter (as in enter.lua)
---   user_token  the entering user's token ('' key for a tick: never read)
+--   user_token  the entering user's token (a tick reads none)
+--   address_counter  the identities the client address brought in this minute (as in enter.lua)
 -- ARGV
 --   op          'tick' (read the event, doing what its time calls for) or 'enter'
 --   user, opens_ms, prequeue_ms (when the pre-queue opens), closes_ms (0 = never): Unix ms
@@ -17,12 +18,14 @@
 --   seed, seed_sha   tick: a fresh candidate, kept only if the room has none; enter: the seed
 --                    the proxy computed the HMAC with
 --   hmac        enter: HMAC-SHA256(seed, user), hex
+--   per_address identities per address per minute (0 = no limit), as in enter.lua
 --
 -- Replies: a tag, then its fields in the order src/store/event.rs declares them (EventReply):
 --   TICK       now_ms, seed, drawn (nil before the draw), prequeued, did_draw, did_close
 --   NOT_OPEN   opens_in_ms                    (before the pre-queue: nobody is queued)
 --   PREQUEUED  opens_in_ms, already (1: was in the pre-queue already)
 --   FULL       (the pre-queue took the line's capacity)
+--   LIMITED    retry_secs                     (a new identity over the address's limit)
 --   CLOSED
 --   READY      token, remaining_ms            (the user holds a live token, any phase)
 --   OPEN       (the event is open: the proxy enters the user with enter.lua)
@@ -98,6 +101,20 @@ if stored ~= seed_sha then
 end
 if redis.call('ZSCORE', queue, user) then
   return {'PREQUEUED', opens_ms - now, 1}
+end
+-- The per-address limit of enter.lua (section 9), the same rule: a pre-queue is an enter, and
+-- without it one address could hold many draws.
+local limit = tonumber(per_address)
+if limit > 0 then
+  local window = math.floor(now / 60000)
+  redis.call('ZREMRANGEBYSCORE', address_counter, '-inf', '(' .. string.format('%.0f', window))
+  if not redis.call('ZSCORE', address_counter, user) then
+    if redis.call('ZCARD', address_counter) >= limit then
+      return {'LIMITED', math.max(1, math.ceil(((window + 1) * 60000 - now) / 1000))}
+    end
+    redis.call('ZADD', address_counter, string.format('%.0f', window), user)
+    redis.call('EXPIRE', address_counter, 120)
+  end
 end
 if redis.call('ZCARD', queue) >= tonumber(capacity) then
   return {'FULL'}

@@ -314,6 +314,26 @@ async fn admission_waits_for_the_opening() {
     assert_eq!(proxy.counter("waitroom_admitted_total").await, 0.0);
 }
 
+#[tokio::test]
+async fn the_per_address_limit_holds_the_pre_queue_too() {
+    let redis = RedisServer::start();
+    let api = DemoApi::start(&[]);
+    let now = redis_now_ms(&mut redis.conn().await).await;
+    // One address (the test's), one new identity a minute: the window must not turn mid-test.
+    minute_left(&mut redis.conn().await, 20).await;
+    let proxy = Proxy::builder(&redis.url(), api.addr())
+        .yaml("abuse: {identities_per_address: 1}")
+        .yaml(&format!("event: {{opens_at: \"{}\", prequeue: 2h}}", at(now, 3_600_000)))
+        .start()
+        .await;
+    assert_status_is(&proxy.enter("first").await, 200, "PREQUEUED");
+    let second = proxy.enter("second").await;
+    assert_status_is(&second, 429, "LIMITED");
+    assert!(second.header("retry-after").is_some(), "{}", second.body);
+    assert_status_is(&proxy.enter("first").await, 200, "PREQUEUED");
+    assert_answer("never pre-queued", &proxy.status("second").await, 200, not_in_queue());
+}
+
 #[test]
 fn check_shows_the_event_and_names_each_problem() {
     let ok = run_check("upstream: 127.0.0.1:1\nevent: {opens_at: \"2026-12-24T19:00:00+09:00\", prequeue: 30m}\n");

@@ -19,7 +19,7 @@ use futures::StreamExt;
 use redis::aio::MultiplexedConnection;
 use waitroom::config::Config;
 use waitroom::event::{EventConfig, Seed};
-use waitroom::store::{EventEnter, RoomRules, DRAW_PAGE};
+use waitroom::store::{Entering, EventEnter, RoomRules, DRAW_PAGE};
 
 fn event_at(now_ms: i64, opens_in_ms: i64) -> EventConfig {
     let opens = DateTime::<Utc>::from_timestamp_millis(now_ms + opens_in_ms)
@@ -99,7 +99,11 @@ async fn measure(users: usize) {
     let entered = futures::stream::iter(0..users)
         .map(|i| {
             let (room, event, seed) = (room.clone(), event.clone(), seed.clone());
-            async move { room.event_enter(&event, &format!("user-{i:06}"), 10_000_000, &seed).await }
+            async move {
+                let user = format!("user-{i:06}");
+                let entering = Entering { user: &user, capacity: 10_000_000, per_address: None };
+                room.event_enter(&event, &entering, &seed).await
+            }
         })
         .buffer_unordered(200)
         .filter(|r| std::future::ready(matches!(r, Ok(EventEnter::Prequeued { already: false, .. }))))

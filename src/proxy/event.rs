@@ -9,11 +9,17 @@ use crate::event::{self, EventConfig, Phase, Seed, Snapshot};
 use crate::metrics;
 use crate::policy::Settings;
 use crate::state::RoomState;
-use crate::store::{EventEnter, Room, Standing, StoreError, DRAW_PAGE};
+use crate::store::{Entering, EventEnter, Room, Standing, StoreError, DRAW_PAGE};
 
 /// Enter while an event is configured: `None` when the event is open (enter the line as section 3
 /// says), else the answer. Redis's clock decides, except far from every boundary.
-pub async fn enter(state: &RoomState, settings: &Settings, room: &Room, user: &str) -> Option<Answer> {
+pub async fn enter(
+    state: &RoomState,
+    settings: &Settings,
+    room: &Room,
+    session: &pingora::proxy::Session,
+    user: &str,
+) -> Option<Answer> {
     let config = &settings.config;
     let event = config.event.as_ref()?;
     let events = state.event();
@@ -22,7 +28,14 @@ pub async fn enter(state: &RoomState, settings: &Settings, room: &Room, user: &s
             return None;
         }
     }
-    let (label, answer) = match prequeue_enter(state, room, event, user, config.queue.capacity.get()).await {
+    let limit = config.abuse.identities_per_address;
+    let address = (limit > 0).then(|| super::enter::client_address(config, session));
+    let entering = Entering {
+        user,
+        capacity: config.queue.capacity.get(),
+        per_address: address.as_deref().map(|a| (a, limit)),
+    };
+    let (label, answer) = match prequeue_enter(state, room, event, &entering).await {
         Ok(EventEnter::Open) => return None,
         Ok(EventEnter::NotOpen { opens_in_ms }) => {
             ("not_open", Answer::not_open(event::opens_in_secs(opens_in_ms), config))
@@ -32,6 +45,7 @@ pub async fn enter(state: &RoomState, settings: &Settings, room: &Room, user: &s
             Answer::prequeued(event::opens_in_secs(opens_in_ms), config),
         ),
         Ok(EventEnter::Full) => ("full", Answer::full(config)),
+        Ok(EventEnter::Limited { retry_secs }) => ("limited", Answer::limited(retry_secs)),
         Ok(EventEnter::Closed) => ("closed", Answer::closed()),
         Ok(EventEnter::Ready { token, remaining_ms }) => ("ready", Answer::ready(&token, remaining_ms)),
         // Twice another seed: the room's seed is being replaced under us (by hand); no place.
@@ -51,15 +65,14 @@ async fn prequeue_enter(
     state: &RoomState,
     room: &Room,
     event: &EventConfig,
-    user: &str,
-    capacity: u64,
+    entering: &Entering<'_>,
 ) -> Result<EventEnter, StoreError> {
     let mut seed = state.event().snapshot().and_then(|s| s.seed.clone()).unwrap_or_else(Seed::fresh);
-    let mut outcome = room.event_enter(event, user, capacity, &seed).await?;
+    let mut outcome = room.event_enter(event, entering, &seed).await?;
     if let EventEnter::OtherSeed(room_seed) = outcome {
         state.event().learn_seed(room_seed.clone());
         seed = room_seed;
-        outcome = room.event_enter(event, user, capacity, &seed).await?;
+        outcome = room.event_enter(event, entering, &seed).await?;
     }
     Ok(outcome)
 }

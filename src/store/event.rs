@@ -7,7 +7,7 @@ use crate::event::{EventConfig, Seed};
 
 script! {
     static SCRIPT = [] "lua/event.lua";
-    keys [event, event_draw, queue, seq] and EventKeys { user_token }
+    keys [event, event_draw, queue, seq] and EventKeys { user_token, address_counter }
     args EventArgs<'a> {
         op: &'a str,
         user: &'a str,
@@ -19,6 +19,7 @@ script! {
         seed: &'a str,
         seed_sha: &'a str,
         hmac: &'a str,
+        per_address: u32,
     }
     reply EventReply {
         "TICK" => Tick {
@@ -32,6 +33,7 @@ script! {
         "NOT_OPEN" => NotOpen { opens_in_ms: i64 },
         "PREQUEUED" => Prequeued { opens_in_ms: i64, already: bool },
         "FULL" => Full {},
+        "LIMITED" => Limited { retry_secs: i64 },
         "CLOSED" => Closed {},
         "READY" => Ready { token: String, remaining_ms: i64 },
         "OPEN" => Open {},
@@ -62,11 +64,21 @@ pub enum EventEnter {
     NotOpen { opens_in_ms: i64 },
     Prequeued { opens_in_ms: i64, already: bool },
     Full,
+    Limited { retry_secs: u64 },
     Closed,
     Ready { token: String, remaining_ms: u64 },
     Open,
     /// The room's seed is not the one the HMAC was computed with.
     OtherSeed(Seed),
+}
+
+/// Who enters an event's pre-queue, under which limits (as [`super::EnterRequest`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Entering<'a> {
+    pub user: &'a str,
+    pub capacity: u64,
+    /// `(client address, identities allowed per address per minute)`; `None` when unlimited.
+    pub per_address: Option<(&'a str, u32)>,
 }
 
 /// Where a user stands, read without writing: their place and their token.
@@ -83,9 +95,12 @@ pub enum Standing {
 pub const DRAW_PAGE: u64 = 1000;
 
 impl Room {
-    /// One call of the script; a tick reads no user and no capacity, but the layout is one.
-    fn event_call(&self, op: &str, event: &EventConfig, user: &str, capacity: u64, seed: &Seed, hmac: &str) -> redis::ScriptInvocation<'static> {
-        let (seed_hex, user_token) = (seed.hex(), self.keys.token(user));
+    /// One call of the script; a tick reads no user, capacity or address, but the layout is one.
+    fn event_call(&self, op: &str, event: &EventConfig, entering: &Entering<'_>, seed: &Seed, hmac: &str) -> redis::ScriptInvocation<'static> {
+        let user = entering.user;
+        let (address, per_address) = entering.per_address.unwrap_or(("-", 0));
+        let (seed_hex, user_token, address_counter) =
+            (seed.hex(), self.keys.token(user), self.keys.abuse_counter(address));
         let args = EventArgs {
             op,
             user,
@@ -93,19 +108,21 @@ impl Room {
             opens_ms: event.opens_ms().max(0) as u64,
             prequeue_ms: event.prequeue_ms().max(0) as u64,
             closes_ms: event.closes_ms().map_or(0, |c| c.max(1) as u64),
-            capacity,
             shuffle: event.shuffle,
             seed: &seed_hex,
             seed_sha: &seed.sha256,
             hmac,
+            per_address,
+            capacity: entering.capacity,
         };
-        invoke(&self.keys, EventKeys { user_token: &user_token }, args)
+        invoke(&self.keys, EventKeys { user_token: &user_token, address_counter: &address_counter }, args)
     }
 
     /// Reads the event, choosing the seed (`candidate`, if the room has none and the pre-queue
     /// is open), drawing or closing when their time has come.
     pub async fn event_tick(&self, event: &EventConfig, candidate: &Seed) -> Result<EventTick, StoreError> {
-        let call = self.event_call("tick", event, "", 0, candidate, "");
+        let nobody = Entering { user: "", capacity: 0, per_address: None };
+        let call = self.event_call("tick", event, &nobody, candidate, "");
         match EventReply::decode(self.run(&call).await?)? {
             EventReply::Tick { now_ms, seed, drawn, prequeued, did_draw, did_close } => Ok(EventTick {
                 now_ms,
@@ -121,18 +138,13 @@ impl Room {
 
     /// Enters `user` while an event is configured: refused before the pre-queue and after the
     /// close, into the pre-queue (its place drawn with `seed`) before the opening, else `Open`.
-    pub async fn event_enter(
-        &self,
-        event: &EventConfig,
-        user: &str,
-        capacity: u64,
-        seed: &Seed,
-    ) -> Result<EventEnter, StoreError> {
-        let call = self.event_call("enter", event, user, capacity, seed, &seed.draw_key(user));
+    pub async fn event_enter(&self, event: &EventConfig, entering: &Entering<'_>, seed: &Seed) -> Result<EventEnter, StoreError> {
+        let call = self.event_call("enter", event, entering, seed, &seed.draw_key(entering.user));
         Ok(match EventReply::decode(self.run(&call).await?)? {
             EventReply::NotOpen { opens_in_ms } => EventEnter::NotOpen { opens_in_ms },
             EventReply::Prequeued { opens_in_ms, already } => EventEnter::Prequeued { opens_in_ms, already },
             EventReply::Full {} => EventEnter::Full,
+            EventReply::Limited { retry_secs } => EventEnter::Limited { retry_secs: retry_secs.max(1) as u64 },
             EventReply::Closed {} => EventEnter::Closed,
             EventReply::Ready { token, remaining_ms } => {
                 EventEnter::Ready { token, remaining_ms: remaining_ms.max(0) as u64 }

@@ -49,7 +49,7 @@ pub use admit::AdmitOutcome;
 pub use conn::{Connector, RedisConn};
 pub use consume::Claim;
 pub use enter::{EnterOutcome, EnterRequest, Entered};
-pub use event::{EventEnter, EventTick, Standing, DRAW_PAGE};
+pub use event::{Entering, EventEnter, EventTick, Standing, DRAW_PAGE};
 pub use keys::Keys;
 pub use line::LineReading;
 pub use stats::RoomWatch;
