@@ -288,6 +288,21 @@ impl EventState {
     }
 }
 
+/// The configured event's phase now, by Redis's clock as this proxy last read it (this
+/// machine's clock before the first reading); `None` without an event. For views of the room
+/// (`GET /admin/room`'s `event`) that must not wait on Redis.
+pub fn current_phase(state: &RoomState) -> Option<Phase> {
+    let settings = state.settings();
+    let event = settings.config.event.as_ref()?;
+    let now = match state.event().snapshot() {
+        Some(snapshot) => snapshot.redis_now_ms(),
+        None => std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64),
+    };
+    Some(event.phase_at(now))
+}
+
 fn snapshot_of(tick: &EventTick, read_at: Instant) -> Snapshot {
     Snapshot {
         redis_ms: tick.now_ms,
