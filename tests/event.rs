@@ -116,6 +116,11 @@ async fn every_phase_answers_as_the_contract_says() {
         shown,
         json!({"phase": "before", "opensAt": at(opens_at, 0), "closesAt": at(closes_at, 0), "seedSha256": null})
     );
+    for path in ["/queue/event", "/queue/event/draw"] {
+        let r = send(proxy.client().post(proxy.url(path))).await;
+        assert_error(path, &r, 405);
+        assert_eq!(r.header("allow"), Some("GET"), "{path}");
+    }
     assert_before_opening("enter before", &proxy.enter("alice").await, "NOT_OPEN", 4);
     assert_answer("status before", &proxy.status("alice").await, 200, not_in_queue());
     assert_eq!(queue_len(&redis, &proxy).await, 0, "NOT_OPEN queues nobody");
@@ -332,6 +337,18 @@ async fn the_per_address_limit_holds_the_pre_queue_too() {
     assert!(second.header("retry-after").is_some(), "{}", second.body);
     assert_status_is(&proxy.enter("first").await, 200, "PREQUEUED");
     assert_answer("never pre-queued", &proxy.status("second").await, 200, not_in_queue());
+}
+
+#[tokio::test]
+async fn without_an_event_its_paths_are_the_upstreams() {
+    let redis = RedisServer::start();
+    let upstream = Recorder::start(204).await;
+    let proxy = Proxy::builder(&redis.url(), upstream.addr()).start().await;
+    for path in ["/queue/event", "/queue/event/draw"] {
+        assert_eq!(proxy.get(path).await.status, 204, "{path} reached the upstream");
+    }
+    let lines = upstream.lines();
+    assert!(lines.iter().any(|l| l.starts_with("GET /queue/event/draw ")), "{lines:?}");
 }
 
 #[test]
