@@ -351,6 +351,23 @@ async fn without_an_event_its_paths_are_the_upstreams() {
     assert!(lines.iter().any(|l| l.starts_with("GET /queue/event/draw ")), "{lines:?}");
 }
 
+/// The admit script's own gate, through the library: the window between `closes_at` and the
+/// close's removal of the line (one event watcher tick) admits nobody either.
+#[tokio::test]
+async fn admission_stops_at_the_close() {
+    let redis = RedisServer::start();
+    let room = library_room(&redis, &unique_prefix());
+    for user in ["w1", "w2"] {
+        enter_room(&room, user, 100).await.unwrap();
+    }
+    let now = redis_now_ms(&mut redis.conn().await).await;
+    let rules = waitroom::store::RoomRules::fixed(Duration::from_millis(100), 1, Duration::from_secs(60));
+    let closed = room.admit_within(&rules, Some(now - 60_000), Some(now - 1)).await.unwrap();
+    assert_eq!(closed.admitted, 0, "admitted after the close");
+    let open = room.admit_within(&rules, Some(now - 60_000), Some(now + 60_000)).await.unwrap();
+    assert_eq!(open.admitted, 1, "the same line admits while open");
+}
+
 #[test]
 fn check_shows_the_event_and_names_each_problem() {
     let ok = run_check("upstream: 127.0.0.1:1\nevent: {opens_at: \"2026-12-24T19:00:00+09:00\", prequeue: 30m}\n");

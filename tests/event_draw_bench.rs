@@ -132,7 +132,7 @@ async fn measure(users: usize) {
     let (_, draw_us) = longest(&slowest(&mut conn).await, "EVALSHA");
     slowlog(&mut conn, 0).await;
     let rules = RoomRules::fixed(Duration::from_millis(100), 10, Duration::from_secs(300));
-    let admitted = room.admit_from(&rules, Some(opened.opens_ms())).await.unwrap();
+    let admitted = room.admit_within(&rules, Some(opened.opens_ms()), None).await.unwrap();
     assert_eq!(admitted.admitted, 10);
     let (_, admit_us) = longest(&slowest(&mut conn).await, "EVALSHA");
 
