@@ -16,8 +16,10 @@
 //! the rest of the HMAC; with 100,000 users that happens with a probability of about 1 in 10^6.
 //! The public list (`{prefix}/event/draw`) is the exact HMAC order.
 //!
-//! **The phase** follows Redis's clock, like admission. Enter asks Redis whenever the phase could
-//! be about to change (within a second of a boundary, see [`Snapshot::settled`]); status and
+//! **The phase** follows Redis's clock, like admission. Enter asks Redis (`lua/event.lua` decides
+//! by its `TIME`) except while the event is open and more than a second from any boundary (see
+//! [`Snapshot::settled`]), when it goes straight to the line; admission is held back in
+//! `lua/admit.lua` until `opens_at` and from `closes_at`; status and
 //! `{prefix}/event` use Redis's time as this proxy's [`EventWatcher`] last read it, four times a
 //! second, which keeps every proxy within a few milliseconds of Redis.
 //!
