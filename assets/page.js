@@ -32,6 +32,9 @@ const el = {
   continue: hook("continue"),
   retry: hook("retry"),
   enterAgain: hook("enter-again"),
+  countdown: hook("countdown"),
+  opensIn: hook("opens-in"),
+  opensClock: hook("opens-clock"),
   announce: hook("announce"),
 };
 
@@ -40,6 +43,7 @@ const timeFormat = new Intl.DateTimeFormat(settings.lang, { hour: "2-digit", min
 let state = null; // the last state shown, one of STATES
 let pending = null; // { call, at, timer }: the scheduled next call
 let expiresAt = null; // READY: when the pass runs out (ms since the epoch)
+let opening = null; // NOT_OPEN, PREQUEUED: { opensIn, receivedAt }, for the countdown
 let atEntry = null; // the position first seen in this stay in line, for the progress bar
 let lastPosition = null;
 let hasWaited = false; // a WAITING or READY answer was seen: NOT_IN_QUEUE then means a lost place
@@ -138,6 +142,14 @@ function show(next, answer) {
     lastPosition = null;
     document.title = texts.title;
   }
+  opening = BEFORE_OPENING.includes(next) ? { opensIn: body.opensIn, receivedAt: Date.now() } : null;
+  el.countdown.hidden = opening === null;
+  if (next === "CLOSED") {
+    forgetToken();
+    atEntry = null;
+    lastPosition = null;
+    document.title = texts.heading_CLOSED;
+  }
   if (next !== "READY") {
     expiresAt = null;
     el.continue.removeAttribute("href");
@@ -158,6 +170,11 @@ function tick() {
   const countsDown = ["FULL", "LIMITED", "UNAVAILABLE", "TOO_EARLY"].includes(state) && pending !== null;
   el.retry.hidden = !countsDown;
   if (countsDown) el.retry.textContent = fill(texts.retry, { time: clock((pending.at - now) / 1000) });
+  if (opening !== null) {
+    const seconds = opensInSeconds(opening.opensIn, opening.receivedAt, now);
+    el.opensIn.textContent = seconds === null ? "" : String(seconds);
+    el.opensClock.textContent = seconds === null ? "" : clock(seconds);
+  }
   if (state === "READY" && expiresAt !== null) {
     el.expires.textContent = fill(texts.expires, { time: clock((expiresAt - now) / 1000) });
   }

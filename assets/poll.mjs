@@ -10,8 +10,14 @@
 // page.rs inlines this file, then page.js, into one <script type="module">: the exports below are
 // how the tests import it and are harmless in the page.
 
-/** The states `[data-waitroom="state"]` may hold (contract section 10). */
-export const STATES = ["WAITING", "READY", "FULL", "NOT_IN_QUEUE", "UNAVAILABLE", "TOO_EARLY", "LIMITED"];
+/** The states `[data-waitroom="state"]` may hold (contract sections 10 and 14). */
+export const STATES = [
+  "WAITING", "READY", "FULL", "NOT_IN_QUEUE", "UNAVAILABLE", "TOO_EARLY", "LIMITED",
+  "NOT_OPEN", "PREQUEUED", "CLOSED",
+];
+
+/** A scheduled event's states before its opening: they count down to it (`opensIn`). */
+export const BEFORE_OPENING = ["NOT_OPEN", "PREQUEUED"];
 
 /** Jitter added on top of every wait: up to this fraction, so pages do not poll in lockstep. */
 export const JITTER = 0.1;
@@ -40,7 +46,9 @@ export function parseRetryAfter(value, now) {
 /** The state this answer puts the page in: one of STATES. */
 export function stateOf(answer) {
   const status = answer.body && answer.body.status;
-  if (answer.httpStatus === 200 && ["WAITING", "READY", "NOT_IN_QUEUE"].includes(status)) return status;
+  if (answer.httpStatus === 200 && ["WAITING", "READY", "NOT_IN_QUEUE", ...BEFORE_OPENING, "CLOSED"].includes(status)) {
+    return status;
+  }
   if (answer.httpStatus === 429 && ["FULL", "TOO_EARLY", "LIMITED"].includes(status)) return status;
   // 503 (Redis unavailable), no answer at all, or anything unexpected (a 502 from a load balancer,
   // a 401 because the shop's session ended): the line cannot be reached, retry later.
@@ -62,9 +70,12 @@ function waitSeconds(answer) {
   const body = answer.body || {};
   switch (stateOf(answer)) {
     case "WAITING":
+    case "NOT_OPEN":
+    case "PREQUEUED":
       return usable(body.pollAfter) ?? FALLBACK_SECONDS;
     case "READY":
     case "NOT_IN_QUEUE":
+    case "CLOSED":
       return null;
     case "FULL":
     case "TOO_EARLY":
@@ -89,12 +100,16 @@ export function nextCall(answer, previous) {
   switch (stateOf(answer)) {
     case "WAITING":
     case "TOO_EARLY":
+    case "PREQUEUED":
       return "status";
     case "FULL":
     case "LIMITED":
+    case "NOT_OPEN":
+      // NOT_OPEN queued nobody: the page enters again, and is pre-queued once that opens.
       return "enter";
     case "READY":
     case "NOT_IN_QUEUE":
+    case "CLOSED":
       return null;
     default:
       return previous;
@@ -122,6 +137,15 @@ export function etaText(seconds, texts) {
   if (minutes < 60) return minutes === 1 ? texts.eta_minute : fill(texts.eta_minutes, { n: minutes });
   const hours = Math.round(minutes / 60);
   return hours === 1 ? texts.eta_hour : fill(texts.eta_hours, { n: hours });
+}
+
+/**
+ * Whole seconds left until a scheduled event opens, from an answer's `opensIn` received at
+ * `receivedAt` (ms since the epoch), at `now`: rounded up, never below 0. Null without `opensIn`.
+ */
+export function opensInSeconds(opensIn, receivedAt, now) {
+  if (typeof opensIn !== "number" || !Number.isFinite(opensIn) || opensIn < 0) return null;
+  return Math.max(0, Math.ceil((receivedAt + opensIn * 1000 - now) / 1000));
 }
 
 /** A countdown as m:ss (or h:mm:ss), for the READY pass and the retry timers. */

@@ -26,6 +26,9 @@
 --   max_active (0 = no cap), min_batch (0 = not adaptive),
 --   instant          instant passes share the interval's batch (record what the tick spent),
 --   abandon_ms (0 = off), listens (log admissions for the measured rate),
+--   opens_us, closes_us (a scheduled event's opening and close in Redis TIME microseconds, 0 =
+--                    none): nobody is admitted before the opening, so the pre-queue waits for its
+--                    draw, nor from the close, which ends the line (see event.lua),
 --   from ARGV[REST], one fresh random token per place in the batch (Lua has no secure randomness)
 --
 -- Reply, in the order src/store/admit.rs declares it (AdmitReply): admitted, wait_us (until the
@@ -41,6 +44,14 @@ interval_us = tonumber(interval_us)
 -- Paused or closed (room_state.lua): nobody is admitted and the schedule is left as it is; on
 -- resume the schedule is a whole interval late, so next_tick restarts it from then, no burst.
 if room_state_of(room) ~= 'open' then
+  return {0, interval_us, 0, 0, 0}
+end
+opens_us = tonumber(opens_us)
+if now < opens_us then
+  return {0, math.min(opens_us - now, interval_us), 0, 0, 0}
+end
+closes_us = tonumber(closes_us)
+if closes_us > 0 and now >= closes_us then
   return {0, interval_us, 0, 0, 0}
 end
 local due = tonumber(redis.call('GET', next_admission) or '0')

@@ -5,6 +5,7 @@
 #   scripts/demo.sh                       # 500 users
 #   USERS=2000 scripts/demo.sh            # a longer line
 #   KEEP_RUNNING=1 scripts/demo.sh        # leave everything up after the crowd, until Ctrl-C
+#   DROP=1 scripts/demo.sh                # a drop: the crowd pre-queues, the opening draws them
 #
 # Settings (environment variables):
 #   USERS=500          simulated users          SPREAD_MS=1000   their arrivals are spread over this
@@ -14,6 +15,11 @@
 #                      (either taken: another free port is used)
 #   SLOTS=20  SERVICE_MS=200                    the demo order API's capacity
 #   TIMEOUT_S=120      the crowd gives up after this
+#   DROP=0             1: a scheduled event (contract section 14) opening OPENS_IN_S seconds after
+#                      the proxy starts, with a pre-queue from the start: the crowd arrives before
+#                      the opening, is drawn at it in the HMAC order of the revealed seed, and the
+#                      demo prints GET /queue/event before and after
+#   OPENS_IN_S=10      DROP=1: seconds from the proxy's start to the opening
 #
 # Needs a Debian/Ubuntu machine with Rust; installs redis-server and cmake with apt-get when they
 # are missing (sudo only when not root). It never touches a Redis it did not start: its own runs
@@ -33,6 +39,8 @@ METRICS_PORT=${METRICS_PORT:-9090}
 SLOTS=${SLOTS:-20}
 SERVICE_MS=${SERVICE_MS:-200}
 TIMEOUT_S=${TIMEOUT_S:-120}
+DROP=${DROP:-0}
+OPENS_IN_S=${OPENS_IN_S:-10}
 
 # ---------------------------------------------------------------------------------------------
 # Processes we start, stopped in reverse order on any exit (success, failure, Ctrl-C).
@@ -174,6 +182,15 @@ admission:
   interval: 100ms
   batch_size: 10
 EOF
+if [ "$DROP" = 1 ]; then
+  # The demo's own Redis shares this machine's clock, which decides the phases.
+  opens_at=$(date -u -d "@$(($(date +%s) + OPENS_IN_S))" +%Y-%m-%dT%H:%M:%SZ)
+  cat >>"$CONFIG" <<EOF
+event:
+  opens_at: "$opens_at"
+  prequeue: 1h
+EOF
+fi
 "$BIN/waitroom" --config "$CONFIG" --check >/dev/null
 
 say "starting waitroom on 127.0.0.1:$proxy_port"
@@ -207,6 +224,15 @@ Now $USERS users arrive within ${SPREAD_MS} ms. The room admits 10 every 100 ms,
 100 orders a second reach the order API, however many wait ("line" is waitroom_queue_length).
 
 EOF
+if [ "$DROP" = 1 ]; then
+  cat <<EOF
+A drop: the sale opens at $opens_at. The crowd arrives in the pre-queue first (state
+PREQUEUED); at the opening the pre-queue is drawn to the front of the line in the order of
+HMAC-SHA256(seed, user id), and the seed, committed now by its hash, is revealed. The event now:
+  $(curl -fsS --max-time 2 "$PROXY/queue/event" || echo '(not available)')
+
+EOF
+fi
 
 # ---------------------------------------------------------------------------------------------
 # 5. The crowd
@@ -225,6 +251,11 @@ echo "waitroom metrics ($METRICS/metrics):"
 curl -fsS --max-time 2 "$METRICS/metrics" \
   | grep -E '^waitroom_(queue_length|admitted_total|tokens_consumed_total|enter_total|status_total|protected_requests_total|redis_errors_total)' \
   | sed 's/^/  /' || true
+
+if [ "$DROP" = 1 ]; then
+  echo "the event after the draw ($PROXY/queue/event; the HMACs in drawn order: $PROXY/queue/event/draw):"
+  echo "  $(curl -fsS --max-time 2 "$PROXY/queue/event" || echo '(not available)')"
+fi
 
 if [ "$crowd_rc" -ne 0 ]; then
   say "the crowd did not finish cleanly (exit $crowd_rc)"

@@ -125,7 +125,9 @@ impl Admitter {
         let settings = self.state.settings();
         let rules = &settings.policy.rules;
         let interval = rules.interval;
-        match self.room.admit(rules).await {
+        let event = settings.config.event.as_ref();
+        let (opens_at, closes_at) = (event.map(|e| e.opens_ms()), event.and_then(|e| e.closes_ms()));
+        match self.room.admit_within(rules, opens_at, closes_at).await {
             Ok(outcome) => {
                 let label = match (outcome.was_due, outcome.admitted) {
                     (false, _) => "early",

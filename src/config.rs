@@ -106,6 +106,8 @@ pub mod raw {
         pub page: Page,
         #[serde(default)]
         pub limits: Limits,
+        /// A scheduled event (contract section 14); absent: the room is always open.
+        pub event: Option<Event>,
         #[serde(default)]
         pub admin: Admin,
     }
@@ -336,11 +338,14 @@ pub mod raw {
         pub ready_url: String,
         #[serde(default = "d_true")]
         pub enabled: bool,
+        /// Per language, overrides of the page's texts: `{ ko: { title: "..." } }`.
+        #[serde(default)]
+        pub texts: std::collections::BTreeMap<String, std::collections::BTreeMap<String, String>>,
     }
 
     impl Default for Page {
         fn default() -> Self {
-            Page { ready_url: d_ready_url(), enabled: true }
+            Page { ready_url: d_ready_url(), enabled: true, texts: Default::default() }
         }
     }
 
@@ -370,6 +375,22 @@ pub mod raw {
                 max_request_head: d_max_request_head(),
             }
         }
+    }
+
+    /// Times stay text, checked (with their key path) by `Validator::event`.
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct Event {
+        pub opens_at: String,
+        #[serde(default = "d_prequeue")]
+        pub prequeue: String,
+        pub closes_at: Option<String>,
+        #[serde(default = "d_true")]
+        pub shuffle: bool,
+    }
+
+    fn d_prequeue() -> String {
+        s("30m")
     }
 
     fn s(v: &str) -> String {
@@ -495,6 +516,7 @@ pub struct Config {
     pub abuse: AbuseConfig,
     pub page: PageConfig,
     pub limits: LimitsConfig,
+    pub event: Option<crate::event::EventConfig>,
     pub admin: AdminConfig,
 }
 
@@ -606,6 +628,8 @@ pub struct LimitsConfig {
 pub struct PageConfig {
     pub ready_url: String,
     pub enabled: bool,
+    /// `page.texts`, checked: only the page's languages and the keys its texts have.
+    pub texts: crate::page::TextOverrides,
 }
 
 impl Config {
@@ -671,6 +695,7 @@ impl Config {
         let page = v.page(raw.page);
         let limits = v.limits(raw.limits);
         let admin = v.admin(raw.admin);
+        let event = raw.event.map(|e| v.event(e));
 
         if let (Some(abandon), Some(tiers)) = (abandon_after, poll_after.as_ref()) {
             // What users are told: answers carry whole seconds, rounded up.
@@ -735,6 +760,7 @@ impl Config {
                 page: page.expect(unwrap),
                 limits: limits.expect(unwrap),
                 admin: admin.expect(unwrap),
+                event: event.map(|e| e.expect(unwrap)),
             })
         } else {
             Err(ConfigError { problems: v.problems })
@@ -1197,11 +1223,45 @@ impl Validator {
         })
     }
 
+    fn event(&mut self, e: raw::Event) -> Option<crate::event::EventConfig> {
+        let instant = |v: &mut Validator, path: &str, text: &str| match crate::event::parse_time(text) {
+            Ok(t) => Some(t),
+            Err(why) => v.fail(path, format!("'{text}' is not an RFC 3339 time ({why}), e.g. 2026-12-24T10:00:00Z")),
+        };
+        let opens_at = instant(self, "event.opens_at", &e.opens_at);
+        let prequeue = self.duration("event.prequeue", &e.prequeue);
+        let closes_at = match &e.closes_at {
+            Some(text) => Some(instant(self, "event.closes_at", text)?),
+            None => None,
+        };
+        let opens_at = opens_at?;
+        if closes_at.is_some_and(|c| c <= opens_at) {
+            return self.fail("event.closes_at", "must be after event.opens_at");
+        }
+        Some(crate::event::EventConfig { opens_at, prequeue: prequeue?, closes_at, shuffle: e.shuffle })
+    }
+
     fn page(&mut self, p: raw::Page) -> Option<PageConfig> {
         if p.ready_url.is_empty() || p.ready_url.contains(['"', '<', '>', '\'', ' ']) {
             return self.fail("page.ready_url", "must be a URL or path without quotes, spaces or angle brackets");
         }
-        Some(PageConfig { ready_url: p.ready_url, enabled: p.enabled })
+        let mut texts = crate::page::TextOverrides::default();
+        for (lang, overrides) in p.texts {
+            match crate::page::Lang::from_code(&lang) {
+                None => self.fail::<()>(&format!("page.texts.{lang}"), "not a language of the page (en, ko)"),
+                Some(code) => {
+                    for (key, text) in overrides {
+                        if crate::page::Lang::En.has_text(&key) {
+                            texts.insert(code, key, text);
+                        } else {
+                            self.fail::<()>(&format!("page.texts.{lang}.{key}"), "not a text of the page (see assets/i18n/en.json)");
+                        }
+                    }
+                    Some(())
+                }
+            };
+        }
+        Some(PageConfig { ready_url: p.ready_url, enabled: p.enabled, texts })
     }
 
     /// The token is read here, once: a variable that is named but unset or empty would leave an

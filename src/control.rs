@@ -153,11 +153,10 @@ pub struct Applied {
     pub changed: bool,
 }
 
-/// The scheduled event's phase for the admin view. Events (contract section 14) are not built
-/// yet: when they are, this returns the phase (`before`, `prequeue`, `open`, `closed`) while
-/// `event` is configured, and stays `None` without one.
-pub fn event_phase(_settings: &Settings) -> Option<String> {
-    None
+/// The scheduled event's phase for the admin view (`before`, `prequeue`, `open`, `closed`, by
+/// Redis's clock as this proxy last read it); `None` without an `event`.
+pub fn event_phase(state: &RoomState) -> Option<String> {
+    crate::event::current_phase(state).map(|phase| phase.label().to_owned())
 }
 
 /// Looks at the room (`command: None`) or applies `command` for `actor`; `detail` says more
@@ -187,17 +186,17 @@ pub async fn apply(
     }
     publish(state, after, report.since_ms);
     let settings = state.settings();
-    Ok(Applied { view: view(&settings, after, &report), refused: report.refused, changed })
+    Ok(Applied { view: view(state, &settings, after, &report), refused: report.refused, changed })
 }
 
-fn view(settings: &Settings, mode: Mode, report: &RoomReport) -> View {
+fn view(state: &RoomState, settings: &Settings, mode: Mode, report: &RoomReport) -> View {
     View {
         mode,
         queue_length: report.waiting,
         batch: settings.policy.batch_in_force(report.stored_batch),
         active_tokens: report.live_tokens,
         admitted_last_minute: report.admitted_last_minute,
-        event: event_phase(settings),
+        event: event_phase(state),
     }
 }
 

@@ -10,6 +10,7 @@ pub mod admin;
 pub mod cli;
 pub mod config;
 pub mod control;
+pub mod event;
 pub mod health;
 pub mod identity;
 pub mod lifecycle;

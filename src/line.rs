@@ -79,7 +79,9 @@ pub fn mark_of(reading: &LineReading) -> Option<(u64, u64)> {
         None => None,
         Some(first) => {
             let contiguous = first >= 1 && reading.len >= 1 && first + reading.len - 1 == last;
-            contiguous.then_some((first - 1, last))
+            // Lazily: `first - 1` of a first score below 1 (a scheduled event's drawn users, see
+            // crate::event) would overflow.
+            contiguous.then(|| (first - 1, last))
         }
     }
 }
@@ -323,6 +325,7 @@ mod tests {
         assert_eq!(mark_of(&reading(10, 3, Some(7), "e")), None);
         assert_eq!(mark_of(&reading(10, 2, None, "e")), None);
         assert_eq!(mark_of(&reading(10, 0, Some(3), "e")), None);
+        assert_eq!(mark_of(&reading(10, 3, Some(0), "e")), None, "drawn users' scores are below 1");
     }
 
     #[test]

@@ -75,6 +75,8 @@ pub fn merge(running: &Config, mut next: Config) -> (Config, Changes) {
         ("limits", next.limits != running.limits),
         // Read per admin request and per protected response.
         ("admin", differs(&next.admin, &running.admin)),
+        // Times may move before the draw; the seed lives in Redis, out of any file's reach.
+        ("event", next.event != running.event),
     ];
     changes.applied = applied.iter().filter(|(_, changed)| *changed).map(|(k, _)| *k).collect();
     (next, changes)

@@ -111,6 +111,9 @@ fn main() -> ExitCode {
     }
     if cli.check {
         println!("{}: configuration is valid", cli.config.display());
+        if let Some(event) = &config.event {
+            println!("{}", event.describe());
+        }
         return ExitCode::SUCCESS;
     }
     match waitroom::server::run(config, cli.config) {

@@ -148,3 +148,19 @@ metric!(CONNECTIONS_CLOSED_TOTAL: IntCounterVec = register_int_counter_vec!(
     "Client connections a limit refused or closed: max_connections, idle_timeout, header_timeout, head_too_large",
     &["limit"]
 ));
+
+// Scheduled events (contract section 14), read from Redis by every proxy's event watcher four
+// times a second: room-wide, like the queue gauges. All 0 while no event is configured.
+metric!(EVENT_PHASE: prometheus::IntGaugeVec = prometheus::register_int_gauge_vec!(
+    "waitroom_event_phase",
+    "1 for the event's current phase (before, prequeue, open, closed), by Redis's clock (room-wide)",
+    &["phase"]
+));
+metric!(EVENT_PREQUEUED: IntGauge = register_int_gauge!(
+    "waitroom_event_prequeued",
+    "Users who entered the event's pre-queue (room-wide; fixed from the draw on)"
+));
+metric!(EVENT_DRAWN: IntGauge = register_int_gauge!(
+    "waitroom_event_drawn",
+    "Users the draw put at the front of the line; 0 until the draw (room-wide)"
+));

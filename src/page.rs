@@ -52,10 +52,43 @@ impl Lang {
             .find(|l| l.code().eq_ignore_ascii_case(primary))
     }
 
+    /// The language a configuration names (`page.texts`): its code, any case.
+    pub fn from_code(code: &str) -> Option<Lang> {
+        Lang::ALL.into_iter().find(|l| l.code().eq_ignore_ascii_case(code))
+    }
+
+    /// Whether the page has a text under `key`.
+    pub fn has_text(self, key: &str) -> bool {
+        self.texts().contains_key(key)
+    }
+
     fn texts(self) -> &'static Map<String, Value> {
         static TEXTS: OnceLock<[Map<String, Value>; 2]> = OnceLock::new();
         let all = TEXTS.get_or_init(|| [parse_texts(EN_JSON), parse_texts(KO_JSON)]);
         &all[self as usize]
+    }
+}
+
+/// `page.texts`: an operator's texts, per language, in place of the page's own.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TextOverrides(Vec<(Lang, String, String)>);
+
+impl TextOverrides {
+    pub fn insert(&mut self, lang: Lang, key: String, text: String) {
+        self.0.push((lang, key, text));
+    }
+
+    /// `lang`'s texts with the overrides for it applied.
+    fn texts(&self, lang: Lang) -> std::borrow::Cow<'static, Map<String, Value>> {
+        let mut mine = self.0.iter().filter(|(l, _, _)| *l == lang).peekable();
+        if mine.peek().is_none() {
+            return std::borrow::Cow::Borrowed(lang.texts());
+        }
+        let mut texts = lang.texts().clone();
+        for (_, key, text) in mine {
+            texts.insert(key.clone(), Value::String(text.clone()));
+        }
+        std::borrow::Cow::Owned(texts)
     }
 }
 
@@ -136,7 +169,7 @@ pub fn render(config: &Config, accept_language: Option<&[u8]>) -> Vec<u8> {
 /// `{{lang}}`, `{{t:key}}` (a text, HTML-escaped), `{{settings}}` (JSON for the script) and
 /// `{{script}}` (poll.mjs then page.js).
 fn render_lang(config: &Config, lang: Lang) -> String {
-    let texts = lang.texts();
+    let texts = config.page.texts.texts(lang);
     let mut out = String::with_capacity(TEMPLATE.len() + POLL_JS.len() + PAGE_JS.len() + 4096);
     let mut rest = TEMPLATE;
     while let Some(start) = rest.find("{{") {
@@ -148,7 +181,7 @@ fn render_lang(config: &Config, lang: Lang) -> String {
         };
         match &after[..end] {
             "lang" => out.push_str(lang.code()),
-            "settings" => out.push_str(&settings_json(config, lang)),
+            "settings" => out.push_str(&settings_json(config, lang, &texts)),
             "script" => {
                 out.push_str(POLL_JS);
                 out.push('\n');
@@ -168,12 +201,12 @@ fn render_lang(config: &Config, lang: Lang) -> String {
 
 /// What the page's script needs, as JSON that is safe inside `<script type="application/json">`:
 /// every `<` is escaped, so no text can close the element.
-fn settings_json(config: &Config, lang: Lang) -> String {
+fn settings_json(config: &Config, lang: Lang, texts: &Map<String, Value>) -> String {
     let settings = serde_json::json!({
         "prefix": config.endpoints.prefix,
         "readyUrl": config.page.ready_url,
         "lang": lang.code(),
-        "texts": lang.texts(),
+        "texts": texts,
     });
     script_safe_json(&settings)
 }
@@ -339,6 +372,30 @@ mod tests {
             assert!(!js.to_ascii_lowercase().contains("</script"));
             assert!(!js.contains("<!--"));
         }
+    }
+
+    #[test]
+    fn page_texts_override_the_page_own_in_their_language_only() {
+        let yaml = "upstream: 127.0.0.1:1\npage: {texts: {ko: {heading_PREQUEUED: \"<b>곧 시작</b>\"}, EN: {title: Drop}}}\n";
+        let config = Config::parse(yaml).unwrap();
+        let ko = render_lang(&config, Lang::Ko);
+        assert!(ko.contains(r"\u003cb>곧 시작\u003c/b>"), "in the script's texts, script-safe");
+        assert!(ko.contains(Lang::Ko.texts()["title"].as_str().unwrap()), "the rest stays");
+        let en = render_lang(&config, Lang::En);
+        assert!(en.contains("<title>Drop</title>"));
+        let problems = Config::parse("upstream: 127.0.0.1:1\npage: {texts: {fr: {title: x}, ko: {nope: y}}}\n")
+            .unwrap_err()
+            .problems
+            .iter()
+            .map(|p| p.to_string())
+            .collect::<Vec<_>>();
+        assert_eq!(
+            problems,
+            [
+                "page.texts.fr: not a language of the page (en, ko)",
+                "page.texts.ko.nope: not a text of the page (see assets/i18n/en.json)"
+            ]
+        );
     }
 
     #[test]

@@ -14,6 +14,7 @@ use pingora::services::listening::Service;
 use crate::admission::Admitter;
 use crate::config::Config;
 use crate::control::ModeWatcher;
+use crate::event::EventWatcher;
 use crate::health::{OpsEndpoints, RoomWatcher};
 use crate::lifecycle::{Drain, Reloader, StopSignals};
 use crate::limits::{AtCapacity, Connections, Guarded};
@@ -123,6 +124,8 @@ pub fn run(config: Config, config_path: PathBuf) -> Result<(), StartError> {
     line_watcher.threads = Some(1);
     let mut mode_watcher = background_service("room state", ModeWatcher::new(state.clone(), Room::new(&redis)?));
     mode_watcher.threads = Some(1);
+    let mut event_watcher = background_service("event watcher", EventWatcher::new(state.clone(), Room::new(&redis)?));
+    event_watcher.threads = Some(1);
     let mut reloader = background_service("reloader", Reloader::new(state.clone(), config_path));
     reloader.threads = Some(1);
     let mut drain = background_service("drain", Drain::new(state));
@@ -134,6 +137,7 @@ pub fn run(config: Config, config_path: PathBuf) -> Result<(), StartError> {
     server.add_service(watcher);
     server.add_service(line_watcher);
     server.add_service(mode_watcher);
+    server.add_service(event_watcher);
     server.add_service(reloader);
     server.add_service(drain);
 

@@ -13,6 +13,7 @@ use arc_swap::{ArcSwap, ArcSwapOption, Guard};
 use crate::admission::{LatencyHistogram, Pacing, RoomView};
 use crate::config::Config;
 use crate::control::Mode;
+use crate::event::EventState;
 use crate::line::LocalLine;
 use crate::policy::Settings;
 use crate::spent::SpentTokens;
@@ -34,6 +35,8 @@ pub struct RoomState {
     spent: SpentTokens,
     /// The room's state as this proxy last read it from Redis (see `crate::control`).
     mode: AtomicU8,
+    /// The scheduled event as this proxy last read it from Redis.
+    event: EventState,
 }
 
 impl RoomState {
@@ -47,6 +50,7 @@ impl RoomState {
             line: LocalLine::default(),
             spent: SpentTokens::default(),
             mode: AtomicU8::new(Mode::Open.to_u8()),
+            event: EventState::default(),
         })
     }
 
@@ -82,6 +86,10 @@ impl RoomState {
 
     pub fn spent(&self) -> &SpentTokens {
         &self.spent
+    }
+
+    pub fn event(&self) -> &EventState {
+        &self.event
     }
 
     pub fn redis_ready(&self) -> bool {

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-const HOOKS: [&str; 5] = ["state", "position", "eta", "progress", "continue"];
+const HOOKS: [&str; 6] = ["state", "position", "eta", "progress", "continue", "opens-in"];
 
 fn manifest_dir() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -396,8 +396,21 @@ async fn live_page_repolls_on_time_and_shows_each_state() {
     let chromium = browser_ready().await;
     let artifacts = artifact_dir("states");
 
+    // A scheduled event (contract section 14) an hour from its opening, an hour from its
+    // pre-queue, or over: the page counts down (re-entering or polling status as pollAfter says,
+    // here 1 s) or stops at CLOSED.
+    let time = |from_now_s: i64| {
+        let now = std::time::SystemTime::now();
+        let offset = Duration::from_secs(from_now_s.unsigned_abs());
+        let t = if from_now_s < 0 { now - offset } else { now + offset };
+        humantime::format_rfc3339_seconds(t).to_string()
+    };
+    let one_second = "poll_after: [{min_wait: 0s, poll_after: 1s}]";
+    let prequeued = format!("{one_second}\nevent: {{opens_at: \"{}\", prequeue: 2h}}", time(3600));
+    let not_open = format!("{one_second}\nevent: {{opens_at: \"{}\", prequeue: 1h}}", time(7200));
+    let closed = format!("event: {{opens_at: \"{}\", closes_at: \"{}\"}}", time(-7200), time(-3600));
     // (state, the room's YAML over NO_ADMISSION, calls, waits by HTTP status, clock stolen after)
-    let visits: [(&str, &str, usize, &[(u16, u64)], Option<u64>); 5] = [
+    let visits: [(&str, &str, usize, &[(u16, u64)], Option<u64>); 8] = [
         (
             "WAITING",
             "poll_after: [{min_wait: 0s, poll_after: 1s}]",
@@ -435,6 +448,9 @@ async fn live_page_repolls_on_time_and_shows_each_state() {
             &[],
             None,
         ),
+        ("PREQUEUED", &prequeued, 3, &[(200, 1)], None),
+        ("NOT_OPEN", &not_open, 3, &[(200, 1)], None),
+        ("CLOSED", &closed, 1, &[], None),
     ];
     for (expect, yaml, calls, waits, steal_clock_after) in visits {
         let v = Visit {
@@ -443,7 +459,12 @@ async fn live_page_repolls_on_time_and_shows_each_state() {
             waits,
             steal_clock_after,
         };
-        let (mut redis, _api, proxy) = quiet_room(yaml).await;
+        // Before an event's opening nobody is admitted, so there is no first tick to wait for.
+        let (mut redis, _api, proxy) = if yaml.contains("event:") {
+            room(&[], &format!("{NO_ADMISSION}\n{yaml}")).await
+        } else {
+            quiet_room(yaml).await
+        };
         match v.expect {
             "FULL" => assert_eq!(proxy.enter("filler").await.status, 200),
             "UNAVAILABLE" => redis.stop(),

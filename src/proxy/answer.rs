@@ -27,6 +27,8 @@ enum QueueBody<'a> {
     Full { retry_after: u64 },
     TooEarly { retry_after: u64 },
     Limited { retry_after: u64 },
+    NotOpen { opens_in: u64, poll_after: u64 },
+    Prequeued { opens_in: u64, poll_after: u64 },
     Closed { poll_after: Option<u64> },
 }
 
@@ -97,6 +99,23 @@ impl Answer {
         Answer { retry_after: Some(retry_secs), ..json(429, &QueueBody::Limited { retry_after: retry_secs }) }
     }
 
+    /// Before a scheduled event's pre-queue opens: not queued; come back (contract section 14).
+    pub fn not_open(opens_in: u64, config: &Config) -> Answer {
+        let poll_after = crate::event::poll_after_before_opening(opens_in, &config.poll_after);
+        json(200, &QueueBody::NotOpen { opens_in, poll_after })
+    }
+
+    /// In a scheduled event's pre-queue: the place is drawn at the opening.
+    pub fn prequeued(opens_in: u64, config: &Config) -> Answer {
+        let poll_after = crate::event::poll_after_before_opening(opens_in, &config.poll_after);
+        json(200, &QueueBody::Prequeued { opens_in, poll_after })
+    }
+
+    /// A JSON body built elsewhere (the event's public endpoints), sent as written.
+    pub fn json_body(status: u16, body: Vec<u8>) -> Answer {
+        Answer { status, body, allow: None, retry_after: None }
+    }
+
     pub fn error(status: u16, message: &str) -> Answer {
         json(status, &ErrorBody { error: message })
     }
@@ -152,6 +171,10 @@ mod tests {
         assert_eq!((early.status, early.retry_after), (429, Some(3)));
         assert_eq!(body(&early), r#"{"status":"TOO_EARLY","retryAfter":3}"#);
         assert_eq!(body(&Answer::limited(42)), r#"{"status":"LIMITED","retryAfter":42}"#);
+        assert_eq!(body(&Answer::closed()), r#"{"status":"CLOSED","pollAfter":null}"#);
+        assert_eq!(body(&Answer::not_open(90, &c)), r#"{"status":"NOT_OPEN","opensIn":90,"pollAfter":10}"#);
+        assert_eq!(body(&Answer::prequeued(3, &c)), r#"{"status":"PREQUEUED","opensIn":3,"pollAfter":2}"#);
+        assert_eq!(body(&Answer::prequeued(1, &c)), r#"{"status":"PREQUEUED","opensIn":1,"pollAfter":1}"#);
         assert_eq!(body(&Answer::error(403, "no \"token\"")), r#"{"error":"no \"token\""}"#);
         let na = Answer::method_not_allowed("POST");
         assert_eq!((na.status, na.allow), (405, Some("POST")));

@@ -19,6 +19,9 @@ pub async fn handle(
     session: &Session,
     user: &str,
 ) -> Answer {
+    if let Some(answer) = super::event::enter(state, settings, room, session, user).await {
+        return answer;
+    }
     let (config, policy) = (&settings.config, &settings.policy);
     let address = (config.abuse.identities_per_address > 0).then(|| client_address(config, session));
     let pacing = state.pacing(settings);
@@ -69,7 +72,7 @@ pub async fn handle(
 }
 
 /// The address the per-address identity limit counts (see [`rules::client_address`]).
-fn client_address(config: &Config, session: &Session) -> String {
+pub(super) fn client_address(config: &Config, session: &Session) -> String {
     let peer = session.client_addr().and_then(|a| a.as_inet()).map(|a| a.ip());
     let Some(peer) = peer else { return "unknown".to_string() };
     let forwarded = crate::paths::forwarded_for(&session.req_header().headers);

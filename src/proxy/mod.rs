@@ -12,6 +12,7 @@
 
 mod answer;
 mod enter;
+mod event;
 pub mod headers;
 mod protected;
 mod status;
@@ -43,6 +44,9 @@ pub enum Endpoint {
     Enter,
     Status,
     Page,
+    /// `{prefix}/event` and `{prefix}/event/draw`, while an event is configured.
+    Event,
+    EventDraw,
     Protected,
     Passthrough,
 }
@@ -53,6 +57,7 @@ impl Endpoint {
             Endpoint::Enter => "enter",
             Endpoint::Status => "status",
             Endpoint::Page => "page",
+            Endpoint::Event | Endpoint::EventDraw => "event",
             Endpoint::Protected => "protected",
             Endpoint::Passthrough => "passthrough",
         }
@@ -71,6 +76,8 @@ impl Endpoint {
                 "/" if config.page.enabled && header.method == http::Method::GET => {
                     return Ok((Endpoint::Page, None))
                 }
+                "/event" if config.event.is_some() => return Ok((Endpoint::Event, None)),
+                "/event/draw" if config.event.is_some() => return Ok((Endpoint::EventDraw, None)),
                 _ => {}
             }
         }
@@ -199,7 +206,7 @@ async fn own_body_refusal(session: &mut Session, endpoint: Endpoint, deadline: D
     let method = &session.req_header().method;
     let served = match endpoint {
         Endpoint::Enter => method == http::Method::POST,
-        Endpoint::Status | Endpoint::Page => method == http::Method::GET,
+        Endpoint::Status | Endpoint::Page | Endpoint::Event | Endpoint::EventDraw => method == http::Method::GET,
         Endpoint::Protected | Endpoint::Passthrough => false,
     };
     if !served {
@@ -317,6 +324,8 @@ impl ProxyHttp for Waitroom {
                 write_page(session, page).await?;
                 return Ok(true);
             }
+            Endpoint::Event => event::public(&self.state, &settings, &self.room, &header.method).await,
+            Endpoint::EventDraw => event::draw(&self.state, &settings, &self.room, &header.method).await,
             Endpoint::Enter => match caller(config, session, ctx, http::Method::POST, "POST") {
                 Ok(user) => enter::handle(&self.state, &settings, &self.room, session, user).await,
                 Err(refusal) => refusal,

@@ -14,6 +14,9 @@ pub async fn handle(
     room: &Room,
     user: &str,
 ) -> Answer {
+    if let Some(answer) = super::event::status(state, settings, room, user).await {
+        return answer;
+    }
     let (config, policy) = (&settings.config, &settings.policy);
     let pacing = state.pacing(settings);
     // A closed room's line is empty: only Redis can tell its READY users from the rest.

@@ -18,6 +18,8 @@ script! {
         instant: bool,
         abandon_ms: u64,
         listens: bool,
+        opens_us: u64,
+        closes_us: u64,
     }
     reply AdmitReply {
         admitted: u64,
@@ -45,6 +47,17 @@ impl Room {
     /// One admission tick under `rules`: sweeps abandoned places, then admits the batch in
     /// force (less what max_active leaves no room for) if the room's schedule says one is due.
     pub async fn admit(&self, rules: &RoomRules) -> Result<AdmitOutcome, StoreError> {
+        self.admit_within(rules, None, None).await
+    }
+
+    /// [`Room::admit`], admitting nobody before `opens_at_ms` of Redis's clock (a scheduled
+    /// event's opening: its pre-queue waits for the draw) nor from `closes_at_ms` (its close).
+    pub async fn admit_within(
+        &self,
+        rules: &RoomRules,
+        opens_at_ms: Option<i64>,
+        closes_at_ms: Option<i64>,
+    ) -> Result<AdmitOutcome, StoreError> {
         let args = AdmitArgs {
             interval_us: rules.interval_us(),
             batch_size: rules.batch_size,
@@ -55,6 +68,8 @@ impl Room {
             instant: rules.instant,
             abandon_ms: rules.abandon_ms(),
             listens: rules.listens(),
+            opens_us: opens_at_ms.map_or(0, |ms| ms.max(0) as u64 * 1000),
+            closes_us: closes_at_ms.map_or(0, |ms| ms.max(1) as u64 * 1000),
         };
         let mut call = invoke(&self.keys, args);
         // Lua has no secure randomness: one fresh token per place the batch may fill.

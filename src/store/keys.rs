@@ -36,6 +36,10 @@ pub struct Keys {
     pub room: String,
     /// Admissions per second of the last minute, as a ring of 60 slots (`lua/room_state.lua`).
     pub admitted_minute: String,
+    /// A scheduled event's seed, draw and close (see `lua/event.lua`).
+    pub event: String,
+    /// The draw list: pre-queued users' HMACs in drawn order.
+    pub event_draw: String,
 }
 
 impl Keys {
@@ -59,6 +63,8 @@ impl Keys {
             line_watch: format!("{tag}:line:watch"),
             room: format!("{tag}:room"),
             admitted_minute: format!("{tag}:admission:minute"),
+            event: format!("{tag}:event"),
+            event_draw: format!("{tag}:event:draw"),
         }
     }
 

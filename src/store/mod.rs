@@ -38,6 +38,7 @@ mod admit;
 mod conn;
 mod consume;
 mod enter;
+mod event;
 mod keys;
 mod line;
 mod room;
@@ -49,6 +50,7 @@ pub use admit::AdmitOutcome;
 pub use conn::{Connector, RedisConn};
 pub use consume::Claim;
 pub use enter::{EnterOutcome, EnterRequest, Entered};
+pub use event::{Entering, EventEnter, EventTick, Standing, DRAW_PAGE};
 pub use keys::Keys;
 pub use line::LineReading;
 pub use room::{RoomReport, RoomStateReading, ROOM_STATE_EVERY};
@@ -239,6 +241,7 @@ mod tests {
             &super::consume::claim::SCRIPT,
             &super::stats::SCRIPT,
             &super::room::SCRIPT,
+            &super::event::SCRIPT,
         ] {
             LazyLock::force(script);
         }

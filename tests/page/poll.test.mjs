@@ -12,6 +12,7 @@ import {
   fill,
   nextCall,
   nextDelay,
+  opensInSeconds,
   parseRetryAfter,
   progressPercent,
   stateOf,
@@ -31,6 +32,8 @@ const refused = (status, retryAfter, header = retryAfter) => ({
 });
 const unavailable = (retryAfter) => ({ httpStatus: 503, retryAfter, body: { error: "redis unavailable" } });
 const noAnswer = { httpStatus: 0, retryAfter: null, body: {} };
+const beforeOpening = (status, opensIn, pollAfter) => ({ httpStatus: 200, retryAfter: null, body: { status, opensIn, pollAfter } });
+const closed = { httpStatus: 200, retryAfter: null, body: { status: "CLOSED", pollAfter: null } };
 
 // Random numbers across [0, 1), the range Math.random() returns.
 const RANDOMS = [0, 0.001, 0.25, 0.5, 0.75, 0.999, 0.9999999];
@@ -114,9 +117,35 @@ test("a zero or missing wait never turns into a hot loop", () => {
 });
 
 test("every state is one of the contract's", () => {
-  const answers = [waiting(2), ready, notInQueue, refused("FULL", 1), refused("TOO_EARLY", 1), refused("LIMITED", 1), unavailable(1), noAnswer];
+  const answers = [
+    waiting(2), ready, notInQueue, refused("FULL", 1), refused("TOO_EARLY", 1), refused("LIMITED", 1), unavailable(1), noAnswer,
+    beforeOpening("NOT_OPEN", 90, 10), beforeOpening("PREQUEUED", 3, 2), closed,
+  ];
   assert.deepEqual(new Set(answers.map(stateOf)), new Set(STATES));
   assert.equal(nextCall(waiting(2), "enter"), "status");
+});
+
+test("a scheduled event: NOT_OPEN enters again, PREQUEUED polls status, both as told; CLOSED stops", () => {
+  for (const r of RANDOMS) {
+    assertWithin(nextDelay(beforeOpening("NOT_OPEN", 90, 10), r), 10);
+    assertWithin(nextDelay(beforeOpening("PREQUEUED", 3, 2), r), 2);
+    assert.equal(nextDelay(closed, r), null);
+  }
+  assert.equal(nextCall(beforeOpening("NOT_OPEN", 90, 10), "enter"), "enter", "NOT_OPEN queued nobody");
+  assert.equal(nextCall(beforeOpening("PREQUEUED", 3, 2), "enter"), "status");
+  assert.equal(nextCall(beforeOpening("PREQUEUED", 3, 2), "status"), "status");
+  assert.equal(nextCall(closed, "status"), null);
+  assert.equal(stateOf({ ...closed, httpStatus: 503 }), "UNAVAILABLE", "only a 200 CLOSED is the close");
+});
+
+test("the countdown to the opening: whole seconds left, rounded up, never below 0", () => {
+  const at = Date.parse("2026-12-24T09:59:00Z");
+  assert.equal(opensInSeconds(60, at, at), 60);
+  assert.equal(opensInSeconds(60, at, at + 1), 60, "rounded up");
+  assert.equal(opensInSeconds(60, at, at + 1000), 59);
+  assert.equal(opensInSeconds(60, at, at + 61_000), 0);
+  assert.equal(opensInSeconds(undefined, at, at), null);
+  assert.equal(opensInSeconds(-1, at, at), null);
 });
 
 test("Retry-After: seconds or an HTTP-date", () => {

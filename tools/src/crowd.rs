@@ -318,6 +318,18 @@ impl<W: Watcher> Crowd<W> {
                 tokio::time::sleep(pause.mul_f64(1.0 + JITTER * me.rng.unit())).await;
                 Step::Poll
             }
+            // A scheduled event (contract section 14): in the pre-queue, poll status until the
+            // draw turns it into a place in line; before the pre-queue, come back and enter.
+            ("PREQUEUED" | "NOT_OPEN", _) => {
+                let pause = Duration::from_secs(answer.poll_after.unwrap_or(1).max(1));
+                tokio::time::sleep(pause.mul_f64(1.0 + JITTER * me.rng.unit())).await;
+                if answer.status == "PREQUEUED" {
+                    c.move_to(&mut me.phase, Phase::Waiting);
+                    Step::Poll
+                } else {
+                    Step::Enter
+                }
+            }
             ("NOT_IN_QUEUE", _) => {
                 // The place is gone (a room reset, or a token that expired before we looked).
                 Counters::count(&c.not_in_queue);
