@@ -21,6 +21,12 @@
 //!   removed from the middle, by abandonment or by hand), until admission has passed the gap;
 //! - a room that was reset (Redis restarted empty, or flushed): the room's epoch, a random value
 //!   the watcher stores when it is missing, changes, and every learned number is forgotten;
+//! - a room that lost writes (Redis restarted from an older snapshot, or failed over to a
+//!   replica that lagged): the epoch survives, but the counter may have rolled back and be
+//!   handing the lost numbers to newcomers. Numbers are learned from one server (its `run_id`)
+//!   and forgotten when another answers, or when the counter goes down; an answer read before
+//!   that (see [`LocalLine::ticket`]) is not learned. The users whose places were lost then get
+//!   Redis's own answer, NOT_IN_QUEUE, at their next poll;
 //! - a user whose number is at or below `left` (admitted, or gone): READY or NOT_IN_QUEUE
 //!   always comes from Redis;
 //! - polls that Redis must see (enforced polling, abandonment): never answered here.
@@ -41,7 +47,7 @@ use pingora::services::background::BackgroundService;
 use crate::state::RoomState;
 use crate::store::{LineReading, Room};
 
-/// How often each proxy reads the line's mark: one MULTI of four reads, 100 a second.
+/// How often each proxy reads the line's mark: one MULTI of five reads, 100 a second.
 pub const REFRESH_EVERY: Duration = Duration::from_millis(10);
 /// A mark older than this is not used.
 pub const FRESH_FOR: Duration = Duration::from_millis(50);
@@ -84,10 +90,19 @@ pub fn mark_of(reading: &LineReading) -> Option<(u64, u64)> {
     }
 }
 
+/// When an answer to learn from was asked for: see [`LocalLine::ticket`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ticket(u64);
+
 #[derive(Default)]
 struct State {
     /// The epoch the numbers below were learned in.
     epoch: Option<String>,
+    /// The server they were learned from, and its counter as last read.
+    server: String,
+    last: u64,
+    /// Counts the times the numbers were forgotten (see [`LocalLine::ticket`]).
+    generation: u64,
     users: HashMap<String, u64>,
     /// `(left, last)` and when it was read; `None` when the last reading failed or showed a gap.
     mark: Option<(u64, u64, Instant)>,
@@ -124,19 +139,26 @@ impl<C: Clock> LocalLine<C> {
         (number > left && number <= last).then(|| number - left)
     }
 
+    /// Taken before asking Redis for an answer to learn from: an answer read by a server the
+    /// line has stopped trusting since (see `refresh`) is then not learned.
+    pub fn ticket(&self) -> Ticket {
+        Ticket(self.state.lock().unwrap_or_else(|e| e.into_inner()).generation)
+    }
+
     /// Remembers the arrival number an answer from Redis read of a waiting user, if it read one.
-    pub fn learn_arrival(&self, user: &str, arrival: Option<&(u64, String)>) {
+    pub fn learn_arrival(&self, user: &str, arrival: Option<&(u64, String)>, ticket: Ticket) {
         if let Some((number, epoch)) = arrival {
-            self.learn(user, *number, epoch);
+            self.learn(user, *number, epoch, ticket);
         }
     }
 
     /// Remembers a waiting user's arrival number, read from Redis in `epoch`.
-    pub fn learn(&self, user: &str, number: u64, epoch: &str) {
+    pub fn learn(&self, user: &str, number: u64, epoch: &str, ticket: Ticket) {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         // Learned in another epoch than the numbers held (a reset the watcher has not read yet,
-        // or has read since): not comparable with them.
-        if state.epoch.as_deref() != Some(epoch) {
+        // or has read since), or asked before the numbers were last forgotten (perhaps of a
+        // server that lost writes since): not comparable with them.
+        if state.epoch.as_deref() != Some(epoch) || state.generation != ticket.0 {
             return;
         }
         if state.users.len() >= MAX_USERS && !state.users.contains_key(user) {
@@ -154,10 +176,14 @@ impl<C: Clock> LocalLine<C> {
     pub fn refresh(&self, reading: &LineReading) {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         state.reading_since = None;
-        if state.epoch != reading.epoch {
+        let rolled_back = reading.last < state.last;
+        if state.epoch != reading.epoch || state.server != reading.server || rolled_back {
             state.users.clear();
+            state.generation += 1;
             state.epoch = reading.epoch.clone();
+            state.server = reading.server.clone();
         }
+        state.last = reading.last;
         let now = self.clock.now();
         state.mark = match (&reading.epoch, mark_of(reading)) {
             (Some(_), Some((left, last))) => Some((left, last, now)),
@@ -306,6 +332,7 @@ mod tests {
             len,
             first,
             epoch: Some(epoch.to_owned()),
+            server: "s1".to_owned(),
         }
     }
 
@@ -329,7 +356,7 @@ mod tests {
     fn positions_follow_the_mark() {
         let line: LocalLine = LocalLine::default();
         line.refresh(&reading(10, 10, Some(1), "e"));
-        line.learn("u7", 7, "e");
+        line.learn("u7", 7, "e", line.ticket());
         assert_eq!(line.position("u7"), Some(7));
         assert_eq!(line.position("unknown"), None);
         line.refresh(&reading(12, 7, Some(6), "e"));
@@ -343,8 +370,8 @@ mod tests {
     fn numbers_from_another_epoch_are_never_used() {
         let line: LocalLine = LocalLine::default();
         line.refresh(&reading(10, 10, Some(1), "old"));
-        line.learn("u5", 5, "old");
-        line.learn("u6", 6, "new");
+        line.learn("u5", 5, "old", line.ticket());
+        line.learn("u6", 6, "new", line.ticket());
         assert_eq!(
             line.position("u6"),
             None,
@@ -358,15 +385,44 @@ mod tests {
             len: 20,
             first: Some(1),
             epoch: None,
+            server: "s1".to_owned(),
         });
         assert_eq!(line.position("u5"), None);
+    }
+
+    #[test]
+    fn numbers_from_another_server_or_a_rolled_back_counter_are_forgotten() {
+        let line: LocalLine = LocalLine::default();
+        line.refresh(&reading(5, 5, Some(1), "e"));
+        line.learn("u4", 4, "e", line.ticket());
+        assert_eq!(line.position("u4"), Some(4));
+        // Restarted from a snapshot taken at 3, and two newcomers took 4 and 5 again: the epoch
+        // and the counter look the same, the server does not.
+        line.refresh(&LineReading { server: "s2".to_owned(), ..reading(5, 5, Some(1), "e") });
+        assert_eq!(line.position("u4"), None, "4 is someone else's number now");
+        line.learn("u4", 4, "e", line.ticket());
+        assert_eq!(line.position("u4"), Some(4), "learned again from the new server");
+        // The same server's counter went down (a replica promoted behind our back).
+        line.refresh(&LineReading { server: "s2".to_owned(), ..reading(3, 3, Some(1), "e") });
+        line.refresh(&LineReading { server: "s2".to_owned(), ..reading(5, 5, Some(1), "e") });
+        assert_eq!(line.position("u4"), None);
+    }
+
+    #[test]
+    fn an_answer_asked_for_before_the_numbers_were_forgotten_is_not_learned() {
+        let line: LocalLine = LocalLine::default();
+        line.refresh(&reading(5, 5, Some(1), "e"));
+        let asked = line.ticket();
+        line.refresh(&LineReading { server: "s2".to_owned(), ..reading(5, 5, Some(1), "e") });
+        line.learn("u4", 4, "e", asked);
+        assert_eq!(line.position("u4"), None, "read from the old server, perhaps");
     }
 
     #[test]
     fn a_failed_or_gapped_reading_stops_local_answers() {
         let line: LocalLine = LocalLine::default();
         line.refresh(&reading(10, 10, Some(1), "e"));
-        line.learn("u3", 3, "e");
+        line.learn("u3", 3, "e", line.ticket());
         line.invalidate();
         assert_eq!(line.position("u3"), None);
         line.refresh(&reading(10, 9, Some(1), "e"));
@@ -388,7 +444,7 @@ mod tests {
         let clock = FakeClock::new();
         let line = LocalLine::with_clock(clock.clone());
         line.refresh(&reading(10, 10, Some(1), "e"));
-        line.learn("u3", 3, "e");
+        line.learn("u3", 3, "e", line.ticket());
         line.reading();
         clock.advance(SUSPECT_AFTER);
         assert_eq!(line.position("u3"), Some(3), "a reading sent just within the bound");
@@ -403,7 +459,7 @@ mod tests {
         let clock = FakeClock::new();
         let line = LocalLine::with_clock(clock.clone());
         line.refresh(&reading(10, 10, Some(1), "e"));
-        line.learn("u3", 3, "e");
+        line.learn("u3", 3, "e", line.ticket());
         clock.advance(FRESH_FOR);
         assert_eq!(line.position("u3"), Some(3), "a reading exactly as old as the bound");
         clock.advance(Duration::from_millis(1));
@@ -415,7 +471,7 @@ mod tests {
         let clock = FakeClock::new();
         let line = LocalLine::with_clock(clock.clone());
         line.refresh(&reading(10, 10, Some(1), "e"));
-        line.learn("u2", 2, "e");
+        line.learn("u2", 2, "e", line.ticket());
         line.refresh(&reading(10, 8, Some(3), "e"));
         assert_eq!(line.state.lock().unwrap().users.len(), 1, "pruned within the second: kept");
         clock.advance(Duration::from_secs(1));

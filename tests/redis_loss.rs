@@ -68,3 +68,50 @@ async fn a_claim_whose_reply_was_lost_does_not_hold_the_users_retries() {
     assert_eq!(retry.status, 201, "{}", retry.body);
     assert_eq!(api.stats().await["completed"], 1);
 }
+
+/// The reproduction: Redis restarts from a snapshot taken before u1 and u2 entered, and
+/// the arrival counter, rolled back with it, hands their numbers to v1 and v2. The proxy had
+/// learned u1's and u2's numbers; it must not answer them from memory (that would be v1's and
+/// v2's positions): their next status that Redis answers says NOT_IN_QUEUE, within the
+/// contract's second, and they may enter again, at the back.
+#[tokio::test]
+async fn places_lost_by_a_restart_from_an_older_snapshot_are_told_not_in_queue() {
+    let (mut redis, _api, proxy) = quiet_room("").await;
+    for (i, user) in ["a1", "a2", "a3"].into_iter().enumerate() {
+        assert_waiting_at(&proxy.enter(user).await, i as u64 + 1);
+    }
+    let mut conn = redis.conn().await;
+    let _: () = redis::cmd("SAVE").query_async(&mut conn).await.unwrap();
+    assert_waiting_at(&proxy.enter("u1").await, 4);
+    assert_waiting_at(&proxy.enter("u2").await, 5);
+    assert_waiting_at(&proxy.status("u1").await, 4);
+
+    redis.crash();
+    redis.restart();
+    let back = std::time::Instant::now();
+    // Another proxy of the room (here: the library) queues two newcomers at once, before this
+    // proxy has even reconnected: the counter hands them u1's and u2's old numbers.
+    let other = library_room(&redis, &proxy.key_prefix());
+    for (user, position) in [("v1", 4), ("v2", 5)] {
+        let entered = enter_room(&other, user, 100).await.unwrap();
+        assert_eq!(entered, waitroom::store::EnterOutcome::Waiting { position, already: false });
+    }
+
+    for user in ["u1", "u2"] {
+        let told = loop {
+            let r = proxy.status(user).await;
+            if r.status != 503 {
+                break r;
+            }
+            assert!(back.elapsed() < Duration::from_secs(1), "{user}: still 503 a second after Redis came back");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        assert_answer(user, &told, 200, not_in_queue());
+    }
+    assert!(back.elapsed() <= Duration::from_secs(1), "told within the contract's second: {:?}", back.elapsed());
+    for (user, position) in [("a1", 1), ("a3", 3), ("v1", 4), ("v2", 5)] {
+        assert_waiting_at(&proxy.status(user).await, position);
+    }
+    assert_waiting_at(&proxy.enter("u1").await, 6);
+    assert_waiting_at(&proxy.status("u1").await, 6);
+}
