@@ -115,3 +115,19 @@ async fn places_lost_by_a_restart_from_an_older_snapshot_are_told_not_in_queue()
     assert_waiting_at(&proxy.enter("u1").await, 6);
     assert_waiting_at(&proxy.status("u1").await, 6);
 }
+
+/// A single-URL proxy reconnects by itself once Redis is back, not only after a request failed
+/// on the dead connection: the first request after a restart is answered by Redis.
+#[tokio::test]
+async fn the_first_request_after_redis_came_back_is_answered() {
+    let (mut redis, _api, proxy) = quiet_room("").await;
+    assert_waiting_at(&proxy.enter("before").await, 1);
+    redis.crash();
+    redis.restart();
+    // Redis has been back for a while (the contract gives readiness a second; this is more).
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let status = proxy.status("someone").await;
+    assert_answer("the first status", &status, 200, not_in_queue());
+    let enter = proxy.enter("newcomer").await;
+    assert_eq!(enter.status, 200, "{}", enter.body);
+}

@@ -2,7 +2,10 @@
 //! lazily, on the caller's runtime, and hands out cheap clones of it as a [`RedisConn`], the one
 //! connection type `Room` runs its scripts on, whatever the topology:
 //!
-//! - `redis.url`: a `ConnectionManager`, which reconnects to the same address by itself.
+//! - `redis.url`: a `ConnectionManager`, which reconnects to the same address by itself, but
+//!   only once a call has failed on the dead connection. So a keepalive pings it
+//!   ([`KEEPALIVE_EVERY`]): the reconnect happens while Redis is away, not in the first user's
+//!   request after it is back.
 //! - `redis.cluster`: redis-rs's async cluster connection. It follows MOVED/ASK, refreshes its slot
 //!   map after a failover and reconnects to the seed nodes when it lost every node, all by itself.
 //!   A room's keys share one hash tag, so every call lands on one slot.
@@ -47,6 +50,9 @@ const MIN_BACKOFF: Duration = Duration::from_millis(50);
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
 /// How often the sentinel watcher asks who the primary is.
 const SENTINEL_CHECK_EVERY: Duration = Duration::from_millis(500);
+/// How often a single-URL connection is pinged: a Redis back for this long (plus a connect)
+/// meets a live connection.
+pub const KEEPALIVE_EVERY: Duration = Duration::from_millis(250);
 
 /// A connection usable by the scripts and commands of `Room`, on any of the three targets.
 #[derive(Clone)]
@@ -97,6 +103,8 @@ enum Target {
         client: redis::Client,
         timeout: Duration,
         conn: OnceCell<ConnectionManager>,
+        /// The keepalive ends when this is dropped with the connector.
+        alive: Arc<()>,
     },
     Cluster {
         client: ClusterClient,
@@ -122,6 +130,7 @@ impl Connector {
                 client: redis::Client::open(url.as_str())?,
                 timeout,
                 conn: OnceCell::new(),
+                alive: Arc::new(()),
             },
             RedisTarget::Cluster(nodes) => {
                 let mut builder = ClusterClient::builder(nodes.iter().map(String::as_str))
@@ -185,6 +194,7 @@ impl Connector {
                 client,
                 timeout,
                 conn,
+                alive,
             } => {
                 let manager = conn
                     .get_or_try_init(|| async {
@@ -196,7 +206,10 @@ impl Connector {
                             .set_min_delay(Duration::from_millis(10))
                             .set_max_delay(Duration::from_millis(250))
                             .set_number_of_retries(2);
-                        ConnectionManager::new_lazy_with_config(client.clone(), config)
+                        let manager = ConnectionManager::new_lazy_with_config(client.clone(), config)?;
+                        // Here, on the caller's runtime, which the connection lives on too.
+                        tokio::spawn(keepalive(manager.clone(), *timeout, Arc::downgrade(alive)));
+                        Ok::<_, RedisError>(manager)
                     })
                     .await?;
                 Inner::Single(manager.clone())
@@ -317,6 +330,19 @@ impl ConnectionLike for RedisConn {
             Inner::Cluster { conn, .. } => conn.get_db(),
             Inner::Sentinel { primary, .. } => primary.conn.get_db(),
         }
+    }
+}
+
+/// Pings `manager` until the connector is dropped. A ping that fails on a dead connection makes
+/// the manager reconnect in the background, and the next ping waits for that; a ping that merely
+/// times out (a frozen Redis) changes nothing.
+async fn keepalive(mut manager: ConnectionManager, timeout: Duration, alive: Weak<()>) {
+    let mut every = tokio::time::interval(KEEPALIVE_EVERY);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    while alive.strong_count() > 0 {
+        every.tick().await;
+        let ping = redis::cmd("PING");
+        let _ = tokio::time::timeout(timeout, ping.query_async::<()>(&mut manager)).await;
     }
 }
 
