@@ -13,8 +13,10 @@
 --                    value that ends the interval, count = users admitted in it), shared with
 --                    instant passes
 --   admissions       the admissions log, for the measured rate (see record_admissions)
---   heard            when each waiting user was last heard from (sorted set, score = ms), for
---                    abandonment
+--   heard            when each waiting user was last heard from (sorted set, score = the room's
+--                    time in ms, see room_clock.lua), for abandonment; deleted while
+--                    abandonment is off, so nothing is remembered against anyone then
+--   room_clock       the room's clock (see room_clock.lua)
 -- The admitted users' token keys (token_prefix .. user) cannot be declared: who is admitted is
 -- known only once they are popped, inside this script. They share the room's hash tag with
 -- every declared key, so a Redis Cluster still finds them all in one slot.
@@ -24,6 +26,7 @@
 --   max_active (0 = no cap), min_batch (0 = not adaptive),
 --   instant          instant passes share the interval's batch (record what the tick spent),
 --   abandon_ms (0 = off), listens (log admissions for the measured rate),
+--   keeps_time       abandonment or enforced polling is on: advance the room's clock
 --   from ARGV[REST], one fresh random token per place in the batch (Lua has no secure randomness)
 --
 -- Reply, in the order src/store/admit.rs declares it (AdmitReply): admitted, wait_us (until the
@@ -32,6 +35,18 @@
 -- Numbers arrive as text (see src/store/script.rs).
 
 local SWEEP_MAX = 1000
+
+-- Before anything else, the early answer included: every proxy's tick keeps the room's clock.
+abandon_ms = tonumber(abandon_ms)
+local room_now = nil
+if keeps_time or abandon_ms > 0 then
+  room_now = room_time()
+end
+if abandon_ms <= 0 then
+  -- Switched off (or never on): entries from an earlier time must not count when it is
+  -- switched on again, against users who kept polling meanwhile unrecorded.
+  redis.call('DEL', heard)
+end
 
 local now = redis_now_us()
 interval_us = tonumber(interval_us)
@@ -51,7 +66,6 @@ local next_due = next_tick(due, now, interval_us)
 redis.call('SET', next_admission, int_text(next_due))
 
 local now_ms = math.floor(now / 1000)
-abandon_ms = tonumber(abandon_ms)
 ttl_ms = tonumber(ttl_ms)
 
 -- Users who stopped polling leave before anyone is admitted: the places behind them move up
@@ -59,7 +73,7 @@ ttl_ms = tonumber(ttl_ms)
 -- checks every user it takes anyway.
 local abandoned = 0
 if abandon_ms > 0 then
-  local stale = redis.call('ZRANGEBYSCORE', heard, '-inf', '(' .. int_text(now_ms - abandon_ms),
+  local stale = redis.call('ZRANGEBYSCORE', heard, '-inf', '(' .. int_text(room_now - abandon_ms),
     'LIMIT', 0, SWEEP_MAX)
   if #stale > 0 then
     redis.call('ZREM', heard, unpack(stale))
@@ -92,7 +106,7 @@ elseif budget > 0 then
     if #popped == 0 then break end
     for i = 1, #popped, 2 do
       local user = popped[i]
-      if is_stale(heard, user, abandon_ms, now_ms) then
+      if is_stale(heard, user, abandon_ms, room_now) then
         abandoned = abandoned + 1
       else
         admit(user)

@@ -131,3 +131,115 @@ async fn the_first_request_after_redis_came_back_is_answered() {
     let enter = proxy.enter("newcomer").await;
     assert_eq!(enter.status, 200, "{}", enter.body);
 }
+
+/// A room whose ticks keep running (and sweeping) but admit nobody past the holder of its one
+/// active token; every tier says poll after 1 s.
+const SWEEPING_ROOM: &str = "admission: {interval: 100ms, batch_size: 1, max_active: 1}\n\
+                             poll_after: [{min_wait: 0s, poll_after: 1s}]";
+
+/// Starts a room on `redis` whose one active token `holder` took: the others wait, and ticks go on.
+async fn sweeping_room(redis: &RedisServer, api: &DemoApi, yaml: &str) -> Proxy {
+    let proxy = Proxy::builder(&redis.url(), api.addr()).yaml(SWEEPING_ROOM).yaml(yaml).start().await;
+    assert_eq!(proxy.enter("holder").await.status, 200);
+    let token_key = keys(&proxy).token("holder");
+    let mut conn = redis.conn().await;
+    let admitted = wait_until(Duration::from_secs(10), Duration::from_millis(20), || {
+        let (mut conn, key) = (conn.clone(), token_key.clone());
+        async move { redis::cmd("EXISTS").arg(&key).query_async::<i64>(&mut conn).await == Ok(1) }
+    })
+    .await;
+    assert!(admitted, "the holder is admitted");
+    let _ = &mut conn;
+    proxy
+}
+
+/// Polls each of `users` as told (one round a second, each poll a second after the answer
+/// before, through 503s too) for `time`; returns every answer that was neither WAITING nor a 503.
+/// The first round comes a second after the call, less `since_answer`.
+async fn poll_as_told(proxy: &Proxy, users: &[&str], time: Duration) -> Vec<String> {
+    poll_as_told_after(proxy, users, time, Duration::ZERO).await
+}
+
+async fn poll_as_told_after(proxy: &Proxy, users: &[&str], time: Duration, since_answer: Duration) -> Vec<String> {
+    let mut wrong = Vec::new();
+    let until = std::time::Instant::now() + time;
+    let mut pause = Duration::from_secs(1) - since_answer;
+    while std::time::Instant::now() < until {
+        tokio::time::sleep(pause).await;
+        pause = Duration::from_secs(1);
+        let answers = futures::future::join_all(users.iter().map(|u| proxy.status(u))).await;
+        for (user, r) in users.iter().zip(answers) {
+            if r.status != 503 && status_of(&r) != "WAITING" {
+                wrong.push(format!("{user}: {} {}", r.status, r.body));
+            }
+        }
+    }
+    wrong
+}
+
+/// The issue's reproduction: users poll as told through a 5 s SIGSTOP of Redis (their polls get
+/// 503). When it is back, none of them has lost the place (abandonment) or is refused as too
+/// early (enforced polling), although 5 s is more than `abandon_after` and the polls Redis had
+/// queued while frozen run only then. A user who really left is still dropped: the room's clock
+/// stopped for the outage, it did not stop for good.
+#[tokio::test]
+async fn an_outage_is_never_counted_against_users_who_kept_polling() {
+    let (redis, api) = (RedisServer::start(), DemoApi::start(&[]));
+    let proxy = sweeping_room(&redis, &api, "queue: {abandon_after: 2s}\npolling: {enforce: true}").await;
+    let users = ["w0", "w1", "w2", "w3"];
+    for user in users {
+        assert_eq!(proxy.enter(user).await.status, 200);
+    }
+    let wrong = poll_as_told(&proxy, &users, Duration::from_secs(2)).await;
+    assert!(wrong.is_empty(), "before the outage: {wrong:?}");
+    assert_eq!(proxy.enter("leaver").await.status, 200);
+
+    redis.freeze();
+    let wrong = poll_as_told(&proxy, &users, Duration::from_secs(5)).await;
+    assert!(wrong.is_empty(), "during the outage: {wrong:?}");
+    // Back half way to the users' next poll: the polls Redis queued while frozen run now, and
+    // the users ask again half a second later, a second after their last (503) answer.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    redis.thaw();
+    let wrong = poll_as_told_after(&proxy, &users, Duration::from_millis(2500), Duration::from_millis(500)).await;
+    assert!(wrong.is_empty(), "after the outage: {wrong:?}");
+    assert_eq!(proxy.counter("waitroom_abandoned_total").await, 1.0, "the leaver only");
+    assert_answer("the leaver", &proxy.status("leaver").await, 200, not_in_queue());
+}
+
+/// Abandonment switched off by a reload remembers nothing while off: users who kept polling
+/// meanwhile (unrecorded) are not dropped when it is switched on again, although their last
+/// recorded poll is older than `abandon_after` by then. (Enforced polling keeps the room's
+/// clock running meanwhile.)
+#[tokio::test]
+async fn switching_abandonment_back_on_drops_nobody_who_kept_polling() {
+    let (redis, api) = (RedisServer::start(), DemoApi::start(&[]));
+    let proxy = sweeping_room(&redis, &api, "queue: {abandon_after: 2s}
+polling: {enforce: true}").await;
+    let users = ["w0", "w1", "w2"];
+    for user in users {
+        assert_eq!(proxy.enter(user).await.status, 200);
+    }
+    let reloads = |n: f64| {
+        let proxy = &proxy;
+        async move {
+            let done = wait_until(Duration::from_secs(10), Duration::from_millis(20), || async {
+                proxy.counter(r#"waitroom_config_reloads_total{result="ok"}"#).await >= n
+            })
+            .await;
+            assert!(done, "reload {n} applied");
+        }
+    };
+    proxy.rewrite_config("queue: {abandon_after: 0s}");
+    proxy.signal("HUP");
+    reloads(1.0).await;
+    let wrong = poll_as_told(&proxy, &users, Duration::from_secs(3)).await;
+    assert!(wrong.is_empty(), "while off: {wrong:?}");
+    proxy.rewrite_config("queue: {abandon_after: 2s}");
+    proxy.signal("HUP");
+    reloads(2.0).await;
+    let wrong = poll_as_told(&proxy, &users, Duration::from_millis(1500)).await;
+    assert!(wrong.is_empty(), "switched on again: {wrong:?}");
+    assert_eq!(proxy.counter("waitroom_abandoned_total").await, 0.0);
+}
+

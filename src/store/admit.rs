@@ -6,8 +6,8 @@ use std::time::Duration;
 use super::{Room, RoomRules, StoreError};
 
 script! {
-    static SCRIPT = [ADMISSION] "lua/admit.lua";
-    keys [queue, next_admission, tokens, adaptive, admission_spent, admissions, heard]
+    static SCRIPT = [ADMISSION, ROOM_CLOCK] "lua/admit.lua";
+    keys [queue, next_admission, tokens, adaptive, admission_spent, admissions, heard, room_clock]
     args AdmitArgs<'a> {
         interval_us: u64,
         batch_size: u32,
@@ -18,6 +18,7 @@ script! {
         instant: bool,
         abandon_ms: u64,
         listens: bool,
+        keeps_time: bool,
     }
     reply AdmitReply {
         admitted: u64,
@@ -55,6 +56,7 @@ impl Room {
             instant: rules.instant,
             abandon_ms: rules.abandon_ms(),
             listens: rules.listens(),
+            keeps_time: rules.keeps_time(),
         };
         let mut call = invoke(&self.keys, args);
         // Lua has no secure randomness: one fresh token per place the batch may fill.

@@ -24,8 +24,10 @@ pub struct Keys {
     pub latencies: String,
     /// Admissions per 100 ms and the room's first admission: the measured rate.
     pub admissions: String,
-    /// When each waiting user was last heard from (abandonment).
+    /// When each waiting user was last heard from (abandonment), in the room's time.
     pub heard: String,
+    /// The room's clock: Redis's, with outages taken out (see `lua/room_clock.lua`).
+    pub room_clock: String,
     /// A random value that changes when the room is reset (see `crate::line`).
     pub epoch: String,
     /// A pub/sub channel nobody publishes on: the line watcher's subscription to it ends the
@@ -50,6 +52,7 @@ impl Keys {
             latencies: format!("{tag}:admission:latencies"),
             admissions: format!("{tag}:admission:log"),
             heard: format!("{tag}:heard"),
+            room_clock: format!("{tag}:clock"),
             epoch: format!("{tag}:epoch"),
             line_watch: format!("{tag}:line:watch"),
         }
