@@ -11,7 +11,7 @@
 //!
 //! With a single-URL Redis the watcher also holds a pub/sub subscription to a channel nobody
 //! publishes on: a Redis that dies closes it at once, and local answers stop then, not at the
-//! next reading.
+//! next reading. The same subscription (on any target) hears the tokens other proxies spend.
 //!
 //! The guards, each falling back to the exact answer from Redis:
 //! - a reading older than [`FRESH_FOR`], or one that has been waiting for Redis's answer longer
@@ -227,33 +227,48 @@ impl LineWatcher {
         self.state.line()
     }
 
-    /// Subscribes to the room's watch channel and waits for the subscription to end, over and
-    /// over: each end means the connection dropped, and the line is invalidated at once. A Redis
-    /// that refuses the subscription itself (an ACL without channel rights) leaves the readings
-    /// alone to guard the line.
-    async fn canary(&self, client: redis::Client) {
-        let channel = self.room.keys().line_watch.clone();
+    /// Subscribes to the room's channels and waits for the subscription to end, over and over.
+    /// The spent-token channel feeds this proxy's [`crate::spent::SpentTokens`] with the tokens
+    /// every proxy of the room spends. With a single-URL Redis the subscription is also the
+    /// line's canary (on the watch channel, where nobody publishes): each end means the
+    /// connection dropped, and the line is invalidated at once. A Redis that refuses the
+    /// subscription itself (an ACL without channel rights) leaves the readings alone to guard
+    /// the line, and each proxy to remember only the tokens it spent itself; so does a cluster
+    /// or sentinel subscription that fails, which is retried.
+    async fn subscription(&self) {
+        let canary = self.room.single_client().is_some();
+        let keys = self.room.keys();
+        let channels: Vec<&str> = if canary { vec![&keys.line_watch, &keys.spent] } else { vec![&keys.spent] };
         let mut pause = REFRESH_EVERY;
-        loop {
+        for attempt in 0.. {
             let subscribed = tokio::time::timeout(CANARY_CONNECT, async {
+                // None: a sentinel target not connected yet.
+                let Some(client) = self.room.subscriber_client(attempt) else { return Ok(None) };
                 let mut pubsub = client.get_async_pubsub().await?;
-                pubsub.subscribe(&channel).await?;
-                Ok::<_, redis::RedisError>(pubsub)
+                pubsub.subscribe(&channels).await?;
+                Ok::<_, redis::RedisError>(Some(pubsub))
             })
             .await;
             match subscribed {
-                Ok(Ok(pubsub)) => {
+                Ok(Ok(Some(pubsub))) => {
                     pause = REFRESH_EVERY;
                     let mut messages = pubsub.into_on_message();
-                    while messages.next().await.is_some() {}
+                    while let Some(message) = messages.next().await {
+                        if message.get_channel_name() == keys.spent {
+                            let ttl = self.state.settings().config.token.ttl;
+                            self.state.spent().announced(message.get_payload_bytes(), ttl);
+                        }
+                    }
                 }
                 Ok(Err(error)) if !(error.is_io_error() || error.is_connection_dropped() || error.is_timeout()) => {
-                    tracing::warn!(%error, "Redis refused the line watcher's subscription; a dead Redis is noticed at the next line reading instead");
+                    tracing::warn!(%error, "Redis refused the line watcher's subscription: a dead Redis is noticed at the next line reading instead, and tokens spent through other proxies are known only to Redis");
                     return std::future::pending().await;
                 }
                 _ => {}
             }
-            self.line().invalidate();
+            if canary {
+                self.line().invalidate();
+            }
             tokio::time::sleep(pause).await;
             // Redis is away: try again, but not 100 times a second.
             pause = (pause * 2).min(Duration::from_secs(1));
@@ -285,12 +300,7 @@ impl BackgroundService for LineWatcher {
     async fn start(&self, mut shutdown: ShutdownWatch) {
         let mut tick = tokio::time::interval(REFRESH_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let canary = async {
-            match self.room.single_client() {
-                Some(client) => self.canary(client).await,
-                None => std::future::pending().await,
-            }
-        };
+        let canary = self.subscription();
         tokio::pin!(canary);
         loop {
             tokio::select! {

@@ -5,6 +5,12 @@
 //! bring the token back, and a second order with it would be forwarded. Contract section 5 says a
 //! spent token stays refused for the rest of its lifetime even then, so each proxy keeps the
 //! tokens it spent, checked before Redis is asked, and forgets them once their lifetime is over.
+//!
+//! Every proxy of the room refuses them too: the spend announces the token on the room's
+//! spent-token channel (`lua/consume.lua`), in the same step as the delete, and each proxy's
+//! line watcher is subscribed to it ([`SpentTokens::announced`]). A proxy whose subscription is
+//! down at that moment (Redis away, or refusing it) misses the announcement, and has Redis's
+//! word only.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -13,6 +19,9 @@ use std::time::{Duration, Instant};
 /// Past this many remembered tokens, expired ones are dropped before the next is added; then
 /// not again until the map has doubled, so a busy proxy prunes in amortised constant time.
 const PRUNE_AT: usize = 4096;
+/// Bounds on what an announcement may make this proxy hold (tokens are UUIDs, living minutes).
+const MAX_TOKEN_LEN: usize = 128;
+const MAX_LIFETIME: Duration = Duration::from_secs(24 * 3600);
 
 #[derive(Default)]
 struct Held {
@@ -30,6 +39,23 @@ impl SpentTokens {
     /// Remembers `token` as spent for `lifetime` (the token ttl: no token outlives it).
     pub fn remember(&self, token: &str, lifetime: Duration) {
         self.remember_at(token, lifetime, Instant::now());
+    }
+
+    /// Remembers a token another proxy (or this one) announced as spent: `<ms left> <token>`
+    /// (see `lua/consume.lua`); `ttl` when the ms are missing or not positive. Anything else on
+    /// the channel is ignored: it is not ours to crash on.
+    pub fn announced(&self, payload: &[u8], ttl: Duration) {
+        let Some((ms, token)) = std::str::from_utf8(payload).ok().and_then(|p| p.split_once(' ')) else {
+            return;
+        };
+        if token.is_empty() || token.len() > MAX_TOKEN_LEN {
+            return;
+        }
+        let lifetime = match ms.parse::<i64>() {
+            Ok(ms) if ms > 0 => Duration::from_millis(ms as u64).min(MAX_LIFETIME),
+            _ => ttl,
+        };
+        self.remember(token, lifetime);
     }
 
     pub fn is_spent(&self, token: &[u8]) -> bool {
@@ -72,6 +98,24 @@ mod tests {
         assert!(!spent.is_spent_at(b"tok", t0 + ttl), "expired in Redis too by then");
         assert!(!spent.is_spent_at(b"other", t0));
         assert!(!spent.is_spent_at(&[0xff], t0));
+    }
+
+    #[test]
+    fn announcements_are_remembered_for_what_the_token_had_left() {
+        let spent = SpentTokens::default();
+        let ttl = Duration::from_secs(300);
+        spent.announced(b"1500 tok", ttl);
+        assert!(spent.is_spent(b"tok"));
+        let held = spent.held.lock().unwrap().until["tok"];
+        assert!(held <= Instant::now() + Duration::from_millis(1500));
+        spent.announced(b"-1 untimed", ttl);
+        assert!(spent.is_spent(b"untimed"), "no expiry read: the ttl");
+        for junk in [&b""[..], b"tok2", b"12 ", &[0xff, b' ', b'x'], b"99999999999999999999 big"] {
+            spent.announced(junk, ttl);
+        }
+        assert!(!spent.is_spent(b"tok2"));
+        assert!(spent.is_spent(b"big"), "an unreadable count of ms: the ttl");
+        assert_eq!(spent.len(), 3);
     }
 
     #[test]

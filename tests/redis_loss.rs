@@ -243,3 +243,44 @@ polling: {enforce: true}").await;
     assert_eq!(proxy.counter("waitroom_abandoned_total").await, 0.0);
 }
 
+/// A token spent through one proxy is refused by every proxy of the room, even after Redis
+/// restarts from a snapshot taken while it was live: the spend was announced to the others.
+#[tokio::test]
+async fn a_token_spent_through_one_proxy_is_refused_by_the_others_after_redis_lost_the_spend() {
+    let (mut redis, api) = (RedisServer::start(), DemoApi::start(&[]));
+    let builder = Proxy::builder(&redis.url(), api.addr()).yaml("admission: {interval: 20ms, batch_size: 50}");
+    let (a, b) = (builder.start().await, builder.start().await);
+    let spent_channel = keys(&a).spent;
+    let mut conn = redis.conn().await;
+    let subscribed = wait_until(Duration::from_secs(10), Duration::from_millis(20), || {
+        let (mut conn, channel) = (conn.clone(), spent_channel.clone());
+        async move {
+            let (_, n): (String, u64) =
+                redis::cmd("PUBSUB").arg("NUMSUB").arg(&channel).query_async(&mut conn).await.unwrap();
+            n >= 2
+        }
+    })
+    .await;
+    assert!(subscribed, "both proxies listen for spent tokens");
+    let token = a.until_ready("alice", Duration::from_secs(10)).await;
+    let _: () = redis::cmd("SAVE").query_async(&mut conn).await.unwrap();
+    assert_eq!(a.order("alice", Some(&token)).await.status, 201);
+
+    redis.crash();
+    redis.restart();
+    let back: Option<String> = redis::cmd("GET")
+        .arg(keys(&a).token("alice"))
+        .query_async(&mut redis.conn().await)
+        .await
+        .unwrap();
+    assert_eq!(back.as_deref(), Some(token.as_str()), "the snapshot brought the token back");
+    let answered = wait_until(Duration::from_secs(10), Duration::from_millis(50), || async {
+        b.status("nobody").await.status == 200
+    })
+    .await;
+    assert!(answered, "b reaches the restarted Redis");
+    let again = b.order("alice", Some(&token)).await;
+    assert_eq!(again.status, 403, "{}", again.body);
+    assert_eq!(again.json(), serde_json::json!({"error": "the entry token has already been used"}));
+    assert_eq!(api.stats().await["completed"], 1, "one order for one admission");
+}

@@ -108,6 +108,8 @@ enum Target {
     },
     Cluster {
         client: ClusterClient,
+        /// The seed nodes, for a subscription (a PUBLISH reaches every node of a cluster).
+        nodes: Vec<String>,
         read_from_replicas: bool,
         link: Arc<Link<ClusterConnection>>,
     },
@@ -148,6 +150,7 @@ impl Connector {
                 }
                 Target::Cluster {
                     client: builder.build()?,
+                    nodes: nodes.clone(),
                     read_from_replicas: config.read_from_replicas,
                     link: Link::new(budget),
                 }
@@ -186,6 +189,25 @@ impl Connector {
         }
     }
 
+    /// A client for a pub/sub subscription of its own (see `crate::line`), on any target: the
+    /// single server; a cluster's seed node number `attempt` (modulo their number: a message
+    /// published on any node reaches every node); the primary a sentinel target is connected to
+    /// (`None` while it is not connected).
+    pub fn subscriber_client(&self, attempt: usize) -> Option<redis::Client> {
+        match &self.target {
+            Target::Single { client, .. } => Some(client.clone()),
+            Target::Cluster { nodes, .. } => {
+                let node = nodes.get(attempt % nodes.len().max(1))?;
+                redis::Client::open(node.as_str()).ok()
+            }
+            Target::Sentinel { link, .. } => {
+                let (primary, _) = link.current()?;
+                let (host, port) = &primary.addr;
+                redis::Client::open(format!("redis://{host}:{port}")).ok()
+            }
+        }
+    }
+
     /// A clone of the service's connection, opening it on first use (and, for a sentinel target,
     /// again after it was dropped).
     pub async fn get(&self) -> Result<RedisConn, StoreError> {
@@ -218,6 +240,7 @@ impl Connector {
                 client,
                 read_from_replicas,
                 link,
+                ..
             } => {
                 let (conn, _) = link
                     .get(|| {

@@ -33,6 +33,9 @@ pub struct Keys {
     /// A pub/sub channel nobody publishes on: the line watcher's subscription to it ends the
     /// moment Redis goes away.
     pub line_watch: String,
+    /// A pub/sub channel on which every spent token is announced, so that every proxy of the
+    /// room refuses it even if Redis loses the spend (see `crate::spent`).
+    pub spent: String,
 }
 
 impl Keys {
@@ -55,6 +58,7 @@ impl Keys {
             room_clock: format!("{tag}:clock"),
             epoch: format!("{tag}:epoch"),
             line_watch: format!("{tag}:line:watch"),
+            spent: format!("{tag}:spent"),
         }
     }
 

@@ -231,6 +231,11 @@ impl Room {
     pub fn single_client(&self) -> Option<redis::Client> {
         self.connector.single_client()
     }
+
+    /// A client for a subscription (see [`Connector::subscriber_client`]).
+    pub fn subscriber_client(&self, attempt: usize) -> Option<redis::Client> {
+        self.connector.subscriber_client(attempt)
+    }
 }
 
 #[cfg(test)]
