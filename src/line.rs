@@ -212,7 +212,9 @@ impl<C: Clock> LocalLine<C> {
 /// Reads the line's mark every [`REFRESH_EVERY`] for this proxy's [`LocalLine`] (the room
 /// state's).
 pub struct LineWatcher {
-    room: Room,
+    room: Arc<Room>,
+    /// The Redis server (`run_id`) the last reading came from.
+    server: Mutex<Option<String>>,
     state: Arc<RoomState>,
 }
 
@@ -220,7 +222,7 @@ impl LineWatcher {
     pub fn new(state: Arc<RoomState>, room: Room) -> LineWatcher {
         // A reading that takes much longer than its freshness is useless anyway.
         let timeout = room.timeout().min(FRESH_FOR * 4);
-        LineWatcher { room: room.with_timeout(timeout), state }
+        LineWatcher { room: Arc::new(room.with_timeout(timeout)), server: Mutex::default(), state }
     }
 
     fn line(&self) -> &LocalLine {
@@ -275,11 +277,39 @@ impl LineWatcher {
         }
     }
 
+    /// When another Redis server answers than before (a restart, a failover), it may have lost
+    /// the spends of tokens (see [`crate::spent`]): this proxy makes every spend it remembers
+    /// again, in a task of its own, so the readings go on meanwhile.
+    fn after_a_loss(&self, server: &str) {
+        let mut seen = self.server.lock().unwrap_or_else(|e| e.into_inner());
+        let changed = seen.as_deref().is_some_and(|before| before != server);
+        *seen = Some(server.to_owned());
+        if !changed {
+            return;
+        }
+        let spends = self.state.spent().live();
+        if spends.is_empty() {
+            return;
+        }
+        let room = self.room.clone();
+        tokio::spawn(async move {
+            let mut made = 0;
+            for (user, token) in &spends {
+                // No claim: only the spend is made again, and only of that very token.
+                if room.consume(user, token, "", true).await.unwrap_or(false) {
+                    made += 1;
+                }
+            }
+            tracing::info!(remembered = spends.len(), made, "another Redis server answers: spends it had lost made again");
+        });
+    }
+
     async fn read(&self) {
         self.line().reading();
         match self.room.read_line().await {
             Ok(reading) => {
                 self.line().refresh(&reading);
+                self.after_a_loss(&reading.server);
                 if reading.epoch.is_none() {
                     // A new room, or one reset: give it an epoch (the next reading takes it).
                     if let Err(error) = self.room.start_epoch().await {

@@ -18,6 +18,8 @@ async fn a_spent_token_stays_refused_after_redis_restarts_from_an_older_snapshot
     assert_eq!(proxy.order("alice", Some(&token)).await.status, 201);
     assert_eq!(proxy.order("alice", Some(&token)).await.status, 403, "spent");
 
+    // Paused, the proxy cannot make the spend again before the token is seen back.
+    proxy.signal("STOP");
     redis.crash();
     redis.restart();
     let mut conn = redis.conn().await;
@@ -26,6 +28,7 @@ async fn a_spent_token_stays_refused_after_redis_restarts_from_an_older_snapshot
         .query_async(&mut conn)
         .await
         .unwrap();
+    proxy.signal("CONT");
     assert_eq!(back.as_deref(), Some(token.as_str()), "the snapshot brought the token back");
     // A user who never entered asks Redis on every poll: 200 once the proxy is reconnected.
     let answered = wait_until(Duration::from_secs(10), Duration::from_millis(50), || async {
@@ -266,6 +269,9 @@ async fn a_token_spent_through_one_proxy_is_refused_by_the_others_after_redis_lo
     let _: () = redis::cmd("SAVE").query_async(&mut conn).await.unwrap();
     assert_eq!(a.order("alice", Some(&token)).await.status, 201);
 
+    // Paused, neither proxy can make the spend again before the token is seen back.
+    a.signal("STOP");
+    b.signal("STOP");
     redis.crash();
     redis.restart();
     let back: Option<String> = redis::cmd("GET")
@@ -273,6 +279,8 @@ async fn a_token_spent_through_one_proxy_is_refused_by_the_others_after_redis_lo
         .query_async(&mut redis.conn().await)
         .await
         .unwrap();
+    a.signal("CONT");
+    b.signal("CONT");
     assert_eq!(back.as_deref(), Some(token.as_str()), "the snapshot brought the token back");
     let answered = wait_until(Duration::from_secs(10), Duration::from_millis(50), || async {
         b.status("nobody").await.status == 200
@@ -282,5 +290,36 @@ async fn a_token_spent_through_one_proxy_is_refused_by_the_others_after_redis_lo
     let again = b.order("alice", Some(&token)).await;
     assert_eq!(again.status, 403, "{}", again.body);
     assert_eq!(again.json(), serde_json::json!({"error": "the entry token has already been used"}));
+    assert_eq!(api.stats().await["completed"], 1, "one order for one admission");
+}
+
+
+/// A spend that Redis lost is made again by the proxies that remember it, once they notice the
+/// restart: a proxy that starts only afterwards, and so never heard of the spend, refuses the
+/// token too.
+#[tokio::test]
+async fn a_spend_redis_lost_is_made_again_when_the_proxies_notice_the_restart() {
+    let (mut redis, api, a) = room(&[], "admission: {interval: 20ms, batch_size: 50}").await;
+    let token = a.until_ready("alice", Duration::from_secs(10)).await;
+    let _: () = redis::cmd("SAVE").query_async(&mut redis.conn().await).await.unwrap();
+    assert_eq!(a.order("alice", Some(&token)).await.status, 201);
+
+    a.signal("STOP");
+    redis.crash();
+    redis.restart();
+    let token_key = keys(&a).token("alice");
+    let get = || async {
+        let value: Option<String> =
+            redis::cmd("GET").arg(&token_key).query_async(&mut redis.conn().await).await.unwrap();
+        value
+    };
+    let back = get().await;
+    a.signal("CONT");
+    assert_eq!(back.as_deref(), Some(token.as_str()), "the snapshot brought the token back");
+    let deleted_again = wait_until(Duration::from_secs(5), Duration::from_millis(20), || async { get().await.is_none() }).await;
+    assert!(deleted_again, "the token the snapshot brought back is deleted again");
+    let later = Proxy::builder(&redis.url(), api.addr()).key_prefix(&a.key_prefix()).start().await;
+    let again = later.order("alice", Some(&token)).await;
+    assert_eq!(again.status, 403, "{}", again.body);
     assert_eq!(api.stats().await["completed"], 1, "one order for one admission");
 }
