@@ -2,7 +2,7 @@
 -- due; Redis's own clock and the stored schedule decide, so however many proxies call, the room
 -- admits at most one batch per interval, and the others learn how long to sleep.
 -- Built after a prelude that binds the names below (declared in src/store/admit.rs) and after
--- lua/admission.lua and lua/room_state.lua.
+-- lua/admission.lua, lua/room_state.lua and lua/room_clock.lua.
 --
 -- KEYS
 --   queue            the line
@@ -13,8 +13,10 @@
 --                    value that ends the interval, count = users admitted in it), shared with
 --                    instant passes
 --   admissions       the admissions log, for the measured rate (see record_admissions)
---   heard            when each waiting user was last heard from (sorted set, score = ms), for
---                    abandonment
+--   heard            when each waiting user was last heard from (sorted set, score = the room's
+--                    time in ms, see room_clock.lua), for abandonment; deleted while
+--                    abandonment is off, so nothing is remembered against anyone then
+--   room_clock       the room's clock (see room_clock.lua)
 --   room             the room's state: only an open room admits (see room_state.lua)
 --   admitted_minute  admissions per second of the last minute (see room_state.lua)
 -- The admitted users' token keys (token_prefix .. user) cannot be declared: who is admitted is
@@ -29,6 +31,7 @@
 --   opens_us, closes_us (a scheduled event's opening and close in Redis TIME microseconds, 0 =
 --                    none): nobody is admitted before the opening, so the pre-queue waits for its
 --                    draw, nor from the close, which ends the line (see event.lua),
+--   keeps_time       abandonment or enforced polling is on: advance the room's clock
 --   from ARGV[REST], one fresh random token per place in the batch (Lua has no secure randomness)
 --
 -- Reply, in the order src/store/admit.rs declares it (AdmitReply): admitted, wait_us (until the
@@ -37,6 +40,18 @@
 -- Numbers arrive as text (see src/store/script.rs).
 
 local SWEEP_MAX = 1000
+
+-- Before anything else, the early answer included: every proxy's tick keeps the room's clock.
+abandon_ms = tonumber(abandon_ms)
+local room_now = nil
+if keeps_time or abandon_ms > 0 then
+  room_now = room_time()
+end
+if abandon_ms <= 0 then
+  -- Switched off (or never on): entries from an earlier time must not count when it is
+  -- switched on again, against users who kept polling meanwhile unrecorded.
+  redis.call('DEL', heard)
+end
 
 local now = redis_now_us()
 interval_us = tonumber(interval_us)
@@ -70,7 +85,6 @@ local next_due = next_tick(due, now, interval_us)
 redis.call('SET', next_admission, int_text(next_due))
 
 local now_ms = math.floor(now / 1000)
-abandon_ms = tonumber(abandon_ms)
 ttl_ms = tonumber(ttl_ms)
 
 -- Users who stopped polling leave before anyone is admitted: the places behind them move up
@@ -78,7 +92,7 @@ ttl_ms = tonumber(ttl_ms)
 -- checks every user it takes anyway.
 local abandoned = 0
 if abandon_ms > 0 then
-  local stale = redis.call('ZRANGEBYSCORE', heard, '-inf', '(' .. int_text(now_ms - abandon_ms),
+  local stale = redis.call('ZRANGEBYSCORE', heard, '-inf', '(' .. int_text(room_now - abandon_ms),
     'LIMIT', 0, SWEEP_MAX)
   if #stale > 0 then
     redis.call('ZREM', heard, unpack(stale))
@@ -111,7 +125,7 @@ elseif budget > 0 then
     if #popped == 0 then break end
     for i = 1, #popped, 2 do
       local user = popped[i]
-      if is_stale(heard, user, abandon_ms, now_ms) then
+      if is_stale(heard, user, abandon_ms, room_now) then
         abandoned = abandoned + 1
       else
         admit(user)

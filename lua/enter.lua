@@ -1,7 +1,7 @@
 -- Enter the line: one atomic step, so no burst of concurrent enters can exceed the capacity,
 -- share a number, or hold two places for one user. Built after a prelude that binds the names
--- below (declared in src/store/enter.rs) and after lua/poll_clock.lua, lua/admission.lua
--- and lua/room_state.lua.
+-- below (declared in src/store/enter.rs) and after lua/room_clock.lua, lua/poll_clock.lua,
+-- lua/admission.lua and lua/room_state.lua.
 --
 -- KEYS
 --   queue            the line (sorted set, member = user, score = arrival number)
@@ -12,10 +12,12 @@
 --                    minute, in Redis time, that counted each)
 --   tokens, next_admission, admission_spent, adaptive, admissions, heard
 --                    live tokens, the admission schedule, the interval's spent budget, the
---                    adaptive state, the admissions log, heard-from times (as in admit.lua)
+--                    adaptive state, the admissions log, heard-from times (in the room's time,
+--                    as in admit.lua)
 --   epoch            the room's epoch (see src/line.rs)
 --   room, admitted_minute
 --                    the room's state and the minute of admissions (see room_state.lua)
+--   room_clock       the room's clock, which abandonment reads (see room_clock.lua)
 -- ARGV
 --   user, capacity, per_address (identities per address per minute, 0 = no limit),
 --   abandon_ms (0 = off),
@@ -34,6 +36,10 @@
 -- Numbers arrive as text (see src/store/script.rs): each is converted on the paths that use it.
 
 abandon_ms = tonumber(abandon_ms)
+local room_now = nil
+if abandon_ms > 0 or enforcing() then
+  room_now = room_time()
+end
 
 local held = redis.call('GET', user_token)
 if held then
@@ -51,14 +57,13 @@ end
 local abandoned = 0
 local rank = redis.call('ZRANK', queue, user)
 if rank and abandon_ms > 0 then
-  local now = now_ms()
-  if is_stale(heard, user, abandon_ms, now) then
+  if is_stale(heard, user, abandon_ms, room_now) then
     -- Not heard from for too long: the place is lost, and this enter queues at the back.
     redis.call('ZREM', queue, user)
     abandoned = 1
     rank = nil
   else
-    redis.call('ZADD', heard, now, user)
+    redis.call('ZADD', heard, int_text(room_now), user)
   end
 end
 if rank then
@@ -126,7 +131,7 @@ end
 local number = redis.call('INCR', seq)
 redis.call('ZADD', queue, 'NX', number, user)
 if abandon_ms > 0 then
-  redis.call('ZADD', heard, now_ms(), user)
+  redis.call('ZADD', heard, int_text(room_now), user)
 end
 -- The newest number is the largest, so the new place is the last one.
 local position = redis.call('ZCARD', queue)

@@ -7,6 +7,8 @@
 -- arithmetic lives in one place (src/rules.rs). Needs from the script's prelude:
 --   poll_factor       1 - grace, or 0 when enforcement is off (as text, like every number)
 --   ARGV[REST..]      pairs (first position of a tier, pollAfter in ms), in tier order
+-- and, placed before it, lua/room_clock.lua: right after an outage the clock neither starts nor
+-- refuses (`after_outage`).
 
 local function poll_after_ms(position)
   for i = REST, #ARGV - 1, 2 do
@@ -21,6 +23,11 @@ local function enforcing()
   return tonumber(poll_factor) > 0
 end
 
+-- Whether a status call now would be refused: before the time its clock says.
+local function too_early(on_time, now)
+  return on_time ~= nil and now < on_time and not after_outage
+end
+
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -28,7 +35,7 @@ end
 
 -- An answer with a pollAfter was just given: the next status call is on time from then on.
 local function start_poll_clock(key, position)
-  if not enforcing() then return end
+  if not enforcing() or after_outage then return end
   local ms = poll_after_ms(position)
   if not ms then return end
   local on_time = now_ms() + math.floor(ms * tonumber(poll_factor))

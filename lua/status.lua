@@ -5,7 +5,7 @@
 -- lua/poll_clock.lua.
 --
 -- KEYS  queue (the line), user_token, user_clock (see poll_clock.lua), heard (heard-from times,
---       see admit.lua)
+--       in the room's time, see admit.lua), room_clock (see room_clock.lua)
 -- ARGV  user, abandon_ms (0 = off), poll_factor and, from ARGV[REST], the poll clock's tiers
 --
 -- Replies: a tag, then its fields in the order src/store/status.rs declares them (StatusReply):
@@ -16,30 +16,31 @@
 -- Numbers arrive as text (see src/store/script.rs).
 
 abandon_ms = tonumber(abandon_ms)
+local room_now = nil
+if abandon_ms > 0 or enforcing() then
+  room_now = room_time()
+end
 
 -- Abandonment: every call counts as heard from, one refused as TOO_EARLY below included; a call
 -- that comes too late finds the place gone.
 local lost = 0
 local heard_at = nil
 if abandon_ms > 0 then
-  local now = now_ms()
   heard_at = tonumber(redis.call('ZSCORE', heard, user))
-  if heard_at and now - heard_at > abandon_ms then
+  if heard_at and room_now - heard_at > abandon_ms then
     lost = redis.call('ZREM', queue, user)
     redis.call('ZREM', heard, user)
   elseif heard_at then
-    redis.call('ZADD', heard, now, user)
+    redis.call('ZADD', heard, string.format('%.0f', room_now), user)
   end
 end
 
 -- A refused call does not restart the clock.
 if lost == 0 and enforcing() then
   local on_time = tonumber(redis.call('GET', user_clock))
-  if on_time then
-    local now = now_ms()
-    if now < on_time then
-      return {'TOO_EARLY', math.max(1, math.ceil((on_time - now) / 1000))}
-    end
+  local now = now_ms()
+  if too_early(on_time, now) then
+    return {'TOO_EARLY', math.max(1, math.ceil((on_time - now) / 1000))}
   end
 end
 
@@ -47,7 +48,7 @@ local rank = redis.call('ZRANK', queue, user)
 if rank then
   if abandon_ms > 0 and not heard_at then
     -- Queued before abandonment was switched on: tracked from now.
-    redis.call('ZADD', heard, now_ms(), user)
+    redis.call('ZADD', heard, string.format('%.0f', room_now), user)
   end
   start_poll_clock(user_clock, rank + 1)
   return {'WAITING', rank + 1}

@@ -109,6 +109,9 @@ impl<'a> Pacing<'a> {
 
 /// The longest the ticker sleeps between two looks at the room's schedule.
 const MAX_SLEEP: Duration = Duration::from_secs(1);
+/// ... and while the room keeps its clock (`lua/room_clock.lua`): well under the second of
+/// silence that the clock takes for an outage.
+const MAX_SLEEP_KEEPING_TIME: Duration = Duration::from_millis(250);
 
 pub struct Admitter {
     state: Arc<RoomState>,
@@ -148,7 +151,8 @@ impl Admitter {
                 // Never sleep past one interval (a reload that shortens it applies at once), nor
                 // past a second (a schedule changed in Redis, by another proxy or by an operator,
                 // is noticed soon even with hour-long intervals).
-                outcome.next_due.clamp(Duration::from_micros(500), interval.min(MAX_SLEEP))
+                let longest = if rules.keeps_time() { MAX_SLEEP_KEEPING_TIME } else { MAX_SLEEP };
+                outcome.next_due.clamp(Duration::from_micros(500), interval.min(longest))
             }
             Err(error) => {
                 metrics::REDIS_ERRORS_TOTAL.inc();

@@ -11,7 +11,7 @@
 //!
 //! With a single-URL Redis the watcher also holds a pub/sub subscription to a channel nobody
 //! publishes on: a Redis that dies closes it at once, and local answers stop then, not at the
-//! next reading.
+//! next reading. The same subscription (on any target) hears the tokens other proxies spend.
 //!
 //! The guards, each falling back to the exact answer from Redis:
 //! - a reading older than [`FRESH_FOR`], or one that has been waiting for Redis's answer longer
@@ -21,6 +21,12 @@
 //!   removed from the middle, by abandonment or by hand), until admission has passed the gap;
 //! - a room that was reset (Redis restarted empty, or flushed): the room's epoch, a random value
 //!   the watcher stores when it is missing, changes, and every learned number is forgotten;
+//! - a room that lost writes (Redis restarted from an older snapshot, or failed over to a
+//!   replica that lagged): the epoch survives, but the counter may have rolled back and be
+//!   handing the lost numbers to newcomers. Numbers are learned from one server (its `run_id`)
+//!   and forgotten when another answers, or when the counter goes down; an answer read before
+//!   that (see [`LocalLine::ticket`]) is not learned. The users whose places were lost then get
+//!   Redis's own answer, NOT_IN_QUEUE, at their next poll;
 //! - a user whose number is at or below `left` (admitted, or gone): READY or NOT_IN_QUEUE
 //!   always comes from Redis;
 //! - polls that Redis must see (enforced polling, abandonment): never answered here.
@@ -41,7 +47,7 @@ use pingora::services::background::BackgroundService;
 use crate::state::RoomState;
 use crate::store::{LineReading, Room};
 
-/// How often each proxy reads the line's mark: one MULTI of four reads, 100 a second.
+/// How often each proxy reads the line's mark: one MULTI of five reads, 100 a second.
 pub const REFRESH_EVERY: Duration = Duration::from_millis(10);
 /// A mark older than this is not used.
 pub const FRESH_FOR: Duration = Duration::from_millis(50);
@@ -86,10 +92,19 @@ pub fn mark_of(reading: &LineReading) -> Option<(u64, u64)> {
     }
 }
 
+/// When an answer to learn from was asked for: see [`LocalLine::ticket`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ticket(u64);
+
 #[derive(Default)]
 struct State {
     /// The epoch the numbers below were learned in.
     epoch: Option<String>,
+    /// The server they were learned from, and its counter as last read.
+    server: String,
+    last: u64,
+    /// Counts the times the numbers were forgotten (see [`LocalLine::ticket`]).
+    generation: u64,
     users: HashMap<String, u64>,
     /// `(left, last)` and when it was read; `None` when the last reading failed or showed a gap.
     mark: Option<(u64, u64, Instant)>,
@@ -126,19 +141,26 @@ impl<C: Clock> LocalLine<C> {
         (number > left && number <= last).then(|| number - left)
     }
 
+    /// Taken before asking Redis for an answer to learn from: an answer read by a server the
+    /// line has stopped trusting since (see `refresh`) is then not learned.
+    pub fn ticket(&self) -> Ticket {
+        Ticket(self.state.lock().unwrap_or_else(|e| e.into_inner()).generation)
+    }
+
     /// Remembers the arrival number an answer from Redis read of a waiting user, if it read one.
-    pub fn learn_arrival(&self, user: &str, arrival: Option<&(u64, String)>) {
+    pub fn learn_arrival(&self, user: &str, arrival: Option<&(u64, String)>, ticket: Ticket) {
         if let Some((number, epoch)) = arrival {
-            self.learn(user, *number, epoch);
+            self.learn(user, *number, epoch, ticket);
         }
     }
 
     /// Remembers a waiting user's arrival number, read from Redis in `epoch`.
-    pub fn learn(&self, user: &str, number: u64, epoch: &str) {
+    pub fn learn(&self, user: &str, number: u64, epoch: &str, ticket: Ticket) {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         // Learned in another epoch than the numbers held (a reset the watcher has not read yet,
-        // or has read since): not comparable with them.
-        if state.epoch.as_deref() != Some(epoch) {
+        // or has read since), or asked before the numbers were last forgotten (perhaps of a
+        // server that lost writes since): not comparable with them.
+        if state.epoch.as_deref() != Some(epoch) || state.generation != ticket.0 {
             return;
         }
         if state.users.len() >= MAX_USERS && !state.users.contains_key(user) {
@@ -156,10 +178,14 @@ impl<C: Clock> LocalLine<C> {
     pub fn refresh(&self, reading: &LineReading) {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         state.reading_since = None;
-        if state.epoch != reading.epoch {
+        let rolled_back = reading.last < state.last;
+        if state.epoch != reading.epoch || state.server != reading.server || rolled_back {
             state.users.clear();
+            state.generation += 1;
             state.epoch = reading.epoch.clone();
+            state.server = reading.server.clone();
         }
+        state.last = reading.last;
         let now = self.clock.now();
         state.mark = match (&reading.epoch, mark_of(reading)) {
             (Some(_), Some((left, last))) => Some((left, last, now)),
@@ -188,7 +214,9 @@ impl<C: Clock> LocalLine<C> {
 /// Reads the line's mark every [`REFRESH_EVERY`] for this proxy's [`LocalLine`] (the room
 /// state's).
 pub struct LineWatcher {
-    room: Room,
+    room: Arc<Room>,
+    /// The Redis server (`run_id`) the last reading came from.
+    server: Mutex<Option<String>>,
     state: Arc<RoomState>,
 }
 
@@ -196,44 +224,86 @@ impl LineWatcher {
     pub fn new(state: Arc<RoomState>, room: Room) -> LineWatcher {
         // A reading that takes much longer than its freshness is useless anyway.
         let timeout = room.timeout().min(FRESH_FOR * 4);
-        LineWatcher { room: room.with_timeout(timeout), state }
+        LineWatcher { room: Arc::new(room.with_timeout(timeout)), server: Mutex::default(), state }
     }
 
     fn line(&self) -> &LocalLine {
         self.state.line()
     }
 
-    /// Subscribes to the room's watch channel and waits for the subscription to end, over and
-    /// over: each end means the connection dropped, and the line is invalidated at once. A Redis
-    /// that refuses the subscription itself (an ACL without channel rights) leaves the readings
-    /// alone to guard the line.
-    async fn canary(&self, client: redis::Client) {
-        let channel = self.room.keys().line_watch.clone();
+    /// Subscribes to the room's channels and waits for the subscription to end, over and over.
+    /// The spent-token channel feeds this proxy's [`crate::spent::SpentTokens`] with the tokens
+    /// every proxy of the room spends. With a single-URL Redis the subscription is also the
+    /// line's canary (on the watch channel, where nobody publishes): each end means the
+    /// connection dropped, and the line is invalidated at once. A Redis that refuses the
+    /// subscription itself (an ACL without channel rights) leaves the readings alone to guard
+    /// the line, and each proxy to remember only the tokens it spent itself; so does a cluster
+    /// or sentinel subscription that fails, which is retried.
+    async fn subscription(&self) {
+        let canary = self.room.single_client().is_some();
+        let keys = self.room.keys();
+        let channels: Vec<&str> = if canary { vec![&keys.line_watch, &keys.spent] } else { vec![&keys.spent] };
         let mut pause = REFRESH_EVERY;
-        loop {
+        for attempt in 0.. {
             let subscribed = tokio::time::timeout(CANARY_CONNECT, async {
+                // None: a sentinel target not connected yet.
+                let Some(client) = self.room.subscriber_client(attempt) else { return Ok(None) };
                 let mut pubsub = client.get_async_pubsub().await?;
-                pubsub.subscribe(&channel).await?;
-                Ok::<_, redis::RedisError>(pubsub)
+                pubsub.subscribe(&channels).await?;
+                Ok::<_, redis::RedisError>(Some(pubsub))
             })
             .await;
             match subscribed {
-                Ok(Ok(pubsub)) => {
+                Ok(Ok(Some(pubsub))) => {
                     pause = REFRESH_EVERY;
                     let mut messages = pubsub.into_on_message();
-                    while messages.next().await.is_some() {}
+                    while let Some(message) = messages.next().await {
+                        if message.get_channel_name() == keys.spent {
+                            let ttl = self.state.settings().config.token.ttl;
+                            self.state.spent().announced(message.get_payload_bytes(), ttl);
+                        }
+                    }
                 }
                 Ok(Err(error)) if !(error.is_io_error() || error.is_connection_dropped() || error.is_timeout()) => {
-                    tracing::warn!(%error, "Redis refused the line watcher's subscription; a dead Redis is noticed at the next line reading instead");
+                    tracing::warn!(%error, "Redis refused the line watcher's subscription: a dead Redis is noticed at the next line reading instead, and tokens spent through other proxies are known only to Redis");
                     return std::future::pending().await;
                 }
                 _ => {}
             }
-            self.line().invalidate();
+            if canary {
+                self.line().invalidate();
+            }
             tokio::time::sleep(pause).await;
             // Redis is away: try again, but not 100 times a second.
             pause = (pause * 2).min(Duration::from_secs(1));
         }
+    }
+
+    /// When another Redis server answers than before (a restart, a failover), it may have lost
+    /// the spends of tokens (see [`crate::spent`]): this proxy makes every spend it remembers
+    /// again, in a task of its own, so the readings go on meanwhile.
+    fn after_a_loss(&self, server: &str) {
+        let mut seen = self.server.lock().unwrap_or_else(|e| e.into_inner());
+        let changed = seen.as_deref().is_some_and(|before| before != server);
+        *seen = Some(server.to_owned());
+        if !changed {
+            return;
+        }
+        let spends = self.state.spent().live();
+        if spends.is_empty() {
+            return;
+        }
+        let room = self.room.clone();
+        tokio::spawn(async move {
+            let mut made = 0;
+            for (user, token) in &spends {
+                // No claim: only the spend is made again, and only of that very token.
+                if room.consume(user, token, "", true).await.unwrap_or(false) {
+                    made += 1;
+                }
+            }
+            tracing::info!(remembered = spends.len(), made, "another Redis server answers: spends it had lost made again");
+        });
     }
 
     async fn read(&self) {
@@ -241,6 +311,7 @@ impl LineWatcher {
         match self.room.read_line().await {
             Ok(reading) => {
                 self.line().refresh(&reading);
+                self.after_a_loss(&reading.server);
                 if reading.epoch.is_none() {
                     // A new room, or one reset: give it an epoch (the next reading takes it).
                     if let Err(error) = self.room.start_epoch().await {
@@ -261,12 +332,7 @@ impl BackgroundService for LineWatcher {
     async fn start(&self, mut shutdown: ShutdownWatch) {
         let mut tick = tokio::time::interval(REFRESH_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let canary = async {
-            match self.room.single_client() {
-                Some(client) => self.canary(client).await,
-                None => std::future::pending().await,
-            }
-        };
+        let canary = self.subscription();
         tokio::pin!(canary);
         loop {
             tokio::select! {
@@ -308,6 +374,7 @@ mod tests {
             len,
             first,
             epoch: Some(epoch.to_owned()),
+            server: "s1".to_owned(),
         }
     }
 
@@ -332,7 +399,7 @@ mod tests {
     fn positions_follow_the_mark() {
         let line: LocalLine = LocalLine::default();
         line.refresh(&reading(10, 10, Some(1), "e"));
-        line.learn("u7", 7, "e");
+        line.learn("u7", 7, "e", line.ticket());
         assert_eq!(line.position("u7"), Some(7));
         assert_eq!(line.position("unknown"), None);
         line.refresh(&reading(12, 7, Some(6), "e"));
@@ -346,8 +413,8 @@ mod tests {
     fn numbers_from_another_epoch_are_never_used() {
         let line: LocalLine = LocalLine::default();
         line.refresh(&reading(10, 10, Some(1), "old"));
-        line.learn("u5", 5, "old");
-        line.learn("u6", 6, "new");
+        line.learn("u5", 5, "old", line.ticket());
+        line.learn("u6", 6, "new", line.ticket());
         assert_eq!(
             line.position("u6"),
             None,
@@ -361,15 +428,44 @@ mod tests {
             len: 20,
             first: Some(1),
             epoch: None,
+            server: "s1".to_owned(),
         });
         assert_eq!(line.position("u5"), None);
+    }
+
+    #[test]
+    fn numbers_from_another_server_or_a_rolled_back_counter_are_forgotten() {
+        let line: LocalLine = LocalLine::default();
+        line.refresh(&reading(5, 5, Some(1), "e"));
+        line.learn("u4", 4, "e", line.ticket());
+        assert_eq!(line.position("u4"), Some(4));
+        // Restarted from a snapshot taken at 3, and two newcomers took 4 and 5 again: the epoch
+        // and the counter look the same, the server does not.
+        line.refresh(&LineReading { server: "s2".to_owned(), ..reading(5, 5, Some(1), "e") });
+        assert_eq!(line.position("u4"), None, "4 is someone else's number now");
+        line.learn("u4", 4, "e", line.ticket());
+        assert_eq!(line.position("u4"), Some(4), "learned again from the new server");
+        // The same server's counter went down (a replica promoted behind our back).
+        line.refresh(&LineReading { server: "s2".to_owned(), ..reading(3, 3, Some(1), "e") });
+        line.refresh(&LineReading { server: "s2".to_owned(), ..reading(5, 5, Some(1), "e") });
+        assert_eq!(line.position("u4"), None);
+    }
+
+    #[test]
+    fn an_answer_asked_for_before_the_numbers_were_forgotten_is_not_learned() {
+        let line: LocalLine = LocalLine::default();
+        line.refresh(&reading(5, 5, Some(1), "e"));
+        let asked = line.ticket();
+        line.refresh(&LineReading { server: "s2".to_owned(), ..reading(5, 5, Some(1), "e") });
+        line.learn("u4", 4, "e", asked);
+        assert_eq!(line.position("u4"), None, "read from the old server, perhaps");
     }
 
     #[test]
     fn a_failed_or_gapped_reading_stops_local_answers() {
         let line: LocalLine = LocalLine::default();
         line.refresh(&reading(10, 10, Some(1), "e"));
-        line.learn("u3", 3, "e");
+        line.learn("u3", 3, "e", line.ticket());
         line.invalidate();
         assert_eq!(line.position("u3"), None);
         line.refresh(&reading(10, 9, Some(1), "e"));
@@ -391,7 +487,7 @@ mod tests {
         let clock = FakeClock::new();
         let line = LocalLine::with_clock(clock.clone());
         line.refresh(&reading(10, 10, Some(1), "e"));
-        line.learn("u3", 3, "e");
+        line.learn("u3", 3, "e", line.ticket());
         line.reading();
         clock.advance(SUSPECT_AFTER);
         assert_eq!(line.position("u3"), Some(3), "a reading sent just within the bound");
@@ -406,7 +502,7 @@ mod tests {
         let clock = FakeClock::new();
         let line = LocalLine::with_clock(clock.clone());
         line.refresh(&reading(10, 10, Some(1), "e"));
-        line.learn("u3", 3, "e");
+        line.learn("u3", 3, "e", line.ticket());
         clock.advance(FRESH_FOR);
         assert_eq!(line.position("u3"), Some(3), "a reading exactly as old as the bound");
         clock.advance(Duration::from_millis(1));
@@ -418,7 +514,7 @@ mod tests {
         let clock = FakeClock::new();
         let line = LocalLine::with_clock(clock.clone());
         line.refresh(&reading(10, 10, Some(1), "e"));
-        line.learn("u2", 2, "e");
+        line.learn("u2", 2, "e", line.ticket());
         line.refresh(&reading(10, 8, Some(3), "e"));
         assert_eq!(line.state.lock().unwrap().users.len(), 1, "pruned within the second: kept");
         clock.advance(Duration::from_secs(1));

@@ -66,6 +66,7 @@ impl Policy {
             // The configuration refuses a value shorter than the longest pollAfter a user can be
             // told, so it is used as written.
             abandon_after: config.queue.abandon_after,
+            polls_enforced: config.polling.enforce,
         };
         let configured_pace =
             Pace::configured(Rate { batch: batch_size as u64, interval: admission.interval });

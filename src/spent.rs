@@ -5,6 +5,14 @@
 //! bring the token back, and a second order with it would be forwarded. Contract section 5 says a
 //! spent token stays refused for the rest of its lifetime even then, so each proxy keeps the
 //! tokens it spent, checked before Redis is asked, and forgets them once their lifetime is over.
+//!
+//! Every proxy of the room refuses them too: the spend announces the token on the room's
+//! spent-token channel (`lua/consume.lua`), in the same step as the delete, and each proxy's
+//! line watcher is subscribed to it ([`SpentTokens::announced`]). A proxy whose subscription is
+//! down at that moment (Redis away, or refusing it) misses the announcement, and has Redis's
+//! word only. So that Redis's word stays right, each proxy spends every token it remembers
+//! again once its line watcher sees another Redis server answer ([`SpentTokens::live`]): a
+//! proxy started after the loss then refuses the token too.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -13,11 +21,14 @@ use std::time::{Duration, Instant};
 /// Past this many remembered tokens, expired ones are dropped before the next is added; then
 /// not again until the map has doubled, so a busy proxy prunes in amortised constant time.
 const PRUNE_AT: usize = 4096;
+/// Bounds on what an announcement may make this proxy hold (tokens are UUIDs, living minutes).
+const MAX_TOKEN_LEN: usize = 128;
+const MAX_LIFETIME: Duration = Duration::from_secs(24 * 3600);
 
 #[derive(Default)]
 struct Held {
-    /// Token -> when it would have expired at the latest.
-    until: HashMap<String, Instant>,
+    /// Token -> when it would have expired at the latest, and whose it was (empty if unknown).
+    until: HashMap<String, (Instant, String)>,
     prune_at: usize,
 }
 
@@ -27,28 +38,59 @@ pub struct SpentTokens {
 }
 
 impl SpentTokens {
-    /// Remembers `token` as spent for `lifetime` (the token ttl: no token outlives it).
-    pub fn remember(&self, token: &str, lifetime: Duration) {
-        self.remember_at(token, lifetime, Instant::now());
+    /// Remembers `user`'s `token` as spent for `lifetime` (the token ttl: no token outlives it).
+    pub fn remember(&self, token: &str, user: &str, lifetime: Duration) {
+        self.remember_at(token, user, lifetime, Instant::now());
+    }
+
+    /// The `(user, token)` of every spend still remembered: what to make again in a Redis that
+    /// lost writes.
+    pub fn live(&self) -> Vec<(String, String)> {
+        let now = Instant::now();
+        let held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        held.until
+            .iter()
+            .filter(|(_, (until, user))| *until > now && !user.is_empty())
+            .map(|(token, (_, user))| (user.clone(), token.clone()))
+            .collect()
+    }
+
+    /// Remembers a token another proxy (or this one) announced as spent: `<ms left> <token>
+    /// <user>` (see `lua/consume.lua`; a user may hold spaces, so it comes last); `ttl` when the
+    /// ms are missing or not positive. Anything else on the channel is ignored: it is not ours to
+    /// crash on.
+    pub fn announced(&self, payload: &[u8], ttl: Duration) {
+        let Some((ms, rest)) = std::str::from_utf8(payload).ok().and_then(|p| p.split_once(' ')) else {
+            return;
+        };
+        let (token, user) = rest.split_once(' ').unwrap_or((rest, ""));
+        if token.is_empty() || token.len() > MAX_TOKEN_LEN {
+            return;
+        }
+        let lifetime = match ms.parse::<i64>() {
+            Ok(ms) if ms > 0 => Duration::from_millis(ms as u64).min(MAX_LIFETIME),
+            _ => ttl,
+        };
+        self.remember(token, user, lifetime);
     }
 
     pub fn is_spent(&self, token: &[u8]) -> bool {
         self.is_spent_at(token, Instant::now())
     }
 
-    fn remember_at(&self, token: &str, lifetime: Duration, now: Instant) {
+    fn remember_at(&self, token: &str, user: &str, lifetime: Duration, now: Instant) {
         let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
         if held.until.len() >= held.prune_at.max(PRUNE_AT) {
-            held.until.retain(|_, until| *until > now);
+            held.until.retain(|_, (until, _)| *until > now);
             held.prune_at = held.until.len() * 2;
         }
-        held.until.insert(token.to_owned(), now + lifetime);
+        held.until.insert(token.to_owned(), (now + lifetime, user.to_owned()));
     }
 
     fn is_spent_at(&self, token: &[u8], now: Instant) -> bool {
         let Ok(token) = std::str::from_utf8(token) else { return false };
         let held = self.held.lock().unwrap_or_else(|e| e.into_inner());
-        held.until.get(token).is_some_and(|until| *until > now)
+        held.until.get(token).is_some_and(|(until, _)| *until > now)
     }
 
     #[cfg(test)]
@@ -66,7 +108,7 @@ mod tests {
         let spent = SpentTokens::default();
         let t0 = Instant::now();
         let ttl = Duration::from_secs(300);
-        spent.remember_at("tok", ttl, t0);
+        spent.remember_at("tok", "u", ttl, t0);
         assert!(spent.is_spent_at(b"tok", t0));
         assert!(spent.is_spent_at(b"tok", t0 + ttl - Duration::from_millis(1)));
         assert!(!spent.is_spent_at(b"tok", t0 + ttl), "expired in Redis too by then");
@@ -75,13 +117,33 @@ mod tests {
     }
 
     #[test]
+    fn announcements_are_remembered_for_what_the_token_had_left() {
+        let spent = SpentTokens::default();
+        let ttl = Duration::from_secs(300);
+        spent.announced(b"1500 tok user with spaces", ttl);
+        assert!(spent.is_spent(b"tok"));
+        assert_eq!(spent.live(), vec![("user with spaces".to_owned(), "tok".to_owned())]);
+        let (held, _) = spent.held.lock().unwrap().until["tok"].clone();
+        assert!(held <= Instant::now() + Duration::from_millis(1500));
+        spent.announced(b"-1 untimed", ttl);
+        assert_eq!(spent.live().len(), 1, "no user: nothing to make again");
+        assert!(spent.is_spent(b"untimed"), "no expiry read: the ttl");
+        for junk in [&b""[..], b"tok2", b"12 ", &[0xff, b' ', b'x'], b"99999999999999999999 big"] {
+            spent.announced(junk, ttl);
+        }
+        assert!(!spent.is_spent(b"tok2"));
+        assert!(spent.is_spent(b"big"), "an unreadable count of ms: the ttl");
+        assert_eq!(spent.len(), 3);
+    }
+
+    #[test]
     fn expired_tokens_are_forgotten_once_many_are_held() {
         let spent = SpentTokens::default();
         let t0 = Instant::now();
         for i in 0..PRUNE_AT {
-            spent.remember_at(&format!("old-{i}"), Duration::from_secs(1), t0);
+            spent.remember_at(&format!("old-{i}"), "u", Duration::from_secs(1), t0);
         }
-        spent.remember_at("new", Duration::from_secs(1), t0 + Duration::from_secs(2));
+        spent.remember_at("new", "u", Duration::from_secs(1), t0 + Duration::from_secs(2));
         assert_eq!(spent.len(), 1);
     }
 }

@@ -38,11 +38,12 @@ pub async fn handle(
         per_address: address.as_deref().map(|a| (a, config.abuse.identities_per_address)),
         poll: pacing.poll_clock(),
     };
+    let ticket = state.line().ticket();
     let (result, answer) = match room.enter(request, &policy.rules).await {
         Ok(entered) => {
             metrics::ABANDONED_TOTAL.inc_by(entered.abandoned);
             if let Some(line) = local {
-                line.learn_arrival(user, entered.arrival.as_ref());
+                line.learn_arrival(user, entered.arrival.as_ref(), ticket);
             }
             match entered.outcome {
                 EnterOutcome::Waiting { position, already } => (

@@ -112,7 +112,7 @@ pub async fn settle(
     }
     // Before Redis hears of it: a repeat through this proxy is refused from now on, whatever
     // becomes of the delete.
-    spent.remember(&token, token_ttl);
+    spent.remember(&token, user, token_ttl);
     match room.consume(user, &token, &id, true).await {
         Ok(true) => metrics::TOKENS_CONSUMED_TOTAL.inc(),
         // Expired, or already replaced by a newer token, between the check and now.

@@ -25,11 +25,12 @@ pub async fn handle(
         metrics::STATUS_TOTAL.with_label_values(&["WAITING"]).inc();
         return Answer::waiting(position, pacing.pace(), config);
     }
+    let ticket = state.line().ticket();
     let (label, answer) = match room.status(user, pacing.poll_clock(), &policy.rules).await {
         Ok(status) => {
             metrics::ABANDONED_TOTAL.inc_by(status.abandoned);
             if let Some(line) = local {
-                line.learn_arrival(user, status.arrival.as_ref());
+                line.learn_arrival(user, status.arrival.as_ref(), ticket);
             }
             match status.outcome {
                 StatusOutcome::Waiting { position } => {

@@ -6,8 +6,8 @@ use std::time::Duration;
 use super::{Room, RoomRules, StoreError};
 
 script! {
-    static SCRIPT = [ADMISSION, ROOM_STATE] "lua/admit.lua";
-    keys [queue, next_admission, tokens, adaptive, admission_spent, admissions, heard, room, admitted_minute]
+    static SCRIPT = [ADMISSION, ROOM_STATE, ROOM_CLOCK] "lua/admit.lua";
+    keys [queue, next_admission, tokens, adaptive, admission_spent, admissions, heard, room, admitted_minute, room_clock]
     args AdmitArgs<'a> {
         interval_us: u64,
         batch_size: u32,
@@ -20,6 +20,7 @@ script! {
         listens: bool,
         opens_us: u64,
         closes_us: u64,
+        keeps_time: bool,
     }
     reply AdmitReply {
         admitted: u64,
@@ -70,6 +71,7 @@ impl Room {
             listens: rules.listens(),
             opens_us: opens_at_ms.map_or(0, |ms| ms.max(0) as u64 * 1000),
             closes_us: closes_at_ms.map_or(0, |ms| ms.max(1) as u64 * 1000),
+            keeps_time: rules.keeps_time(),
         };
         let mut call = invoke(&self.keys, args);
         // Lua has no secure randomness: one fresh token per place the batch may fill.

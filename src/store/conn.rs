@@ -2,7 +2,10 @@
 //! lazily, on the caller's runtime, and hands out cheap clones of it as a [`RedisConn`], the one
 //! connection type `Room` runs its scripts on, whatever the topology:
 //!
-//! - `redis.url`: a `ConnectionManager`, which reconnects to the same address by itself.
+//! - `redis.url`: a `ConnectionManager`, which reconnects to the same address by itself, but
+//!   only once a call has failed on the dead connection. So a keepalive pings it
+//!   ([`KEEPALIVE_EVERY`]): the reconnect happens while Redis is away, not in the first user's
+//!   request after it is back.
 //! - `redis.cluster`: redis-rs's async cluster connection. It follows MOVED/ASK, refreshes its slot
 //!   map after a failover and reconnects to the seed nodes when it lost every node, all by itself.
 //!   A room's keys share one hash tag, so every call lands on one slot.
@@ -47,6 +50,9 @@ const MIN_BACKOFF: Duration = Duration::from_millis(50);
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
 /// How often the sentinel watcher asks who the primary is.
 const SENTINEL_CHECK_EVERY: Duration = Duration::from_millis(500);
+/// How often a single-URL connection is pinged: a Redis back for this long (plus a connect)
+/// meets a live connection.
+pub const KEEPALIVE_EVERY: Duration = Duration::from_millis(250);
 
 /// A connection usable by the scripts and commands of `Room`, on any of the three targets.
 #[derive(Clone)]
@@ -97,9 +103,13 @@ enum Target {
         client: redis::Client,
         timeout: Duration,
         conn: OnceCell<ConnectionManager>,
+        /// The keepalive ends when this is dropped with the connector.
+        alive: Arc<()>,
     },
     Cluster {
         client: ClusterClient,
+        /// The seed nodes, for a subscription (a PUBLISH reaches every node of a cluster).
+        nodes: Vec<String>,
         read_from_replicas: bool,
         link: Arc<Link<ClusterConnection>>,
     },
@@ -122,6 +132,7 @@ impl Connector {
                 client: redis::Client::open(url.as_str())?,
                 timeout,
                 conn: OnceCell::new(),
+                alive: Arc::new(()),
             },
             RedisTarget::Cluster(nodes) => {
                 let mut builder = ClusterClient::builder(nodes.iter().map(String::as_str))
@@ -139,6 +150,7 @@ impl Connector {
                 }
                 Target::Cluster {
                     client: builder.build()?,
+                    nodes: nodes.clone(),
                     read_from_replicas: config.read_from_replicas,
                     link: Link::new(budget),
                 }
@@ -177,6 +189,25 @@ impl Connector {
         }
     }
 
+    /// A client for a pub/sub subscription of its own (see `crate::line`), on any target: the
+    /// single server; a cluster's seed node number `attempt` (modulo their number: a message
+    /// published on any node reaches every node); the primary a sentinel target is connected to
+    /// (`None` while it is not connected).
+    pub fn subscriber_client(&self, attempt: usize) -> Option<redis::Client> {
+        match &self.target {
+            Target::Single { client, .. } => Some(client.clone()),
+            Target::Cluster { nodes, .. } => {
+                let node = nodes.get(attempt % nodes.len().max(1))?;
+                redis::Client::open(node.as_str()).ok()
+            }
+            Target::Sentinel { link, .. } => {
+                let (primary, _) = link.current()?;
+                let (host, port) = &primary.addr;
+                redis::Client::open(format!("redis://{host}:{port}")).ok()
+            }
+        }
+    }
+
     /// A clone of the service's connection, opening it on first use (and, for a sentinel target,
     /// again after it was dropped).
     pub async fn get(&self) -> Result<RedisConn, StoreError> {
@@ -185,6 +216,7 @@ impl Connector {
                 client,
                 timeout,
                 conn,
+                alive,
             } => {
                 let manager = conn
                     .get_or_try_init(|| async {
@@ -196,7 +228,10 @@ impl Connector {
                             .set_min_delay(Duration::from_millis(10))
                             .set_max_delay(Duration::from_millis(250))
                             .set_number_of_retries(2);
-                        ConnectionManager::new_lazy_with_config(client.clone(), config)
+                        let manager = ConnectionManager::new_lazy_with_config(client.clone(), config)?;
+                        // Here, on the caller's runtime, which the connection lives on too.
+                        tokio::spawn(keepalive(manager.clone(), *timeout, Arc::downgrade(alive)));
+                        Ok::<_, RedisError>(manager)
                     })
                     .await?;
                 Inner::Single(manager.clone())
@@ -205,6 +240,7 @@ impl Connector {
                 client,
                 read_from_replicas,
                 link,
+                ..
             } => {
                 let (conn, _) = link
                     .get(|| {
@@ -317,6 +353,19 @@ impl ConnectionLike for RedisConn {
             Inner::Cluster { conn, .. } => conn.get_db(),
             Inner::Sentinel { primary, .. } => primary.conn.get_db(),
         }
+    }
+}
+
+/// Pings `manager` until the connector is dropped. A ping that fails on a dead connection makes
+/// the manager reconnect in the background, and the next ping waits for that; a ping that merely
+/// times out (a frozen Redis) changes nothing.
+async fn keepalive(mut manager: ConnectionManager, timeout: Duration, alive: Weak<()>) {
+    let mut every = tokio::time::interval(KEEPALIVE_EVERY);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    while alive.strong_count() > 0 {
+        every.tick().await;
+        let ping = redis::cmd("PING");
+        let _ = tokio::time::timeout(timeout, ping.query_async::<()>(&mut manager)).await;
     }
 }
 

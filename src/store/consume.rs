@@ -53,6 +53,7 @@ script! {
         user: &'a str,
         claim: &'a str,
         spend: bool,
+        spent_channel: &'a str,
     }
 }
 
@@ -73,7 +74,8 @@ impl Room {
     pub async fn consume(&self, user: &str, token: &str, claim: &str, spend: bool) -> Result<bool, StoreError> {
         let (user_token, user_claim) = self.keys.token_and_claim(user);
         let keys = ConsumeKeys { user_token: &user_token, user_claim: &user_claim };
-        let call = invoke(&self.keys, keys, ConsumeArgs { token, user, claim, spend });
+        let spent_channel = &self.keys.spent;
+        let call = invoke(&self.keys, keys, ConsumeArgs { token, user, claim, spend, spent_channel });
         let deleted: i64 = self.run(&call).await?;
         Ok(deleted == 1)
     }

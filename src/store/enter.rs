@@ -4,8 +4,8 @@
 use super::{PollClock, Room, RoomRules, StoreError};
 
 script! {
-    static SCRIPT = [POLL_CLOCK, ADMISSION, ROOM_STATE] "lua/enter.lua";
-    keys [queue, seq, tokens, next_admission, admission_spent, adaptive, admissions, heard, epoch, room, admitted_minute]
+    static SCRIPT = [ROOM_CLOCK, POLL_CLOCK, ADMISSION, ROOM_STATE] "lua/enter.lua";
+    keys [queue, seq, tokens, next_admission, admission_spent, adaptive, admissions, heard, epoch, room, admitted_minute, room_clock]
         and EnterKeys { user_token, user_clock, address_counter }
     args EnterArgs<'a> {
         user: &'a str,

@@ -24,8 +24,10 @@ pub struct Keys {
     pub latencies: String,
     /// Admissions per 100 ms and the room's first admission: the measured rate.
     pub admissions: String,
-    /// When each waiting user was last heard from (abandonment).
+    /// When each waiting user was last heard from (abandonment), in the room's time.
     pub heard: String,
+    /// The room's clock: Redis's, with outages taken out (see `lua/room_clock.lua`).
+    pub room_clock: String,
     /// A random value that changes when the room is reset (see `crate::line`).
     pub epoch: String,
     /// A pub/sub channel nobody publishes on: the line watcher's subscription to it ends the
@@ -40,6 +42,9 @@ pub struct Keys {
     pub event: String,
     /// The draw list: pre-queued users' HMACs in drawn order.
     pub event_draw: String,
+    /// A pub/sub channel on which every spent token is announced, so that every proxy of the
+    /// room refuses it even if Redis loses the spend (see `crate::spent`).
+    pub spent: String,
 }
 
 impl Keys {
@@ -59,12 +64,14 @@ impl Keys {
             latencies: format!("{tag}:admission:latencies"),
             admissions: format!("{tag}:admission:log"),
             heard: format!("{tag}:heard"),
+            room_clock: format!("{tag}:clock"),
             epoch: format!("{tag}:epoch"),
             line_watch: format!("{tag}:line:watch"),
             room: format!("{tag}:room"),
             admitted_minute: format!("{tag}:admission:minute"),
             event: format!("{tag}:event"),
             event_draw: format!("{tag}:event:draw"),
+            spent: format!("{tag}:spent"),
         }
     }
 

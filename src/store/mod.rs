@@ -20,12 +20,15 @@
 //! ([`RoomRules`], 0 = off) rather than as separate scripts, so each rule is applied inside the
 //! one atomic step it concerns: the instant pass and the active cap inside enter, the sweep of
 //! abandoned places and the batch in force inside the admission tick, "heard from" inside enter
-//! and status. A rule that is off costs no Redis command, and none of its keys is ever written.
+//! and status. A rule that is off costs no Redis command, and none of its keys is ever written
+//! (but one: the tick deletes the heard-from set while abandonment is off, so that nothing is
+//! remembered against anyone then).
 //! Keys they add: `admission:spent` (what the interval in progress has admitted, shared by the
 //! tick and instant passes), `admission:adaptive` and `admission:latencies` (the controller's
 //! state and the latencies reported since its last step, see `lua/adapt.lua`), `admission:log`
-//! (admissions per 100 ms, for the measured rate) and `heard` (when each waiting user was last
-//! heard from).
+//! (admissions per 100 ms, for the measured rate), `heard` (when each waiting user was last
+//! heard from) and `clock` (the room's clock, which outages do not advance: see
+//! `lua/room_clock.lua`).
 
 use std::time::Duration;
 
@@ -83,6 +86,9 @@ pub struct RoomRules {
     pub min_batch: Option<u32>,
     /// Zero = off.
     pub abandon_after: Duration,
+    /// Whether status calls are enforced (`polling.enforce`): the room then keeps its clock
+    /// (`lua/room_clock.lua`) even without abandonment.
+    pub polls_enforced: bool,
 }
 
 impl RoomRules {
@@ -96,6 +102,7 @@ impl RoomRules {
         max_active: 0,
         min_batch: None,
         abandon_after: Duration::ZERO,
+        polls_enforced: false,
     };
 
     /// The fixed rate: `batch` per `interval`, nothing listening, nobody abandoned.
@@ -108,6 +115,7 @@ impl RoomRules {
             max_active: 0,
             min_batch: None,
             abandon_after: Duration::ZERO,
+            polls_enforced: false,
         }
     }
 
@@ -115,6 +123,12 @@ impl RoomRules {
     /// use the measured rate.
     pub fn listens(&self) -> bool {
         self.instant || self.max_active > 0 || self.min_batch.is_some()
+    }
+
+    /// Whether the scripts keep the room's clock: for abandonment and enforced polling, each
+    /// of which must not count an outage against a user.
+    pub fn keeps_time(&self) -> bool {
+        self.abandon_ms() > 0 || self.polls_enforced
     }
 
     fn abandon_ms(&self) -> u64 {
@@ -220,6 +234,11 @@ impl Room {
     /// The client of a single-URL Redis (see [`Connector::single_client`]).
     pub fn single_client(&self) -> Option<redis::Client> {
         self.connector.single_client()
+    }
+
+    /// A client for a subscription (see [`Connector::subscriber_client`]).
+    pub fn subscriber_client(&self, attempt: usize) -> Option<redis::Client> {
+        self.connector.subscriber_client(attempt)
     }
 }
 

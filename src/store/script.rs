@@ -53,6 +53,14 @@ pub(super) const POLL_CLOCK: Helper = Helper {
     needs: &["poll_factor", "REST"],
 };
 
+/// The room's clock (contract section 5: outages never count against a waiting user). Placed
+/// before [`POLL_CLOCK`], which reads what it learned of the last outage.
+pub(super) const ROOM_CLOCK: Helper = Helper {
+    file: "lua/room_clock.lua",
+    source: include_str!("../../lua/room_clock.lua"),
+    needs: &["room_clock"],
+};
+
 /// The admission switches' helpers: everything they need comes as parameters.
 pub(super) const ADMISSION: Helper = Helper {
     file: "lua/admission.lua",

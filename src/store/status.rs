@@ -6,8 +6,8 @@ use redis::Value;
 use super::{Keys, PollClock, RedisConn, Room, RoomRules, StoreError};
 
 script! {
-    static SCRIPT = [POLL_CLOCK] "lua/status.lua";
-    keys [queue, heard] and StatusKeys { user_token, user_clock }
+    static SCRIPT = [ROOM_CLOCK, POLL_CLOCK] "lua/status.lua";
+    keys [queue, heard, room_clock] and StatusKeys { user_token, user_clock }
     args StatusArgs<'a> {
         user: &'a str,
         abandon_ms: u64,
