@@ -25,7 +25,8 @@ export const JITTER = 0.1;
 /** Wait when an answer says nothing usable (no answer, no Retry-After, an unexpected status). */
 export const FALLBACK_SECONDS = 5;
 
-/** Never call again sooner than this, whatever an answer says: a 0 must not become a hot loop. */
+/** Never call again sooner than this, whatever an answer says: a 0 must not become a hot loop
+ * (but for WAITING's pollAfter 0, which the proxy answers with a held poll: see nextDelay). */
 export const MIN_SECONDS = 1;
 
 /**
@@ -63,6 +64,9 @@ export function stateOf(answer) {
 export function nextDelay(answer, random) {
   const seconds = waitSeconds(answer);
   if (seconds === null) return null;
+  // WAITING with pollAfter 0: the user is near the front and the proxy holds the next status
+  // open until their admission, so asking at once is no loop (and any pause would delay READY).
+  if (seconds === 0 && stateOf(answer) === "WAITING") return 0;
   return Math.round(Math.max(seconds, MIN_SECONDS) * 1000 * (1 + JITTER * random));
 }
 

@@ -9,7 +9,7 @@
 -- ARGV  user, abandon_ms (0 = off), poll_factor and, from ARGV[REST], the poll clock's tiers
 --
 -- Replies: a tag, then its fields in the order src/store/status.rs declares them (StatusReply):
---   WAITING       position
+--   WAITING       position, score (the user's score in the line, for held polls)
 --   READY         token, remaining_ms
 --   NOT_IN_QUEUE  abandoned (1 when this call found the user's place lost and removed it)
 --   TOO_EARLY     retry_secs (until the call would be on time)
@@ -51,7 +51,7 @@ if rank then
     redis.call('ZADD', heard, string.format('%.0f', room_now), user)
   end
   start_poll_clock(user_clock, rank + 1)
-  return {'WAITING', rank + 1}
+  return {'WAITING', rank + 1, redis.call('ZSCORE', queue, user)}
 end
 
 stop_poll_clock(user_clock)

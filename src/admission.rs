@@ -105,6 +105,16 @@ impl<'a> Pacing<'a> {
         let thresholds = self.view.as_ref().map_or(&self.policy.poll_thresholds, |v| &v.poll_thresholds);
         PollClock { on_time_factor: Some(factor), thresholds }
     }
+
+    /// The poll clock for an answer that says `pollAfter: 0` whatever the position (the end of
+    /// a held poll): the next call is on time at once.
+    pub fn poll_clock_at_once(&self) -> PollClock<'static> {
+        const AT_ONCE: &[(u64, Duration)] = &[(1, Duration::ZERO)];
+        match self.policy.on_time_factor {
+            Some(factor) => PollClock { on_time_factor: Some(factor), thresholds: AT_ONCE },
+            None => PollClock::OFF,
+        }
+    }
 }
 
 /// The longest the ticker sleeps between two looks at the room's schedule.

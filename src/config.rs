@@ -25,6 +25,9 @@ const MIN_INTERVAL: Duration = Duration::from_millis(1);
 /// overflow the microsecond and millisecond counts handed to Redis.
 const MAX_INTERVAL: Duration = Duration::from_secs(24 * 3600);
 const MAX_TOKEN_TTL: Duration = Duration::from_secs(24 * 3600);
+/// The longest a status poll may be held: load balancers commonly give up on a request that has
+/// not answered within 60 s, and a client would see that as an error rather than its place.
+const MAX_HOLD: Duration = Duration::from_secs(60);
 /// Every tick hands the admit script one fresh token per place in the batch (Lua has no secure
 /// randomness): 10,000 is about 370 KB per call. A higher rate takes a shorter interval.
 const MAX_BATCH: u32 = 10_000;
@@ -272,11 +275,14 @@ pub mod raw {
     pub struct Endpoints {
         #[serde(default = "d_prefix")]
         pub prefix: String,
+        /// How long a status poll near the front is held open for its READY (contract section 13).
+        #[serde(default = "d_hold")]
+        pub hold: String,
     }
 
     impl Default for Endpoints {
         fn default() -> Self {
-            Endpoints { prefix: d_prefix() }
+            Endpoints { prefix: d_prefix(), hold: d_hold() }
         }
     }
 
@@ -459,6 +465,9 @@ pub mod raw {
     fn d_prefix() -> String {
         s("/queue")
     }
+    fn d_hold() -> String {
+        s("2s")
+    }
     fn d_poll_after() -> Vec<Tier> {
         [("60s", "10s"), ("10s", "5s"), ("0s", "2s")]
             .into_iter()
@@ -597,6 +606,9 @@ pub struct QueueConfig {
 #[derive(Debug, Clone)]
 pub struct EndpointsConfig {
     pub prefix: String,
+    /// A waiting user whose estimated wait is at most this (in whole seconds) has their status
+    /// poll held open until admitted or until it passes; zero never holds.
+    pub hold: Duration,
 }
 
 #[derive(Debug, Clone)]
@@ -688,6 +700,7 @@ impl Config {
         let retry_after = v.positive_duration("queue.retry_after", &raw.queue.retry_after);
         let abandon_after = v.duration("queue.abandon_after", &raw.queue.abandon_after);
         let prefix = v.endpoint_prefix(&raw.endpoints.prefix);
+        let hold = v.bounded_duration("endpoints.hold", &raw.endpoints.hold, Duration::ZERO, MAX_HOLD);
         let poll_after = v.tiers(raw.poll_after);
         let shutdown_grace = v.duration("shutdown.grace", &raw.shutdown.grace);
         let polling = v.polling(raw.polling);
@@ -751,7 +764,7 @@ impl Config {
                     retry_after: retry_after.expect(unwrap),
                     abandon_after: abandon_after.expect(unwrap),
                 },
-                endpoints: EndpointsConfig { prefix: prefix.expect(unwrap) },
+                endpoints: EndpointsConfig { prefix: prefix.expect(unwrap), hold: hold.expect(unwrap) },
                 poll_after: poll_after.expect(unwrap),
                 shutdown_grace: shutdown_grace.expect(unwrap),
                 reload_watch: raw.reload.watch,

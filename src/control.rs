@@ -203,6 +203,10 @@ fn view(state: &RoomState, settings: &Settings, mode: Mode, report: &RoomReport)
 /// Takes a state read from Redis into this proxy's room state and the gauges.
 fn publish(state: &RoomState, mode: Mode, since_ms: Option<u64>) -> Mode {
     let before = state.set_mode(mode);
+    if mode == Mode::Closed && before != Mode::Closed {
+        // The close reaches held polls at once: each asks Redis, and hears CLOSED.
+        state.held().wake_all();
+    }
     for m in Mode::ALL {
         metrics::ROOM_STATE.with_label_values(&[m.as_str()]).set(i64::from(m == mode));
     }

@@ -59,7 +59,7 @@ impl RoomWatcher {
                     );
                     self.state.publish_view(RoomView {
                         pace,
-                        poll_thresholds: rules::pace_thresholds(pace, &config.poll_after),
+                        poll_thresholds: rules::pace_thresholds(pace, &config.poll_after, policy.hold_secs),
                     });
                     pace
                 } else {

@@ -12,6 +12,7 @@ pub mod config;
 pub mod control;
 pub mod event;
 pub mod health;
+pub mod hold;
 pub mod identity;
 pub mod lifecycle;
 pub mod limits;

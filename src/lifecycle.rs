@@ -58,6 +58,8 @@ impl BackgroundService for Drain {
         if shutdown.changed().await.is_err() {
             return;
         }
+        // Held polls are answered now (WAITING, ask again at once) rather than cut at the end.
+        self.state.held().stop();
         let grace = self.state.settings().config.shutdown_grace;
         let deadline = Instant::now() + grace;
         while self.state.in_flight() > 0 && Instant::now() < deadline {

@@ -129,6 +129,11 @@ impl<C: Clock> LocalLine<C> {
 
     /// The user's position, when it can be told without Redis.
     pub fn position(&self, user: &str) -> Option<u64> {
+        self.place(user).map(|(position, _)| position)
+    }
+
+    /// The user's position and arrival number, when they can be told without Redis.
+    pub fn place(&self, user: &str) -> Option<(u64, u64)> {
         let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let (left, last, read_at) = state.mark?;
         let now = self.clock.now();
@@ -138,7 +143,7 @@ impl<C: Clock> LocalLine<C> {
             return None;
         }
         let number = *state.users.get(user)?;
-        (number > left && number <= last).then(|| number - left)
+        (number > left && number <= last).then(|| (number - left, number))
     }
 
     /// Taken before asking Redis for an answer to learn from: an answer read by a server the
@@ -174,12 +179,14 @@ impl<C: Clock> LocalLine<C> {
         self.state.lock().unwrap_or_else(|e| e.into_inner()).reading_since = Some(self.clock.now());
     }
 
-    /// Takes a reading of the line (see [`Room::read_line`]).
-    pub fn refresh(&self, reading: &LineReading) {
+    /// Takes a reading of the line (see [`Room::read_line`]); returns whether the numbers
+    /// learned so far were forgotten (another epoch, another server, or a counter gone down).
+    pub fn refresh(&self, reading: &LineReading) -> bool {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         state.reading_since = None;
         let rolled_back = reading.last < state.last;
-        if state.epoch != reading.epoch || state.server != reading.server || rolled_back {
+        let forgotten = state.epoch != reading.epoch || state.server != reading.server || rolled_back;
+        if forgotten {
             state.users.clear();
             state.generation += 1;
             state.epoch = reading.epoch.clone();
@@ -201,6 +208,7 @@ impl<C: Clock> LocalLine<C> {
                 state.pruned_at = Some(now);
             }
         }
+        forgotten
     }
 
     /// A reading failed: answer nothing locally until the next one succeeds.
@@ -310,7 +318,15 @@ impl LineWatcher {
         self.line().reading();
         match self.room.read_line().await {
             Ok(reading) => {
-                self.line().refresh(&reading);
+                let forgotten = self.line().refresh(&reading);
+                // Held polls wake when the front passes their user's place; when the numbers
+                // they were learned against are gone, all of them ask Redis.
+                let held = self.state.held();
+                match (forgotten, reading.len, reading.front) {
+                    (true, _, _) | (false, 0, _) => held.wake_all(),
+                    (false, _, Some(front)) => held.front(Some(front)),
+                    (false, _, None) => {}
+                }
                 self.after_a_loss(&reading.server);
                 if reading.epoch.is_none() {
                     // A new room, or one reset: give it an epoch (the next reading takes it).
@@ -373,6 +389,7 @@ mod tests {
             last,
             len,
             first,
+            front: first.map(|f| f as f64),
             epoch: Some(epoch.to_owned()),
             server: "s1".to_owned(),
         }
@@ -427,6 +444,7 @@ mod tests {
             last: 20,
             len: 20,
             first: Some(1),
+            front: Some(1.0),
             epoch: None,
             server: "s1".to_owned(),
         });

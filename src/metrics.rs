@@ -101,6 +101,15 @@ metric!(REDIS_ERRORS_TOTAL: IntCounter =
     register_int_counter!("waitroom_redis_errors_total", "Redis calls that failed or timed out"));
 metric!(CONFIG_RELOADS_TOTAL: IntCounterVec =
     register_int_counter_vec!("waitroom_config_reloads_total", "Configuration reloads by result", &["result"]));
+metric!(HELD_POLLS: IntGauge = register_int_gauge!(
+    "waitroom_held_polls",
+    "Status polls this proxy holds open until their user is admitted or endpoints.hold passes"
+));
+metric!(HELD_READY_DELAY: prometheus::Histogram = prometheus::register_histogram!(
+    "waitroom_held_ready_delay_seconds",
+    "Time from a held user's admission (their token's issue, by Redis's clock) to READY sent on the held poll",
+    vec![0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5]
+));
 metric!(REDIS_UP: IntGauge =
     register_int_gauge!("waitroom_redis_up", "1 while Redis answers this proxy's probes, else 0"));
 
@@ -127,6 +136,8 @@ pub fn init() {
     LazyLock::force(&REDIS_ERRORS_TOTAL);
     LazyLock::force(&CONFIG_RELOADS_TOTAL);
     LazyLock::force(&REDIS_UP);
+    LazyLock::force(&HELD_POLLS);
+    LazyLock::force(&HELD_READY_DELAY);
 }
 
 /// The text exposition of every registered metric.

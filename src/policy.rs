@@ -49,6 +49,9 @@ pub struct Policy {
     pub controller: Option<Controller>,
     /// The floor of the measured rate: `min_batch` per interval (1 without adaptive).
     pub min_batch: u32,
+    /// `endpoints.hold` in whole seconds, rounded up: a waiting user whose estimate is within it
+    /// is told `pollAfter: 0` and has their status poll held (0: never).
+    pub hold_secs: u64,
 }
 
 impl Policy {
@@ -70,8 +73,10 @@ impl Policy {
         };
         let configured_pace =
             Pace::configured(Rate { batch: batch_size as u64, interval: admission.interval });
+        let hold_secs = rules::ceil_secs(config.endpoints.hold);
         Policy {
-            poll_thresholds: rules::pace_thresholds(configured_pace, &config.poll_after),
+            poll_thresholds: rules::pace_thresholds(configured_pace, &config.poll_after, hold_secs),
+            hold_secs,
             configured_pace,
             listens: rules.listens(),
             local_answers: !config.polling.enforce && config.queue.abandon_after.is_zero(),

@@ -14,6 +14,7 @@ use crate::admission::{LatencyHistogram, Pacing, RoomView};
 use crate::config::Config;
 use crate::control::Mode;
 use crate::event::EventState;
+use crate::hold::HeldPolls;
 use crate::line::LocalLine;
 use crate::policy::Settings;
 use crate::spent::SpentTokens;
@@ -37,6 +38,8 @@ pub struct RoomState {
     mode: AtomicU8,
     /// The scheduled event as this proxy last read it from Redis.
     event: EventState,
+    /// Status polls held open until their user is admitted (contract section 13).
+    held: HeldPolls,
 }
 
 impl RoomState {
@@ -51,6 +54,7 @@ impl RoomState {
             spent: SpentTokens::default(),
             mode: AtomicU8::new(Mode::Open.to_u8()),
             event: EventState::default(),
+            held: HeldPolls::default(),
         })
     }
 
@@ -90,6 +94,10 @@ impl RoomState {
 
     pub fn event(&self) -> &EventState {
         &self.event
+    }
+
+    pub fn held(&self) -> &HeldPolls {
+        &self.held
     }
 
     pub fn redis_ready(&self) -> bool {

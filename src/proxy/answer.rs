@@ -52,14 +52,24 @@ impl Answer {
     /// measured one when an admission switch listens: see [`crate::admission::Pacing`]).
     pub fn waiting(position: u64, pace: Pace, config: &Config) -> Answer {
         let eta = rules::wait_secs(position, pace);
-        json(
-            200,
-            &QueueBody::Waiting {
-                position,
-                estimated_wait_time: eta,
-                poll_after: rules::poll_after_secs(eta, &config.poll_after),
-            },
-        )
+        let hold_secs = rules::ceil_secs(config.endpoints.hold);
+        Answer::waiting_with(position, eta, rules::poll_after_held(eta, &config.poll_after, hold_secs))
+    }
+
+    /// WAITING at the end of a held poll (contract section 13): ask again at once.
+    pub fn waiting_after_hold(position: u64, pace: Pace) -> Answer {
+        Answer::waiting_with(position, rules::wait_secs(position, pace), 0)
+    }
+
+    /// WAITING for a user near the front whose poll could not be held (this proxy holds as many
+    /// as `queue.capacity`): the tier's pollAfter, so the client does not ask again at once.
+    pub fn waiting_unheld(position: u64, pace: Pace, config: &Config) -> Answer {
+        let eta = rules::wait_secs(position, pace);
+        Answer::waiting_with(position, eta, rules::poll_after_secs(eta, &config.poll_after))
+    }
+
+    fn waiting_with(position: u64, estimated_wait_time: u64, poll_after: u64) -> Answer {
+        json(200, &QueueBody::Waiting { position, estimated_wait_time, poll_after })
     }
 
     pub fn ready(token: &str, remaining_ms: u64) -> Answer {
@@ -195,11 +205,29 @@ mod tests {
         );
         assert_eq!(
             body(&Answer::waiting(4, pace, &c)),
-            r#"{"status":"WAITING","position":4,"estimatedWaitTime":0,"pollAfter":2}"#
+            r#"{"status":"WAITING","position":4,"estimatedWaitTime":0,"pollAfter":0}"#,
+            "within the default 2 s hold: the next poll is a held one"
+        );
+        assert_eq!(
+            body(&Answer::waiting(20, pace, &c)),
+            r#"{"status":"WAITING","position":20,"estimatedWaitTime":2,"pollAfter":0}"#
+        );
+        assert_eq!(
+            body(&Answer::waiting(21, pace, &c)),
+            r#"{"status":"WAITING","position":21,"estimatedWaitTime":3,"pollAfter":2}"#
         );
         assert_eq!(
             body(&Answer::waiting(150, pace, &c)),
             r#"{"status":"WAITING","position":150,"estimatedWaitTime":15,"pollAfter":5}"#
+        );
+        let no_hold = Config::parse("upstream: 127.0.0.1:1\nendpoints: {hold: 0s}").unwrap();
+        assert_eq!(
+            body(&Answer::waiting(4, pace, &no_hold)),
+            r#"{"status":"WAITING","position":4,"estimatedWaitTime":0,"pollAfter":2}"#
+        );
+        assert_eq!(
+            body(&Answer::waiting_after_hold(21, pace)),
+            r#"{"status":"WAITING","position":21,"estimatedWaitTime":3,"pollAfter":0}"#
         );
     }
 }

@@ -331,7 +331,11 @@ impl ProxyHttp for Waitroom {
                 Err(refusal) => refusal,
             },
             Endpoint::Status => match caller(config, session, ctx, http::Method::GET, "GET") {
-                Ok(user) => status::handle(&self.state, &settings, &self.room, user).await,
+                Ok(user) => match status::handle(&self.state, &settings, &self.room, session, user).await {
+                    Some(answer) => answer,
+                    // Held, and the client went away: nobody to answer.
+                    None => return Err(Error::explain(ErrorType::ConnectionClosed, "the client left a held poll").into_down()),
+                },
                 Err(refusal) => refusal,
             },
             Endpoint::Protected => match protected::check(config, &self.room, self.state.spent(), session, ctx).await {

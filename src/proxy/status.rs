@@ -1,55 +1,178 @@
 //! `GET {prefix}/status`: where a user stands, and when to ask again.
-//! Parse (method, identity: done for both endpoints by the proxy's `caller`) -> apply (this proxy's view of the line, else Redis) -> render.
+//! Parse (method, identity: done for both endpoints by the proxy's `caller`) -> apply (this
+//! proxy's view of the line, else Redis; near the front, held open until the user is admitted,
+//! contract section 13) -> render.
+
+use std::time::Duration;
+
+use pingora::prelude::*;
+use pingora::proxy::Session;
 
 use super::Answer;
 use crate::control::{self, Mode};
 use crate::metrics;
 use crate::policy::Settings;
+use crate::rules;
 use crate::state::RoomState;
 use crate::store::{Room, StatusOutcome};
 
+/// A held poll with abandonment on asks Redis at least this often, so that holding counts as
+/// hearing from the user for the hold's whole length.
+const TOUCH_PER_ABANDON: u32 = 3;
+
+/// The answer to a status call, before it is counted.
+struct Reading {
+    /// The `waitroom_status_total` label; `None` when the event's answer has counted itself.
+    label: Option<&'static str>,
+    answer: Answer,
+    /// Where a waiting user stands: the position, and the score their place has in the line
+    /// (what a held poll waits for the front to pass), when the answer learned it.
+    waiting: Option<(u64, Option<f64>)>,
+    /// A READY answer's token time left.
+    ready_ms: Option<u64>,
+}
+
+impl Reading {
+    fn new(label: &'static str, answer: Answer) -> Reading {
+        Reading { label: Some(label), answer, waiting: None, ready_ms: None }
+    }
+
+    fn count(self) -> Answer {
+        if let Some(label) = self.label {
+            metrics::STATUS_TOTAL.with_label_values(&[label]).inc();
+        }
+        self.answer
+    }
+}
+
+/// Answers a status call; `None` when the client went away while its poll was held.
 pub async fn handle(
     state: &RoomState,
     settings: &Settings,
     room: &Room,
+    session: &mut Session,
     user: &str,
-) -> Answer {
+) -> Option<Answer> {
+    let now = read(state, settings, room, user, false).await;
+    let pace = state.pacing(settings).pace();
+    let (position, score) = match now.waiting {
+        Some((position, Some(score))) if rules::within_hold(rules::wait_secs(position, pace), settings.policy.hold_secs) => {
+            (position, score)
+        }
+        _ => return Some(now.count()),
+    };
+    let limit = usize::try_from(settings.config.queue.capacity.get()).unwrap_or(usize::MAX);
+    let Some(mut hold) = state.held().hold(score, limit) else {
+        if state.held().stopping() {
+            return Some(now.count());
+        }
+        // Held polls at their limit: this one is told to come back later, not at once.
+        return Some(Reading { answer: Answer::waiting_unheld(position, pace, &settings.config), ..now }.count());
+    };
+    let deadline = tokio::time::Instant::now() + settings.config.endpoints.hold;
+    let abandon = settings.config.queue.abandon_after;
+    let touch = (!abandon.is_zero()).then(|| abandon / TOUCH_PER_ABANDON);
+    let mut watch_client = true;
+    let reading = loop {
+        let wake = tokio::select! {
+            _ = hold.woken() => Wake::Front,
+            _ = tokio::time::sleep_until(deadline) => Wake::Over,
+            _ = sleep_or_never(touch) => Wake::Front,
+            gone = session.read_body_or_idle(true), if watch_client => Wake::Client(gone.err()),
+        };
+        match wake {
+            Wake::Over => break read(state, settings, room, user, true).await,
+            Wake::Client(Some(e)) if matches!(e.etype(), ErrorType::ConnectionClosed | ErrorType::ReadError) => {
+                tracing::debug!("status: the client went away while its poll was held");
+                return None;
+            }
+            // Anything else the client did (bytes before our answer, a timer of pingora's)
+            // does not end the hold; its end is still watched for by the deadline.
+            Wake::Client(_) => watch_client = false,
+            Wake::Front if state.held().stopping() => break read(state, settings, room, user, true).await,
+            Wake::Front => {
+                let exact = read(state, settings, room, user, true).await;
+                match exact.waiting {
+                    // Still waiting (woken for the whole room, or entered again behind a place
+                    // that was removed): hold on, for the score the place has now.
+                    Some((_, score)) => hold.rearm(score.unwrap_or(0.0)),
+                    None => break exact,
+                }
+            }
+        }
+    };
+    drop(hold);
+    if let Some(remaining_ms) = reading.ready_ms {
+        let issued_ago = settings.config.token.ttl.saturating_sub(Duration::from_millis(remaining_ms));
+        metrics::HELD_READY_DELAY.observe(issued_ago.as_secs_f64());
+    }
+    Some(reading.count())
+}
+
+enum Wake {
+    /// The line's front passed the user's place, or every held poll was woken.
+    Front,
+    /// `endpoints.hold` has passed.
+    Over,
+    /// The client's side of the connection ended or errored (or sent something).
+    Client(Option<Box<Error>>),
+}
+
+async fn sleep_or_never(after: Option<Duration>) {
+    match after {
+        Some(after) => tokio::time::sleep(after).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Where the user stands now: from this proxy's view of the line when it can tell, else from
+/// Redis. `after_hold`: the answer ends a held poll (or re-checks one), so a WAITING answer
+/// says "ask again at once", and enforced polling's clock agrees.
+async fn read(state: &RoomState, settings: &Settings, room: &Room, user: &str, after_hold: bool) -> Reading {
     if let Some(answer) = super::event::status(state, settings, room, user).await {
-        return answer;
+        return Reading { label: None, answer, waiting: None, ready_ms: None };
     }
     let (config, policy) = (&settings.config, &settings.policy);
     let pacing = state.pacing(settings);
+    let waiting = |position: u64, score: Option<f64>| Reading {
+        label: Some("WAITING"),
+        answer: match after_hold {
+            true => Answer::waiting_after_hold(position, pacing.pace()),
+            false => Answer::waiting(position, pacing.pace(), config),
+        },
+        waiting: Some((position, score)),
+        ready_ms: None,
+    };
     // A closed room's line is empty: only Redis can tell its READY users from the rest.
     let local = (policy.local_answers && state.mode() != Mode::Closed).then_some(state.line());
-    if let Some(position) = local.and_then(|line| line.position(user)) {
-        metrics::STATUS_TOTAL.with_label_values(&["WAITING"]).inc();
-        return Answer::waiting(position, pacing.pace(), config);
+    if let Some((position, number)) = local.and_then(|line| line.place(user)) {
+        return waiting(position, Some(number as f64));
     }
     let ticket = state.line().ticket();
-    let (label, answer) = match room.status(user, pacing.poll_clock(), &policy.rules).await {
+    let clock = if after_hold { pacing.poll_clock_at_once() } else { pacing.poll_clock() };
+    match room.status(user, clock, &policy.rules).await {
         Ok(status) => {
             metrics::ABANDONED_TOTAL.inc_by(status.abandoned);
             if let Some(line) = local {
                 line.learn_arrival(user, status.arrival.as_ref(), ticket);
             }
             match status.outcome {
-                StatusOutcome::Waiting { position } => {
-                    ("WAITING", Answer::waiting(position, pacing.pace(), config))
+                StatusOutcome::Waiting { position } => waiting(position, status.score),
+                StatusOutcome::Ready { token, remaining_ms } => Reading {
+                    ready_ms: Some(remaining_ms),
+                    ..Reading::new("READY", Answer::ready(&token, remaining_ms))
+                },
+                StatusOutcome::NotInQueue if control::closed_now(state, room).await => {
+                    Reading::new("CLOSED", Answer::closed())
                 }
-                StatusOutcome::Ready { token, remaining_ms } => {
-                    ("READY", Answer::ready(&token, remaining_ms))
-                }
-                StatusOutcome::NotInQueue if control::closed_now(state, room).await => ("CLOSED", Answer::closed()),
-                StatusOutcome::NotInQueue => ("NOT_IN_QUEUE", Answer::not_in_queue()),
-                StatusOutcome::TooEarly { retry_secs } => ("TOO_EARLY", Answer::too_early(retry_secs)),
+                StatusOutcome::NotInQueue => Reading::new("NOT_IN_QUEUE", Answer::not_in_queue()),
+                StatusOutcome::TooEarly { retry_secs } => Reading::new("TOO_EARLY", Answer::too_early(retry_secs)),
             }
         }
         Err(error) => {
             metrics::REDIS_ERRORS_TOTAL.inc();
             tracing::warn!(%error, "status: redis unavailable");
-            ("error", Answer::unavailable(config))
+            Reading::new("error", Answer::unavailable(config))
         }
-    };
-    metrics::STATUS_TOTAL.with_label_values(&[label]).inc();
-    answer
+    }
 }

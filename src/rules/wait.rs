@@ -69,37 +69,65 @@ pub fn poll_after_secs(estimated_wait_secs: u64, tiers: &[PollTier]) -> u64 {
         .unwrap_or(1)
 }
 
+/// Whether a user with this estimate is near enough to the front for a held poll (contract
+/// section 13): within `hold_secs`, `hold` rounded up to whole seconds; 0 never holds. Such a
+/// user is told `pollAfter: 0`, so their next poll is a held one.
+pub fn within_hold(estimated_wait_secs: u64, hold_secs: u64) -> bool {
+    hold_secs > 0 && estimated_wait_secs <= hold_secs
+}
+
+/// What a waiting user is told to wait before polling again: 0 within the hold, else the tier's.
+pub fn poll_after_held(estimated_wait_secs: u64, tiers: &[PollTier], hold_secs: u64) -> u64 {
+    if within_hold(estimated_wait_secs, hold_secs) {
+        return 0;
+    }
+    poll_after_secs(estimated_wait_secs, tiers)
+}
+
 /// The step function "position -> pollAfter" as thresholds a Redis script can apply without
 /// knowing the arithmetic: `(first position of the tier, poll_after)`, in tier order. The
 /// first entry whose position is reached applies, exactly as [`poll_after_secs`] of
 /// [`estimated_wait_secs`] would decide (estimated wait never falls as the position grows).
 pub fn poll_thresholds(rate: Rate, tiers: &[PollTier]) -> Vec<(u64, Duration)> {
-    pace_thresholds(Pace::configured(rate), tiers)
+    pace_thresholds(Pace::configured(rate), tiers, 0)
 }
 
-/// [`poll_thresholds`] for any pace: what the scripts enforce when the estimate comes from the
-/// room's measured rate. A binary search per tier, cheap enough to redo whenever the pace moves.
-pub fn pace_thresholds(pace: Pace, tiers: &[PollTier]) -> Vec<(u64, Duration)> {
-    tiers
+/// [`poll_thresholds`] for any pace and hold: what the scripts enforce when the estimate comes
+/// from the room's measured rate, with pollAfter 0 for the positions within the hold (as
+/// [`poll_after_held`] decides). A binary search per tier, cheap enough to redo whenever the
+/// pace moves.
+pub fn pace_thresholds(pace: Pace, tiers: &[PollTier], hold_secs: u64) -> Vec<(u64, Duration)> {
+    let mut thresholds: Vec<(u64, Duration)> = tiers
         .iter()
-        .map(|t| {
-            let needed = ceil_secs(t.min_wait);
-            // The smallest position whose estimated wait reaches the tier.
-            let (mut lo, mut hi) = (1u64, 1u64 << 53);
-            if wait_secs(hi, pace) < needed {
-                return (u64::MAX, t.poll_after);
-            }
-            while lo < hi {
-                let mid = lo + (hi - lo) / 2;
-                if wait_secs(mid, pace) >= needed {
-                    hi = mid;
-                } else {
-                    lo = mid + 1;
-                }
-            }
-            (lo, Duration::from_secs(ceil_secs(t.poll_after).max(1)))
-        })
-        .collect()
+        .map(|t| (first_position_waiting(pace, ceil_secs(t.min_wait)), Duration::from_secs(ceil_secs(t.poll_after).max(1))))
+        .collect();
+    if hold_secs > 0 {
+        // Past the hold the tiers apply as before; in front of it, nothing matches them, and
+        // the last threshold (every position) says 0.
+        let past_hold = first_position_waiting(pace, hold_secs.saturating_add(1));
+        for (first, _) in &mut thresholds {
+            *first = (*first).max(past_hold);
+        }
+        thresholds.push((1, Duration::ZERO));
+    }
+    thresholds
+}
+
+/// The smallest position whose estimated wait is at least `secs` at `pace` (`u64::MAX` if none).
+fn first_position_waiting(pace: Pace, secs: u64) -> u64 {
+    let (mut lo, mut hi) = (1u64, 1u64 << 53);
+    if wait_secs(hi, pace) < secs {
+        return u64::MAX;
+    }
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if wait_secs(mid, pace) >= secs {
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    lo
 }
 
 
@@ -265,7 +293,7 @@ mod tests {
             measured_pace(3, ms(100), 1, 0, Some(Duration::from_secs(20))),
             measured_pace(7, ms(250), 2, 41, Some(ms(1200))),
         ] {
-            let thresholds = pace_thresholds(pace, &tiers);
+            let thresholds = pace_thresholds(pace, &tiers, 0);
             for position in 1..5_000u64 {
                 let by_rules = poll_after_secs(wait_secs(position, pace), &tiers);
                 let by_thresholds = thresholds
@@ -274,6 +302,39 @@ mod tests {
                     .map(|(_, d)| d.as_secs())
                     .unwrap();
                 assert_eq!(by_rules, by_thresholds, "{pace:?} position {position}");
+            }
+        }
+    }
+
+    #[test]
+    fn within_the_hold_the_answer_is_poll_again_at_once() {
+        let t = default_tiers();
+        assert_eq!(poll_after_held(0, &t, 2), 0);
+        assert_eq!(poll_after_held(2, &t, 2), 0, "the bound itself is within the hold");
+        assert_eq!(poll_after_held(3, &t, 2), 2);
+        assert_eq!(poll_after_held(0, &t, 0), 2, "hold 0 never holds");
+        assert!(!within_hold(0, 0));
+    }
+
+    #[test]
+    fn held_thresholds_agree_with_the_held_arithmetic() {
+        let tiers = default_tiers();
+        for hold in [0u64, 1, 2, 15, 90] {
+            for pace in [
+                Pace::configured(rate(10, 100)),
+                measured_pace(7, ms(250), 2, 41, Some(ms(1200))),
+                Pace::configured(rate(1, 1000)),
+            ] {
+                let thresholds = pace_thresholds(pace, &tiers, hold);
+                for position in 1..12_000u64 {
+                    let by_rules = poll_after_held(wait_secs(position, pace), &tiers, hold);
+                    let by_thresholds = thresholds
+                        .iter()
+                        .find(|(first, _)| position >= *first)
+                        .map(|(_, d)| d.as_secs())
+                        .unwrap();
+                    assert_eq!(by_rules, by_thresholds, "hold {hold} {pace:?} position {position}");
+                }
             }
         }
     }

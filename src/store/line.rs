@@ -11,7 +11,7 @@
 use super::{Room, StoreError};
 
 /// One consistent reading of the line, for `crate::line`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct LineReading {
     /// The arrival counter: the last number handed out.
     pub last: u64,
@@ -19,6 +19,9 @@ pub struct LineReading {
     pub len: u64,
     /// The first waiting user's number.
     pub first: Option<u64>,
+    /// The first waiting user's score as Redis stores it (a scheduled event's drawn users sit
+    /// below 1): what held polls are woken by (see `crate::hold`).
+    pub front: Option<f64>,
     pub epoch: Option<String>,
     /// The answering server's `run_id` (empty if its INFO had none).
     pub server: String,
@@ -51,6 +54,7 @@ impl Room {
                 last: last.unwrap_or(0),
                 len,
                 first: first.first().map(|(_, score)| *score as u64),
+                front: first.first().map(|(_, score)| *score),
                 epoch,
                 server: run_id(&info).to_owned(),
             })

@@ -14,7 +14,7 @@ script! {
         poll_factor: f64,
     }
     reply StatusReply {
-        "WAITING" => Waiting { position: i64 },
+        "WAITING" => Waiting { position: i64, score: f64 },
         "READY" => Ready { token: String, remaining_ms: i64 },
         "NOT_IN_QUEUE" => NotInQueue { abandoned: i64 },
         "TOO_EARLY" => TooEarly { retry_secs: i64 },
@@ -30,13 +30,16 @@ pub enum StatusOutcome {
 }
 
 /// A status call's outcome, and whether it found the user's place lost and removed it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Status {
     pub outcome: StatusOutcome,
     pub abandoned: u64,
     /// A waiting user's arrival number and the room's epoch, when the answer read them (for
     /// `crate::line`).
     pub arrival: Option<(u64, String)>,
+    /// A waiting user's score in the line, whatever it is (a drawn user's is below 1): what a
+    /// held poll waits for the front to pass (`crate::hold`).
+    pub score: Option<f64>,
 }
 
 impl Room {
@@ -65,8 +68,10 @@ impl Room {
 }
 
 fn status(reply: StatusReply) -> Status {
+    let mut score = None;
     let (outcome, abandoned) = match reply {
-        StatusReply::Waiting { position } => {
+        StatusReply::Waiting { position, score: at } => {
+            score = Some(at);
             (StatusOutcome::Waiting { position: position.max(1) as u64 }, 0)
         }
         StatusReply::Ready { token, remaining_ms } => {
@@ -77,7 +82,7 @@ fn status(reply: StatusReply) -> Status {
             (StatusOutcome::TooEarly { retry_secs: retry_secs.max(1) as u64 }, 0)
         }
     };
-    Status { outcome, abandoned, arrival: None }
+    Status { outcome, abandoned, arrival: None, score }
 }
 
 /// A status that writes nothing (no poll clock, no abandonment): the status script's three
@@ -107,9 +112,10 @@ async fn read_status(conn: &mut RedisConn, keys: &Keys, user: &str) -> Result<St
         (None, Some(token)) => StatusOutcome::Ready { token, remaining_ms: pttl.max(0) as u64 },
         (None, None) => StatusOutcome::NotInQueue,
     };
-    let arrival = match (score, epoch) {
-        (Some(score), Some(epoch)) if score >= 1.0 => Some((score as u64, epoch)),
+    let arrival = match (score, &epoch) {
+        (Some(score), Some(epoch)) if score >= 1.0 => Some((score as u64, epoch.clone())),
         _ => None,
     };
-    Ok(Status { outcome, abandoned: 0, arrival })
+    let score = score.filter(|_| rank.is_some());
+    Ok(Status { outcome, abandoned: 0, arrival, score })
 }

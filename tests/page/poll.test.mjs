@@ -50,6 +50,13 @@ test("WAITING: pollAfter seconds, plus up to 10 % jitter, never sooner", () => {
   }
 });
 
+test("WAITING with pollAfter 0: the next status at once (the proxy holds it), anything else never sooner than 1 s", () => {
+  for (const r of RANDOMS) assert.equal(nextDelay(waiting(0), r), 0);
+  assert.equal(nextCall(waiting(0), "status"), "status");
+  const fullAtZero = { httpStatus: 429, body: { status: "FULL", retryAfter: 0 }, retryAfter: 0 };
+  for (const r of RANDOMS) assert.ok(nextDelay(fullAtZero, r) >= 1000, "a 0 elsewhere is no hot loop");
+});
+
 test("the jitter spreads pages out instead of moving them in lockstep", () => {
   const delays = new Set(RANDOMS.map((r) => nextDelay(waiting(10), r)));
   assert.ok(delays.size >= 5, `only ${delays.size} distinct delays`);
@@ -110,7 +117,7 @@ test("no answer or an unexpected one: UNAVAILABLE, a fallback wait, the same cal
 });
 
 test("a zero or missing wait never turns into a hot loop", () => {
-  assert.ok(nextDelay(waiting(0), 0) >= 1000);
+  // WAITING's pollAfter 0 is the exception above: the proxy holds the poll that follows it.
   assert.ok(nextDelay(unavailable(0), 0) >= 1000);
   assert.ok(nextDelay(waiting(undefined), 0) >= 1000);
   assert.ok(nextDelay(waiting(-5), 0) >= 1000);

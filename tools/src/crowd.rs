@@ -310,10 +310,11 @@ impl<W: Watcher> Crowd<W> {
                     .front
                     .as_ref()
                     .filter(|f| answer.position.is_some_and(|p| p <= f.positions));
-                // Exactly what the proxy asked for, plus jitter; never earlier.
+                // Exactly what the proxy asked for, plus jitter; never earlier. A pollAfter of 0
+                // means at once: the proxy holds that poll until the user is admitted.
                 let pause = match near_front {
                     Some(front) => front.every,
-                    None => Duration::from_secs(answer.poll_after.unwrap_or(1).max(1)),
+                    None => Duration::from_secs(answer.poll_after.unwrap_or(1)),
                 };
                 tokio::time::sleep(pause.mul_f64(1.0 + JITTER * me.rng.unit())).await;
                 Step::Poll

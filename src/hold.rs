@@ -1,0 +1,229 @@
+//! Held polls (contract section 13): a status poll from a user near the front waits for that
+//! user's admission instead of being told to ask again in a few seconds, so READY reaches them
+//! when it happens and orders reach the order API as the room admits, not in waves.
+//!
+//! Admission pops the line from its front (`ZPOPMIN`), so a user whose score is below the
+//! front's score has left the line: admitted, or removed. The line watcher reads the front
+//! every 10 ms anyway ([`crate::line`]); after each reading it hands the front to
+//! [`HeldPolls::front`], which wakes exactly the held polls whose score it has passed. Each
+//! woken poll then asks Redis once for the user's exact answer (READY with the token, or
+//! NOT_IN_QUEUE when the place was removed), so a gap in the line never turns into a wrong
+//! READY, and holding costs no Redis call per held user per tick.
+//!
+//! Scores are compared as the non-negative floats Redis stores (arrival numbers, or a scheduled
+//! event's drawn fractions below 1): for those, the order of the IEEE bit patterns is the
+//! numeric order, so the held polls sit in a `BTreeMap` keyed by the bits and a reading wakes
+//! a prefix of it.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::oneshot;
+
+use crate::metrics;
+
+/// Where a held poll sits: its score's bits, then a number that tells apart two polls of the
+/// same score (the same user polling twice at once).
+type Slot = (u64, u64);
+
+#[derive(Default)]
+struct Inner {
+    waiting: BTreeMap<Slot, oneshot::Sender<()>>,
+}
+
+/// This proxy's held polls.
+#[derive(Default)]
+pub struct HeldPolls {
+    inner: Arc<Mutex<Inner>>,
+    next: AtomicU64,
+    count: Arc<AtomicUsize>,
+    /// Set by a graceful stop: every held poll is answered now and none is held any more.
+    stopping: AtomicBool,
+}
+
+impl HeldPolls {
+    /// Holds a poll for the user whose place has `score`, unless `limit` polls are held already
+    /// or the proxy is stopping. The poll wakes when the line's front passes the score, or when
+    /// every poll is woken (a closed room, a stop, a room that lost its numbers).
+    pub fn hold(&self, score: f64, limit: usize) -> Option<Hold> {
+        if self.stopping.load(Ordering::Acquire) {
+            return None;
+        }
+        // Counted first, so two polls racing for the last slot cannot both take it.
+        if self.count.fetch_add(1, Ordering::AcqRel) >= limit {
+            self.count.fetch_sub(1, Ordering::AcqRel);
+            return None;
+        }
+        metrics::HELD_POLLS.inc();
+        let mut hold = Hold { slot: None, woken: None, inner: self.inner.clone(), count: self.count.clone() };
+        hold.wait_for(score, self.next.fetch_add(1, Ordering::Relaxed));
+        Some(hold)
+    }
+
+    /// Wakes the polls of every score below `first`, the front's score; with an empty line
+    /// (`first` None), every poll: their users have all left the line.
+    pub fn front(&self, first: Option<f64>) {
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let woken = match first {
+            None => std::mem::take(&mut inner.waiting),
+            Some(first) => {
+                let behind = inner.waiting.split_off(&(bits(first), 0));
+                std::mem::replace(&mut inner.waiting, behind)
+            }
+        };
+        drop(inner);
+        for (_, wake) in woken {
+            let _ = wake.send(());
+        }
+    }
+
+    /// Wakes every held poll for an exact answer: the room was closed, or the line's numbers
+    /// cannot be trusted any more.
+    pub fn wake_all(&self) {
+        self.front(None);
+    }
+
+    /// A graceful stop: every held poll is answered now, and no new one is held.
+    pub fn stop(&self) {
+        self.stopping.store(true, Ordering::Release);
+        self.wake_all();
+    }
+
+    pub fn stopping(&self) -> bool {
+        self.stopping.load(Ordering::Acquire)
+    }
+
+    pub fn len(&self) -> usize {
+        self.count.load(Ordering::Acquire)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// The bits of a non-negative score, ordered as the scores are. A negative one (never stored
+/// by waitroom) sorts first, so its poll is woken early and asks Redis: harmless.
+fn bits(score: f64) -> u64 {
+    if score > 0.0 { score.to_bits() } else { 0 }
+}
+
+/// One held poll. Dropping it (answered, timed out, or the client went away) frees its slot.
+pub struct Hold {
+    slot: Option<Slot>,
+    woken: Option<oneshot::Receiver<()>>,
+    inner: Arc<Mutex<Inner>>,
+    count: Arc<AtomicUsize>,
+}
+
+impl Hold {
+    fn wait_for(&mut self, score: f64, id: u64) {
+        let (wake, woken) = oneshot::channel();
+        let slot = (bits(score), id);
+        self.inner.lock().unwrap_or_else(|e| e.into_inner()).waiting.insert(slot, wake);
+        self.slot = Some(slot);
+        self.woken = Some(woken);
+    }
+
+    /// Waits again, for a new score (the user entered again behind a removed place) or the same.
+    pub fn rearm(&mut self, score: f64) {
+        self.leave();
+        let id = self.slot.map_or(0, |(_, id)| id);
+        self.wait_for(score, id);
+    }
+
+    /// Resolves when the poll is woken; pending for ever once it has been (until re-armed).
+    pub async fn woken(&mut self) {
+        match self.woken.as_mut() {
+            Some(woken) => {
+                let _ = woken.await;
+                self.woken = None;
+            }
+            None => std::future::pending().await,
+        }
+    }
+
+    fn leave(&mut self) {
+        if let Some(slot) = self.slot.take() {
+            self.inner.lock().unwrap_or_else(|e| e.into_inner()).waiting.remove(&slot);
+        }
+        self.woken = None;
+    }
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        self.leave();
+        self.count.fetch_sub(1, Ordering::AcqRel);
+        metrics::HELD_POLLS.dec();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    async fn is_woken(hold: &mut Hold) -> bool {
+        tokio::time::timeout(Duration::from_millis(20), hold.woken()).await.is_ok()
+    }
+
+    #[tokio::test]
+    async fn the_front_wakes_exactly_the_polls_it_has_passed() {
+        let held = HeldPolls::default();
+        let mut polls: Vec<Hold> = [3.0, 5.0, 7.0].iter().map(|s| held.hold(*s, 10).unwrap()).collect();
+        held.front(Some(5.0));
+        assert!(is_woken(&mut polls[0]).await, "3 has left a line whose front is 5");
+        assert!(!is_woken(&mut polls[1]).await, "5 is the front: still waiting");
+        assert!(!is_woken(&mut polls[2]).await);
+        held.front(Some(7.5));
+        assert!(is_woken(&mut polls[1]).await && is_woken(&mut polls[2]).await);
+    }
+
+    #[tokio::test]
+    async fn drawn_scores_below_one_keep_their_order() {
+        let held = HeldPolls::default();
+        let mut early = held.hold(0.125, 10).unwrap();
+        let mut late = held.hold(0.75, 10).unwrap();
+        held.front(Some(0.5));
+        assert!(is_woken(&mut early).await);
+        assert!(!is_woken(&mut late).await);
+        held.front(None);
+        assert!(is_woken(&mut late).await, "an empty line: everyone held has left it");
+    }
+
+    #[tokio::test]
+    async fn at_most_the_limit_is_held_and_a_dropped_hold_frees_its_slot() {
+        let held = HeldPolls::default();
+        let first = held.hold(1.0, 2).unwrap();
+        let _second = held.hold(2.0, 2).unwrap();
+        assert!(held.hold(3.0, 2).is_none());
+        drop(first);
+        assert_eq!(held.len(), 1);
+        assert!(held.inner.lock().unwrap().waiting.len() == 1, "the dropped poll left the map");
+        assert!(held.hold(3.0, 2).is_some());
+    }
+
+    #[tokio::test]
+    async fn a_stop_wakes_every_poll_and_holds_no_new_one() {
+        let held = HeldPolls::default();
+        let mut poll = held.hold(9.0, 10).unwrap();
+        held.stop();
+        assert!(is_woken(&mut poll).await);
+        assert!(held.hold(10.0, 10).is_none());
+    }
+
+    #[tokio::test]
+    async fn a_rearmed_poll_waits_for_its_new_score() {
+        let held = HeldPolls::default();
+        let mut poll = held.hold(2.0, 10).unwrap();
+        held.front(Some(3.0));
+        assert!(is_woken(&mut poll).await);
+        poll.rearm(8.0);
+        held.front(Some(4.0));
+        assert!(!is_woken(&mut poll).await);
+        held.front(Some(9.0));
+        assert!(is_woken(&mut poll).await);
+    }
+}
