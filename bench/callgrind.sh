@@ -88,6 +88,7 @@ redis: { url: "redis://127.0.0.1:$P_REDIS", key_prefix: bench }
 protected:
   - { method: GET, path: /echo/protected }
 admission: { interval: 1h, batch_size: 1 }
+endpoints: { hold: 0s }
 queue: { capacity: 2000000 }
 shutdown: { grace: 1s }
 EOF

@@ -309,7 +309,9 @@ EOF
 # start_waitroom NAME PREFIX BIN RUST_LOG BATCH INTERVAL [VAR=VALUE...]: one waitroom with its own
 # configuration; WR_URL[NAME], WR_METRICS[NAME], WR_PID[NAME] tell where it is. Set for the call,
 # WR_UPSTREAM is the port it forwards to (default: the demo order API's) and WR_ADMISSION holds more
-# YAML for its `admission:` section, one key a line, unindented (e.g. `adaptive: {...}`).
+# YAML for its `admission:` section, one key a line, unindented (e.g. `adaptive: {...}`), and
+# WR_HOLD its endpoints.hold (absent: the default, 2 s). The path, growth and memory rooms run with
+# hold 0s: they measure answers given at once, and a poll near the front would wait for its turn.
 declare -A WR_URL WR_METRICS WR_PID
 start_waitroom() {
   local name=$1 prefix=$2 bin=$3 log=$4 batch=$5 interval=$6
@@ -334,7 +336,9 @@ protected:
 admission:
   interval: $interval
   batch_size: $batch
-${admission}queue:
+${admission}${WR_HOLD:+endpoints:
+  hold: $WR_HOLD
+}queue:
   capacity: 2000000
 shutdown:
   grace: 1s
@@ -552,8 +556,8 @@ phase_growth() {
   say "== growth: status and enter with 1k, 100k and 1M waiting"
   local before after size round name
   declare -A room=([100000]=waitroom)
-  start_waitroom g1k g1k "$WR_BIN" "info,waitroom::access=off" 1 1h
-  start_waitroom g1m g1m "$WR_BIN" "info,waitroom::access=off" 1 1h
+  WR_HOLD=0s start_waitroom g1k g1k "$WR_BIN" "info,waitroom::access=off" 1 1h
+  WR_HOLD=0s start_waitroom g1m g1m "$WR_BIN" "info,waitroom::access=off" 1 1h
   room[1000]=g1k room[1000000]=g1m
   seed g1k 1000
   before=$(rcli INFO memory | tr -d '\r' | awk -F: '$1 == "used_memory" { print $2 }')
@@ -691,10 +695,10 @@ phase_crowd() {
 STARTED=$(date -u '+%Y-%m-%dT%H:%M:%SZ')
 if has_phase paths || has_phase redis || has_phase growth || has_phase memory; then
   start_nginx
-  start_waitroom waitroom bench "$WR_BIN" "info,waitroom::access=off" 1 1h
+  WR_HOLD=0s start_waitroom waitroom bench "$WR_BIN" "info,waitroom::access=off" 1 1h
   seed bench "$QUEUE_SIZE"
   if has_phase paths; then
-    if [ "$QUICK" -eq 0 ]; then start_waitroom waitroom-log bench "$WR_BIN" info 1 1h; fi
+    if [ "$QUICK" -eq 0 ]; then WR_HOLD=0s start_waitroom waitroom-log bench "$WR_BIN" info 1 1h; fi
   fi
   if has_phase paths || has_phase memory; then
     for v in "${VARIANTS[@]}"; do
@@ -707,6 +711,7 @@ if has_phase paths || has_phase redis || has_phase growth || has_phase memory; t
           *) envs+=("$part") ;;
         esac
       done
+      # No WR_HOLD: a variant is usually an older binary, which knows no endpoints.hold (and holds nothing).
       start_waitroom "$vname" bench "${parts[0]}" "info,waitroom::access=off" 1 1h "${envs[@]}"
       VARIANT_NAMES+=("$vname")
     done
