@@ -267,8 +267,9 @@ async fn shopper_waits_and_orders_in_headless_chromium() {
     let page_dir = page_tests_dir();
 
     // One admission a second, so the page sees its position fall before its turn; the script
-    // fills the line with a few others right before the page loads.
-    let (_redis, api, proxy) = start_room("admission: {interval: 1s, batch_size: 1}").await;
+    // fills the line with a few others right before the page loads. The contract's default hold
+    // (2 s): the page's last polls are held, and READY reaches it through one.
+    let (_redis, api, proxy) = start_room("admission: {interval: 1s, batch_size: 1}\nendpoints: {hold: ~}").await;
     let artifacts = artifact_dir("shopper");
     let summary = run_browser_script(
         "node tests/page/e2e.mjs",
@@ -310,6 +311,10 @@ async fn shopper_waits_and_orders_in_headless_chromium() {
     let token = summary["token"].as_str().expect("token");
     let again = proxy.order("page-user", Some(token)).await;
     assert_eq!(again.status, 403, "a used token is refused: {}", again.body);
+    assert!(
+        proxy.counter("waitroom_held_ready_delay_seconds_count").await >= 1.0,
+        "the page learned READY through a held poll"
+    );
 
     for shot in ["waiting.png", "ready.png"] {
         let path = artifacts.join(shot);
