@@ -75,6 +75,7 @@ impl BackgroundService for Drain {
         // responses leave the socket buffers.
         tokio::time::sleep(Duration::from_millis(50)).await;
         tracing::info!("exiting");
+        crate::logging::flush();
         std::process::exit(0);
     }
 }

@@ -6,6 +6,18 @@
 //! them. Entry tokens are never logged: pingora's debug and trace lines dump whole request
 //! headers (the token header included, which must travel upstream), so pingora's targets are
 //! capped at INFO whatever `RUST_LOG` says.
+//!
+//! Lines are written to stderr in blocks, not one `write` a line: with the access log on (the
+//! default) a line per request made every request pay a system call under stderr's lock. A line
+//! is appended to a buffer; the buffer goes out whole when it holds [`FLUSH_AT`] bytes, every
+//! [`FLUSH_EVERY`] (a thread of its own), and before the process exits ([`flush`]). Lines stay
+//! whole and in order: a block is taken and written under one lock, so two blocks never
+//! interleave, and a writer that fills the buffer waits for the block before it (backpressure
+//! rather than an unbounded buffer when stderr is slow).
+
+use std::io::Write as _;
+use std::sync::{LazyLock, Mutex, MutexGuard};
+use std::time::Duration;
 
 use tracing::Level;
 use tracing_subscriber::filter::filter_fn;
@@ -18,10 +30,80 @@ fn not_pingora_debug(meta: &tracing::Metadata<'_>) -> bool {
     !(meta.target().starts_with("pingora") && *meta.level() > Level::INFO)
 }
 
+/// A block goes out once the buffer holds this much.
+const FLUSH_AT: usize = 32 * 1024;
+/// ... and at least this often, so a quiet proxy's lines are never held back long.
+const FLUSH_EVERY: Duration = Duration::from_millis(100);
+
+/// The process's one log stream, like stderr itself: a static because the tracing subscriber it
+/// serves is process-wide too, and `flush` must reach it from the exit paths.
+static SINK: LazyLock<Sink> = LazyLock::new(|| Sink { pending: Mutex::new(Vec::new()), out: Mutex::new(()) });
+
+struct Sink {
+    /// Lines not written yet.
+    pending: Mutex<Vec<u8>>,
+    /// Held while a block is taken and written, so blocks leave in the order they were taken.
+    out: Mutex<()>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Sink {
+    fn append(&self, line: &[u8]) {
+        let full = {
+            let mut pending = lock(&self.pending);
+            pending.extend_from_slice(line);
+            pending.len() >= FLUSH_AT
+        };
+        if full {
+            self.flush();
+        }
+    }
+
+    fn flush(&self) {
+        let _out = lock(&self.out);
+        let block = std::mem::take(&mut *lock(&self.pending));
+        if !block.is_empty() {
+            let mut stderr = std::io::stderr().lock();
+            let _ = stderr.write_all(&block);
+            let _ = stderr.flush();
+        }
+    }
+}
+
+/// What the fmt layer writes each event to: one `write_all` of the whole formatted line.
+struct Buffered;
+
+impl std::io::Write for Buffered {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        SINK.append(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Writes out every line logged so far: call before the process exits.
+pub fn flush() {
+    SINK.flush();
+}
+
 pub fn init() {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let json = std::env::var("WAITROOM_LOG_FORMAT").map(|v| v == "json").unwrap_or(false);
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(|| Buffered);
+    let flusher = std::thread::Builder::new().name("waitroom-log".into()).spawn(|| loop {
+        std::thread::sleep(FLUSH_EVERY);
+        flush();
+    });
+    if let Err(error) = flusher {
+        // Without the thread, lines still go out as the buffer fills and at exit.
+        eprintln!("waitroom: could not start the log flusher: {error}");
+    }
     let cap = filter_fn(not_pingora_debug);
     // With tracing-subscriber's `tracing-log` feature, `try_init` also installs the `log`
     // bridge; a second subscriber (tests that call init twice) is simply refused.

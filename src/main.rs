@@ -116,11 +116,14 @@ fn main() -> ExitCode {
         }
         return ExitCode::SUCCESS;
     }
-    match waitroom::server::run(config, cli.config) {
+    let code = match waitroom::server::run(config, cli.config) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
+            waitroom::logging::flush();
             eprintln!("waitroom: {error}");
             ExitCode::from(1)
         }
-    }
+    };
+    waitroom::logging::flush();
+    code
 }
