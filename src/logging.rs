@@ -7,10 +7,11 @@
 //! headers (the token header included, which must travel upstream), so pingora's targets are
 //! capped at INFO whatever `RUST_LOG` says.
 //!
-//! Lines are written to stderr in blocks, not one `write` a line: with the access log on (the
-//! default) a line per request made every request pay a system call under stderr's lock. A line
-//! is appended to a buffer; the buffer goes out whole when it holds [`FLUSH_AT`] bytes, every
-//! [`FLUSH_EVERY`] (a thread of its own), and before the process exits ([`flush`]). Lines stay
+//! Access lines are written to stderr in blocks, not one `write` a line: with the access log on
+//! (the default) a line per request made every request pay a system call under stderr's lock. An
+//! access line is appended to a buffer; the buffer goes out whole when it holds [`FLUSH_AT`]
+//! bytes, every [`FLUSH_EVERY`] (a thread of its own), with the next line of any other target, and
+//! before the process exits ([`flush`]). Lines stay
 //! whole and in order: a block is taken and written under one lock, so two blocks never
 //! interleave, and a writer that fills the buffer waits for the block before it (backpressure
 //! rather than an unbounded buffer when stderr is slow).
@@ -21,6 +22,7 @@ use std::time::Duration;
 
 use tracing::Level;
 use tracing_subscriber::filter::filter_fn;
+use tracing_subscriber::fmt::MakeWriter;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::EnvFilter;
@@ -73,12 +75,19 @@ impl Sink {
     }
 }
 
-/// What the fmt layer writes each event to: one `write_all` of the whole formatted line.
-struct Buffered;
+/// What the fmt layer writes each event to: one `write_all` of the whole formatted line. Access
+/// lines wait in the buffer; any other line (rare, and read by operators and tests as it
+/// happens) goes out at once, with the access lines before it, so the order holds.
+struct Line {
+    at_once: bool,
+}
 
-impl std::io::Write for Buffered {
+impl std::io::Write for Line {
     fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
         SINK.append(bytes);
+        if self.at_once {
+            SINK.flush();
+        }
         Ok(bytes.len())
     }
 
@@ -86,6 +95,23 @@ impl std::io::Write for Buffered {
         Ok(())
     }
 }
+
+struct Lines;
+
+impl<'a> MakeWriter<'a> for Lines {
+    type Writer = Line;
+
+    fn make_writer(&'a self) -> Line {
+        Line { at_once: true }
+    }
+
+    fn make_writer_for(&'a self, meta: &tracing::Metadata<'_>) -> Line {
+        Line { at_once: meta.target() != ACCESS }
+    }
+}
+
+/// The access log's target.
+pub const ACCESS: &str = "waitroom::access";
 
 /// Writes out every line logged so far: call before the process exits.
 pub fn flush() {
@@ -95,7 +121,7 @@ pub fn flush() {
 pub fn init() {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let json = std::env::var("WAITROOM_LOG_FORMAT").map(|v| v == "json").unwrap_or(false);
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(|| Buffered);
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(Lines);
     let flusher = std::thread::Builder::new().name("waitroom-log".into()).spawn(|| loop {
         std::thread::sleep(FLUSH_EVERY);
         flush();
