@@ -21,7 +21,8 @@
 --   per_address identities per address per minute (0 = no limit), as in enter.lua
 --
 -- Replies: a tag, then its fields in the order src/store/event.rs declares them (EventReply):
---   TICK       now_ms, seed, drawn (nil before the draw), prequeued, did_draw, did_close
+--   TICK       now_ms, seed, drawn (nil before the draw), prequeued, did_draw, did_close,
+--              closed (1 once the close happened)
 --   NOT_OPEN   opens_in_ms                    (before the pre-queue: nobody is queued)
 --   PREQUEUED  opens_in_ms, already (1: was in the pre-queue already)
 --   FULL       (the pre-queue took the line's capacity)
@@ -64,8 +65,11 @@ local function close()
   return 0
 end
 
-local open = now >= opens_ms
-local closed = closes_ms > 0 and now >= closes_ms
+-- What happened stays happened: a reload (or a restart) that moves the times after the draw or
+-- the close cannot reopen the pre-queue, let newcomers in among the drawn, or reopen the line.
+local happened = redis.call('HMGET', event, 'drawn', 'closed')
+local open = happened[1] ~= false or now >= opens_ms
+local closed = happened[2] ~= false or (closes_ms > 0 and now >= closes_ms)
 
 if op == 'tick' then
   if now >= prequeue_ms then choose_seed() end
@@ -73,8 +77,10 @@ if op == 'tick' then
   if open then did_draw = draw() end
   local did_close = 0
   if closed then did_close = close() end
-  local state = redis.call('HMGET', event, 'seed', 'drawn')
-  return {'TICK', now, state[1], state[2], redis.call('ZCARD', event_draw), did_draw, did_close}
+  local state = redis.call('HMGET', event, 'seed', 'drawn', 'closed')
+  local was_closed = 0
+  if state[3] then was_closed = 1 end
+  return {'TICK', now, state[1], state[2], redis.call('ZCARD', event_draw), did_draw, did_close, was_closed}
 end
 
 local held = redis.call('GET', user_token)

@@ -139,7 +139,16 @@ impl Admitter {
         let rules = &settings.policy.rules;
         let interval = rules.interval;
         let event = settings.config.event.as_ref();
-        let (opens_at, closes_at) = (event.map(|e| e.opens_ms()), event.and_then(|e| e.closes_ms()));
+        let (mut opens_at, mut closes_at) = (event.map(|e| e.opens_ms()), event.and_then(|e| e.closes_ms()));
+        // The draw and the close are facts in Redis: times moved after them change nothing.
+        if let (Some(_), Some(seen)) = (event, self.state.event().snapshot()) {
+            if seen.drawn.is_some() {
+                opens_at = None;
+            }
+            if seen.closed {
+                closes_at = Some(0);
+            }
+        }
         match self.room.admit_within(rules, opens_at, closes_at).await {
             Ok(outcome) => {
                 let label = match (outcome.was_due, outcome.admitted) {

@@ -196,12 +196,27 @@ pub struct Snapshot {
     /// Set once the draw happened: the number of users drawn.
     pub drawn: Option<u64>,
     pub prequeued: u64,
+    /// Whether the event's close has happened.
+    pub closed: bool,
 }
 
 impl Snapshot {
     /// Redis's clock now, as far as this proxy can tell.
     pub fn redis_now_ms(&self) -> i64 {
         self.redis_ms + self.read_at.elapsed().as_millis() as i64
+    }
+
+    /// The phase now: the configured times' by Redis's clock, but never before what Redis has
+    /// recorded. Once the draw (or the close) has happened, a reload or a restart with other
+    /// times cannot undo it (contract section 14: a reload may change the times before the draw).
+    pub fn phase(&self, event: &EventConfig) -> Phase {
+        if self.closed {
+            return Phase::Closed;
+        }
+        match event.phase_at(self.redis_now_ms()) {
+            Phase::Before | Phase::Prequeue if self.drawn.is_some() => Phase::Open,
+            phase => phase,
+        }
     }
 
     /// Whether a phase read from this snapshot cannot change within the next second: then enter
@@ -278,7 +293,7 @@ impl EventState {
     /// seed's hash from the pre-queue on, the draw once open).
     pub async fn current(&self, room: &Room, event: &EventConfig) -> Result<Arc<Snapshot>, StoreError> {
         if let Some(snapshot) = self.snapshot() {
-            let phase = event.phase_at(snapshot.redis_now_ms());
+            let phase = snapshot.phase(event);
             let complete = match phase {
                 Phase::Before => true,
                 Phase::Prequeue => snapshot.seed.is_some(),
@@ -305,12 +320,12 @@ impl EventState {
 pub fn current_phase(state: &RoomState) -> Option<Phase> {
     let settings = state.settings();
     let event = settings.config.event.as_ref()?;
-    let now = match state.event().snapshot() {
-        Some(snapshot) => snapshot.redis_now_ms(),
-        None => std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as i64),
-    };
+    if let Some(snapshot) = state.event().snapshot() {
+        return Some(snapshot.phase(event));
+    }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64);
     Some(event.phase_at(now))
 }
 
@@ -321,6 +336,7 @@ fn snapshot_of(tick: &EventTick, read_at: Instant) -> Snapshot {
         seed: tick.seed.as_deref().and_then(Seed::from_hex),
         drawn: tick.drawn,
         prequeued: tick.prequeued,
+        closed: tick.closed,
     }
 }
 
@@ -354,7 +370,7 @@ impl EventWatcher {
         };
         match self.state.event().refresh(&self.room, &event).await {
             Ok(snapshot) => {
-                let phase = event.phase_at(snapshot.redis_now_ms());
+                let phase = snapshot.phase(&event);
                 for p in Phase::ALL {
                     metrics::EVENT_PHASE.with_label_values(&[p.label()]).set(i64::from(p == phase));
                 }
@@ -427,7 +443,7 @@ mod tests {
     fn absurd_times_are_served_not_panicked_on() {
         let e = event("{opens_at: \"9999-12-31T23:59:59Z\", prequeue: 10000000000000h}").unwrap();
         assert_eq!(e.phase_at(0), Phase::Prequeue);
-        let snapshot = Snapshot { redis_ms: i64::MAX / 2, read_at: Instant::now(), seed: None, drawn: None, prequeued: 0 };
+        let snapshot = Snapshot { redis_ms: i64::MAX / 2, read_at: Instant::now(), seed: None, drawn: None, prequeued: 0, closed: false };
         assert!(snapshot.settled(&e));
         assert!(!e.describe().is_empty());
     }

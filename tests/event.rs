@@ -288,6 +288,64 @@ async fn prequeued_places_survive_restarts_re_enters_and_reloads_and_the_cap_app
 }
 
 #[tokio::test]
+async fn times_moved_after_the_draw_or_the_close_cannot_undo_them() {
+    let redis = RedisServer::start();
+    let api = DemoApi::start(&[]);
+    let now = redis_now_ms(&mut redis.conn().await).await;
+    let event = |opens: i64, closes: i64| {
+        format!(
+            "event: {{opens_at: \"{}\", prequeue: 2h, closes_at: \"{}\", shuffle: false}}",
+            at(now, opens),
+            at(now, closes)
+        )
+    };
+    let proxy = Proxy::builder(&redis.url(), api.addr())
+        .yaml("admission: {interval: 300ms, batch_size: 1}")
+        .yaml(&event(1_500, 3_600_000))
+        .start()
+        .await;
+    for user in ["d1", "d2", "d3"] {
+        assert_status_is(&proxy.enter(user).await, 200, "PREQUEUED");
+    }
+    let drawn = until_phase(&proxy, "open").await;
+    assert_eq!(drawn["drawn"], 3);
+
+    // The opening moved an hour later, after the draw: the room stays open, a newcomer queues
+    // behind the drawn (not among them, in a pre-queue), and admission goes on.
+    move_event(&proxy, &event(3_600_000, 7_200_000)).await;
+    assert_eq!(event_of(&proxy).await["phase"], "open", "a reload after the draw reopened the pre-queue");
+    let late = proxy.enter("late").await;
+    assert_status_is(&late, 200, "WAITING");
+    let behind = late.json()["position"].as_u64().unwrap();
+    let waiting_drawn = queue_len(&redis, &proxy).await - 1;
+    assert_eq!(behind, waiting_drawn + 1, "the newcomer is behind every drawn user still waiting");
+    let tokens_before = zcard(&mut redis.conn().await, &keys(&proxy).tokens).await;
+    let admitted = wait_until(Duration::from_secs(5), Duration::from_millis(20), || async {
+        zcard(&mut redis.conn().await, &keys(&proxy).tokens).await > tokens_before
+    })
+    .await;
+    assert!(admitted, "admission stopped when the opening moved after the draw");
+
+    // Closed, then the close moved later: the line stays ended.
+    let now = redis_now_ms(&mut redis.conn().await).await;
+    proxy.rewrite_config(&format!(
+        "event: {{opens_at: \"{}\", prequeue: 2h, closes_at: \"{}\", shuffle: false}}",
+        at(now, -60_000),
+        at(now, 300)
+    ));
+    proxy.signal("HUP");
+    // The close is a fact once a proxy's tick has made it (within a reading of closes_at).
+    let closed = wait_until(Duration::from_secs(5), Duration::from_millis(20), || async {
+        proxy.logs().contains("event: closed; the line has ended")
+    })
+    .await;
+    assert!(closed, "the close did not happen:\n{}", proxy.logs());
+    move_event(&proxy, &event(3_600_000, 7_200_000)).await;
+    assert_eq!(event_of(&proxy).await["phase"], "closed", "a reload after the close reopened the line");
+    assert_answer("enter after the close", &proxy.enter("later").await, 200, json!({"status": "CLOSED", "pollAfter": null}));
+}
+
+#[tokio::test]
 async fn admission_waits_for_the_opening() {
     let redis = RedisServer::start();
     let api = DemoApi::start(&[]);

@@ -24,7 +24,7 @@ pub async fn enter(
     let event = config.event.as_ref()?;
     let events = state.event();
     if let Some(snapshot) = events.snapshot() {
-        if snapshot.settled(event) && event.phase_at(snapshot.redis_now_ms()) == Phase::Open {
+        if snapshot.settled(event) && snapshot.phase(event) == Phase::Open {
             return None;
         }
     }
@@ -91,7 +91,7 @@ pub async fn status(state: &RoomState, settings: &Settings, room: &Room, user: &
         },
     };
     let now = snapshot.redis_now_ms();
-    let phase = event.phase_at(now);
+    let phase = snapshot.phase(event);
     if matches!(phase, Phase::Before | Phase::Open) {
         return None;
     }
@@ -139,7 +139,7 @@ pub async fn public(state: &RoomState, settings: &Settings, room: &Room, method:
         Ok(found) => found,
         Err(answer) => return answer,
     };
-    let phase = event.phase_at(snapshot.redis_now_ms());
+    let phase = snapshot.phase(event);
     let drawn = drawn(phase, &snapshot);
     let seed = snapshot.seed.as_ref().filter(|_| phase != Phase::Before);
     let body = EventBody {
@@ -160,7 +160,7 @@ pub async fn draw(state: &RoomState, settings: &Settings, room: &Room, method: &
         Err(answer) => return answer,
     };
     let Some(event) = settings.config.event.as_ref() else { return not_scheduled() };
-    let Some(n) = drawn(event.phase_at(snapshot.redis_now_ms()), &snapshot) else {
+    let Some(n) = drawn(snapshot.phase(event), &snapshot) else {
         return Answer::error(404, "the draw has not happened yet");
     };
     match draw_list(state, room, n).await {

@@ -29,6 +29,7 @@ script! {
             prequeued: i64,
             did_draw: bool,
             did_close: bool,
+            closed: bool,
         },
         "NOT_OPEN" => NotOpen { opens_in_ms: i64 },
         "PREQUEUED" => Prequeued { opens_in_ms: i64, already: bool },
@@ -56,6 +57,8 @@ pub struct EventTick {
     pub did_draw: bool,
     /// This call closed the line (one call in the whole room does).
     pub did_close: bool,
+    /// The line was closed (by this call or before it).
+    pub closed: bool,
 }
 
 /// An enter's outcome outside the open phase, or `Open` (enter the line as usual).
@@ -124,13 +127,14 @@ impl Room {
         let nobody = Entering { user: "", capacity: 0, per_address: None };
         let call = self.event_call("tick", event, &nobody, candidate, "");
         match EventReply::decode(self.run(&call).await?)? {
-            EventReply::Tick { now_ms, seed, drawn, prequeued, did_draw, did_close } => Ok(EventTick {
+            EventReply::Tick { now_ms, seed, drawn, prequeued, did_draw, did_close, closed } => Ok(EventTick {
                 now_ms,
                 seed,
                 drawn: drawn.map(|n| n.max(0) as u64),
                 prequeued: prequeued.max(0) as u64,
                 did_draw,
                 did_close,
+                closed,
             }),
             _ => Err(StoreError::Reply(format!("{FILE}: a tick answered another tag"))),
         }
