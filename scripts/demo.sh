@@ -11,7 +11,7 @@
 #   USERS=500          simulated users          SPREAD_MS=1000   their arrivals are spread over this
 #   KEEP_RUNNING=0     1: keep the proxy up after the crowd finishes, until Ctrl-C
 #   REDIS_URL=         use this Redis instead of starting a private one (keys under {waitroom-demo})
-#   PORT=8080          preferred proxy port     METRICS_PORT=9090  preferred metrics port
+#   PORT=8080          preferred proxy port     METRICS_PORT=8079  preferred metrics port
 #                      (either taken: another free port is used)
 #   SLOTS=20  SERVICE_MS=200                    the demo order API's capacity
 #   TIMEOUT_S=120      the crowd gives up after this
@@ -35,7 +35,7 @@ SPREAD_MS=${SPREAD_MS:-1000}
 KEEP_RUNNING=${KEEP_RUNNING:-0}
 REDIS_URL=${REDIS_URL:-}
 PORT=${PORT:-8080}
-METRICS_PORT=${METRICS_PORT:-9090}
+METRICS_PORT=${METRICS_PORT:-8079}
 SLOTS=${SLOTS:-20}
 SERVICE_MS=${SERVICE_MS:-200}
 TIMEOUT_S=${TIMEOUT_S:-120}
