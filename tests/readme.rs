@@ -347,3 +347,145 @@ fn ports_are_substituted_whole_and_once() {
         "a:8081 b:9999 80801 18080 1x"
     );
 }
+
+/// The Markdown files a reader of the repository opens.
+fn markdown_files() -> Vec<PathBuf> {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(dir).expect("read_dir").flatten() {
+            let path = entry.path();
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            if path.is_dir() {
+                if !name.starts_with('.') && !["target", "node_modules"].contains(&name.as_ref()) {
+                    walk(&path, out);
+                }
+            } else if name.ends_with(".md") {
+                out.push(path);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(Path::new(env!("CARGO_MANIFEST_DIR")), &mut out);
+    out.sort();
+    out
+}
+
+/// GitHub's anchor of a heading: lower case, punctuation dropped, spaces as `-`.
+fn anchor(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter(|c| c.is_alphanumeric() || *c == ' ' || *c == '-' || *c == '_')
+        .map(|c| if c == ' ' { '-' } else { c })
+        .collect()
+}
+
+fn anchors(markdown: &str) -> Vec<String> {
+    let mut in_code = false;
+    markdown
+        .lines()
+        .filter(|l| {
+            if l.starts_with("```") {
+                in_code = !in_code;
+            }
+            !in_code && l.starts_with('#')
+        })
+        .map(|l| anchor(l.trim_start_matches('#')))
+        .collect()
+}
+
+/// Every `](target)` of a Markdown file that stays inside the repository (no scheme).
+fn relative_links(markdown: &str) -> Vec<String> {
+    let mut links = Vec::new();
+    let mut in_code = false;
+    for line in markdown.lines() {
+        if line.starts_with("```") {
+            in_code = !in_code;
+        }
+        if in_code {
+            continue;
+        }
+        let mut rest = line;
+        while let Some(at) = rest.find("](") {
+            let after = &rest[at + 2..];
+            let Some(end) = after.find(')') else { break };
+            let target = &after[..end];
+            if !target.contains("://") && !target.starts_with("mailto:") {
+                links.push(target.to_owned());
+            }
+            rest = &after[end..];
+        }
+    }
+    links
+}
+
+/// A reader can follow every link the docs make inside the repository: the file exists, and the
+/// heading a `#fragment` names is in it.
+#[test]
+fn every_relative_link_in_the_docs_resolves() {
+    let mut broken = Vec::new();
+    let files = markdown_files();
+    assert!(files.len() >= 6, "found only {files:?}");
+    for file in &files {
+        let text = std::fs::read_to_string(file).expect("read markdown");
+        for link in relative_links(&text) {
+            let (path, fragment) = link.split_once('#').unwrap_or((&link, ""));
+            let target = if path.is_empty() {
+                file.clone()
+            } else {
+                file.parent().unwrap().join(path)
+            };
+            if !target.exists() {
+                broken.push(format!("{}: {link} (no such file)", file.display()));
+            } else if !fragment.is_empty() && target.extension().is_some_and(|e| e == "md") {
+                let headings = anchors(&std::fs::read_to_string(&target).expect("read target"));
+                if !headings.iter().any(|a| a == fragment) {
+                    broken.push(format!("{}: {link} (no such heading)", file.display()));
+                }
+            }
+        }
+    }
+    assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
+}
+
+/// The README names these configurations as working ones; `scripts/test.sh` checks them too, and
+/// this keeps `cargo test` alone from missing one that broke.
+#[test]
+fn every_example_configuration_passes_check() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut examples: Vec<PathBuf> = std::fs::read_dir(root.join("examples"))
+        .expect("examples/")
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    examples.sort();
+    assert!(examples.len() >= 5, "{examples:?}");
+    for example in examples {
+        let name = example.file_name().unwrap().to_string_lossy().into_owned();
+        assert!(README.contains(&format!("(examples/{name})")), "the README links examples/{name}");
+        // From another folder, with no environment prepared: as CI runs it.
+        let out = Command::new(env!("CARGO_BIN_EXE_waitroom"))
+            .arg("--config")
+            .arg(&example)
+            .arg("--check")
+            .current_dir(std::env::temp_dir())
+            .env_clear()
+            .output()
+            .expect("run waitroom --check");
+        assert!(
+            out.status.success(),
+            "{name}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+#[test]
+fn anchors_are_githubs() {
+    assert_eq!(anchor(" The waiting page: `GET /queue/`"), "the-waiting-page-get-queue");
+    assert_eq!(anchor("Sale day: pause, close, open"), "sale-day-pause-close-open");
+    assert_eq!(anchor("Operator endpoints on `metrics_listen`"), "operator-endpoints-on-metrics_listen");
+}
