@@ -45,7 +45,12 @@ fn running_it_commands() -> Vec<String> {
     let block = body.split_once("\n```").expect("the block is closed").0;
     block
         .lines()
-        .map(|line| line.split_once("  # ").map_or(line, |(cmd, _)| cmd).trim().to_owned())
+        .map(|line| {
+            line.split_once("  # ")
+                .map_or(line, |(cmd, _)| cmd)
+                .trim()
+                .to_owned()
+        })
         .filter(|line| !line.is_empty())
         .collect()
 }
@@ -59,7 +64,9 @@ fn substitute_ports(text: &str, ports: &BTreeMap<u16, u16>) -> String {
     while i < bytes.len() {
         let starts_number = bytes[i].is_ascii_digit() && (i == 0 || !bytes[i - 1].is_ascii_digit());
         if starts_number {
-            let end = (i..bytes.len()).find(|&j| !bytes[j].is_ascii_digit()).unwrap_or(bytes.len());
+            let end = (i..bytes.len())
+                .find(|&j| !bytes[j].is_ascii_digit())
+                .unwrap_or(bytes.len());
             let number = &text[i..end];
             match number.parse::<u16>().ok().and_then(|n| ports.get(&n)) {
                 Some(free) => out.push_str(&free.to_string()),
@@ -90,7 +97,9 @@ fn substitute_binaries(line: &str) -> String {
     while let Some(at) = rest.find("target/release/") {
         out.push_str(&rest[..at]);
         let after = &rest[at + "target/release/".len()..];
-        let end = after.find(|c: char| c.is_whitespace()).unwrap_or(after.len());
+        let end = after
+            .find(|c: char| c.is_whitespace())
+            .unwrap_or(after.len());
         out.push_str(&built_binary(&after[..end]).display().to_string());
         rest = &after[end..];
     }
@@ -146,7 +155,9 @@ impl Drop for Background {
 }
 
 async fn accepts(port: u16) -> bool {
-    tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok()
+    tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_ok()
 }
 
 /// One foreground line and what it printed.
@@ -230,14 +241,21 @@ async fn running_it_works_as_written() {
     std::fs::write(&config_path, &config).expect("write proxy.yaml");
     let local = |line: &str| {
         let line = substitute_binaries(&substitute_ports(line, &ports));
-        line.replace("--config proxy.yaml", &format!("--config {}", config_path.display()))
+        line.replace(
+            "--config proxy.yaml",
+            &format!("--config {}", config_path.display()),
+        )
     };
 
     let mut background: Vec<Background> = Vec::new();
     let mut pending: Vec<(String, String)> = Vec::new();
     let mut ran: Vec<Ran> = Vec::new();
     let everything = |background: &[Background]| {
-        background.iter().map(Background::output).collect::<Vec<_>>().join("\n")
+        background
+            .iter()
+            .map(Background::output)
+            .collect::<Vec<_>>()
+            .join("\n")
     };
     for line in &commands {
         if line.starts_with("sudo apt-get") || line.starts_with("cargo build") {
@@ -252,13 +270,29 @@ async fn running_it_works_as_written() {
         let bg_line = local(bg.trim_end());
         background.push(Background::start(&bg_line, dir.path(), background.len()));
         // The ports this line serves: those written in it, and those of the config it runs.
-        let mut serves: Vec<u16> = ports.values().copied().filter(|p| bg_line.contains(&p.to_string())).collect();
+        let mut serves: Vec<u16> = ports
+            .values()
+            .copied()
+            .filter(|p| bg_line.contains(&p.to_string()))
+            .collect();
         if bg_line.contains(config_path.to_str().unwrap()) {
-            serves.extend(ports.values().copied().filter(|p| config.contains(&p.to_string())));
+            serves.extend(
+                ports
+                    .values()
+                    .copied()
+                    .filter(|p| config.contains(&p.to_string())),
+            );
         }
         for port in serves {
-            let up = wait_until(Duration::from_secs(20), Duration::from_millis(20), || accepts(port)).await;
-            assert!(up, "nothing listens on {port} after `{bg_line}`:\n{}", everything(&background));
+            let up = wait_until(Duration::from_secs(20), Duration::from_millis(20), || {
+                accepts(port)
+            })
+            .await;
+            assert!(
+                up,
+                "nothing listens on {port} after `{bg_line}`:\n{}",
+                everything(&background)
+            );
         }
         if bg_line.contains(config_path.to_str().unwrap()) {
             let readyz = format!("http://127.0.0.1:{}/readyz", ports[&METRICS]);
@@ -268,7 +302,11 @@ async fn running_it_works_as_written() {
                 async move { try_send(req).await.is_ok_and(|r| r.status == 200) }
             })
             .await;
-            assert!(ready, "the proxy never reached Redis:\n{}", everything(&background));
+            assert!(
+                ready,
+                "the proxy never reached Redis:\n{}",
+                everything(&background)
+            );
         }
     }
     ran.extend(run_foreground(&pending, dir.path()));
@@ -287,13 +325,20 @@ async fn running_it_works_as_written() {
         } else if l.contains("/queue/enter") {
             let body = json(r);
             let waiting = body["status"] == "WAITING" && body["position"] == 1;
-            assert!(waiting || body["status"] == "READY", "`{l}`: {body}\n{}", ctx());
+            assert!(
+                waiting || body["status"] == "READY",
+                "`{l}`: {body}\n{}",
+                ctx()
+            );
         } else if l.starts_with("token=$(") {
             assert!(r.out.is_empty(), "`{l}` prints nothing: {:?}", r.out);
         } else if l.contains("/queue/status") {
             let body = json(r);
             assert_eq!(body["status"], "READY", "`{l}`: {body}\n{}", ctx());
-            assert!(is_uuid(body["token"].as_str().unwrap_or("")), "`{l}`: {body}");
+            assert!(
+                is_uuid(body["token"].as_str().unwrap_or("")),
+                "`{l}`: {body}"
+            );
             token = body["token"].as_str().map(str::to_owned);
         } else if l.contains("/api/orders") {
             let body = json(r);
@@ -303,27 +348,50 @@ async fn running_it_works_as_written() {
                 assert_eq!(body["user"], "alice", "`{l}`: {body}\n{}", ctx());
                 assert!(body["orderId"].as_u64().is_some(), "`{l}`: {body}");
             } else {
-                assert!(body["error"].is_string(), "a spent token is refused: {body}");
+                assert!(
+                    body["error"].is_string(),
+                    "a spent token is refused: {body}"
+                );
                 assert!(body.get("orderId").is_none(), "{body}");
             }
         } else if l.contains("/metrics") {
-            assert!(r.out.contains("waitroom_admitted_total 1"), "`{l}`: {}", r.out);
-            assert!(r.out.contains("waitroom_tokens_consumed_total 1"), "`{l}`: {}", r.out);
+            assert!(
+                r.out.contains("waitroom_admitted_total 1"),
+                "`{l}`: {}",
+                r.out
+            );
+            assert!(
+                r.out.contains("waitroom_tokens_consumed_total 1"),
+                "`{l}`: {}",
+                r.out
+            );
         } else {
             panic!("tests/readme.rs has no check for the README line `{l}`: add one");
         }
     }
-    assert!(token.is_some(), "no status line answered READY: {commands:#?}");
-    assert_eq!(orders, 2, "an order with the token, then the same again: {commands:#?}");
+    assert!(
+        token.is_some(),
+        "no status line answered READY: {commands:#?}"
+    );
+    assert_eq!(
+        orders, 2,
+        "an order with the token, then the same again: {commands:#?}"
+    );
 
     // The page: the URL the README tells the reader to open, through identity-front.
     let page_url = "http://127.0.0.1:8090/queue/";
-    assert!(README.contains(&format!("<{page_url}>")), "the README names {page_url}");
+    assert!(
+        README.contains(&format!("<{page_url}>")),
+        "the README names {page_url}"
+    );
     let page_url = substitute_ports(page_url, &ports);
     let client = http_client();
     let page = send(client.get(&page_url)).await;
     assert_eq!(page.status, 200, "{page_url}: {}\n{}", page.body, ctx());
-    assert!(page.header("content-type").unwrap_or("").starts_with("text/html"));
+    assert!(page
+        .header("content-type")
+        .unwrap_or("")
+        .starts_with("text/html"));
     let cookie = page
         .header("set-cookie")
         .and_then(|c| c.split(';').next())
@@ -331,9 +399,17 @@ async fn running_it_works_as_written() {
         .to_owned();
     let enter_url = page_url.replace("/queue/", "/queue/enter");
     let enter = send(client.post(&enter_url).header("cookie", &cookie)).await;
-    assert_eq!(enter.status, 200, "the page's enter, named by the cookie: {}", enter.body);
+    assert_eq!(
+        enter.status, 200,
+        "the page's enter, named by the cookie: {}",
+        enter.body
+    );
     let again = send(client.post(&enter_url).header("cookie", &cookie)).await;
-    assert_eq!(again.json()["position"], enter.json()["position"], "the same user again");
+    assert_eq!(
+        again.json()["position"],
+        enter.json()["position"],
+        "the same user again"
+    );
     // Straight on the proxy, nobody names the browser: 401, which the page shows as SIGN_IN.
     let direct = format!("http://127.0.0.1:{}/queue/enter", ports[&PROXY]);
     assert_eq!(send(client.post(&direct)).await.status, 401);
@@ -464,7 +540,10 @@ fn every_example_configuration_passes_check() {
     assert!(examples.len() >= 5, "{examples:?}");
     for example in examples {
         let name = example.file_name().unwrap().to_string_lossy().into_owned();
-        assert!(README.contains(&format!("(examples/{name})")), "the README links examples/{name}");
+        assert!(
+            README.contains(&format!("(examples/{name})")),
+            "the README links examples/{name}"
+        );
         // From another folder, with no environment prepared: as CI runs it.
         let out = Command::new(env!("CARGO_BIN_EXE_waitroom"))
             .arg("--config")
@@ -485,7 +564,16 @@ fn every_example_configuration_passes_check() {
 
 #[test]
 fn anchors_are_githubs() {
-    assert_eq!(anchor(" The waiting page: `GET /queue/`"), "the-waiting-page-get-queue");
-    assert_eq!(anchor("Sale day: pause, close, open"), "sale-day-pause-close-open");
-    assert_eq!(anchor("Operator endpoints on `metrics_listen`"), "operator-endpoints-on-metrics_listen");
+    assert_eq!(
+        anchor(" The waiting page: `GET /queue/`"),
+        "the-waiting-page-get-queue"
+    );
+    assert_eq!(
+        anchor("Sale day: pause, close, open"),
+        "sale-day-pause-close-open"
+    );
+    assert_eq!(
+        anchor("Operator endpoints on `metrics_listen`"),
+        "operator-endpoints-on-metrics_listen"
+    );
 }

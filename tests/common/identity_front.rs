@@ -40,7 +40,10 @@ impl IdentityFront {
             }
             if has_exited(&mut child) || Instant::now() >= deadline {
                 kill_and_reap(&mut child);
-                panic!("identity-front did not start:\n{}", read_logs(dir.path(), "front"));
+                panic!(
+                    "identity-front did not start:\n{}",
+                    read_logs(dir.path(), "front")
+                );
             }
             std::thread::sleep(Duration::from_millis(10));
         };

@@ -180,7 +180,12 @@ async fn forward(front: &Front, req: Request<Incoming>) -> Response<Body> {
         Some(user) => (user, false),
         None => match new_user_id() {
             Ok(user) => (user, true),
-            Err(e) => return plain(StatusCode::INTERNAL_SERVER_ERROR, format!("no randomness: {e}")),
+            Err(e) => {
+                return plain(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    format!("no randomness: {e}"),
+                )
+            }
         },
     };
     let target = format!(
@@ -190,7 +195,12 @@ async fn forward(front: &Front, req: Request<Incoming>) -> Response<Body> {
     );
     parts.uri = match target.parse::<Uri>() {
         Ok(uri) => uri,
-        Err(e) => return plain(StatusCode::BAD_REQUEST, format!("cannot forward {target}: {e}")),
+        Err(e) => {
+            return plain(
+                StatusCode::BAD_REQUEST,
+                format!("cannot forward {target}: {e}"),
+            )
+        }
     };
     strip_hop_by_hop(&mut parts.headers);
     // The client's Host names this front; the proxy passes it to the shop's backend as it came.
@@ -231,8 +241,10 @@ fn plain(status: StatusCode, message: String) -> Response<Body> {
             .boxed(),
     );
     *res.status_mut() = status;
-    res.headers_mut()
-        .insert(CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+    res.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
     res
 }
 
@@ -245,7 +257,12 @@ mod tests {
         for ok in ["127.0.0.1:8090", "127.1.2.3:0", "[::1]:8090"] {
             assert_eq!(check_listen(ok.parse().unwrap()), Ok(()), "{ok}");
         }
-        for refused in ["0.0.0.0:8090", "[::]:8090", "192.168.1.5:8090", "10.0.0.1:80"] {
+        for refused in [
+            "0.0.0.0:8090",
+            "[::]:8090",
+            "192.168.1.5:8090",
+            "10.0.0.1:80",
+        ] {
             let addr: SocketAddr = refused.parse().unwrap();
             assert_eq!(check_listen(addr), Err(NotLoopback(addr)), "{refused}");
         }
@@ -267,12 +284,22 @@ mod tests {
             headers.append(COOKIE, HeaderValue::from_str(cookie).unwrap());
             user_from_cookies(&headers)
         };
-        assert_eq!(with("waitroom_dev_user=browser-ab12"), Some("browser-ab12".into()));
-        assert_eq!(with("a=1; waitroom_dev_user=alice ; b=2"), Some("alice".into()));
+        assert_eq!(
+            with("waitroom_dev_user=browser-ab12"),
+            Some("browser-ab12".into())
+        );
+        assert_eq!(
+            with("a=1; waitroom_dev_user=alice ; b=2"),
+            Some("alice".into())
+        );
         assert_eq!(with("other_waitroom_dev_user=x"), None);
         assert_eq!(with("waitroom_dev_user="), None, "empty");
         assert_eq!(with("waitroom_dev_user=a b"), None, "a space");
-        assert_eq!(with(&format!("waitroom_dev_user={}", "x".repeat(65))), None, "too long");
+        assert_eq!(
+            with(&format!("waitroom_dev_user={}", "x".repeat(65))),
+            None,
+            "too long"
+        );
         assert_eq!(user_from_cookies(&HeaderMap::new()), None);
     }
 
