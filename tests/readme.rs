@@ -577,3 +577,52 @@ fn anchors_are_githubs() {
         "operator-endpoints-on-metrics_listen"
     );
 }
+
+/// Files that name a README section in words (`README: "Sale day"`) rather than by a link: YAML,
+/// scripts and the dashboard cannot hold Markdown links.
+#[test]
+fn every_readme_section_named_in_words_exists() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let headings: Vec<String> = README
+        .lines()
+        .filter(|l| l.starts_with('#'))
+        .map(|l| l.trim_start_matches('#').trim().to_owned())
+        .collect();
+    let mut files = markdown_files();
+    for dir in ["", "docs", "dashboards", "scripts", "bench", "examples"] {
+        for entry in std::fs::read_dir(root.join(dir))
+            .expect("read_dir")
+            .flatten()
+        {
+            let path = entry.path();
+            let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("");
+            if ["yaml", "yml", "sh", "json"].contains(&ext) {
+                files.push(path);
+            }
+        }
+    }
+    let mut named = 0;
+    let mut missing = Vec::new();
+    for file in &files {
+        let text = std::fs::read_to_string(file).expect("read");
+        for form in ["README: \"", "README's \"", "README, \"", "README.md, \""] {
+            for piece in text.split(form).skip(1) {
+                let Some((section, _)) = piece.split_once('"') else {
+                    continue;
+                };
+                // A name may wrap across lines.
+                let section = section.split_whitespace().collect::<Vec<_>>().join(" ");
+                named += 1;
+                if !headings.iter().any(|h| h.starts_with(&section)) {
+                    missing.push(format!("{}: README section \"{section}\"", file.display()));
+                }
+            }
+        }
+    }
+    assert!(named >= 5, "found only {named} sections named in words");
+    assert!(
+        missing.is_empty(),
+        "no such README sections:\n{}",
+        missing.join("\n")
+    );
+}
