@@ -1,5 +1,6 @@
 //! The waiting page (contract section 10), from outside: as served by a running proxy, its polling
-//! logic under `node --test`, and a shopper's whole wait in headless Chromium.
+//! logic under `node --test`, and a shopper's whole wait in headless Chromium, with the identity
+//! header set by the browser or by `identity-front` (the README's local route), or missing.
 //!
 //! Needs `node` (20 or newer) and, for the browser run, `npm` and Debian's `chromium` package (or
 //! `WAITROOM_CHROMIUM` naming a Chromium binary). `npm ci` runs in `tests/page` when its
