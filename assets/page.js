@@ -4,7 +4,9 @@
 // <script type="module">; this file is therefore not a module of its own.
 //
 // Identity: the shop's authentication layer in front of the proxy adds it to every request from
-// the browser (a header or a cookie), so the calls here only send the page's own cookies.
+// the browser (a header or a cookie), so the calls here only send the page's own cookies. Without
+// one the proxy answers 401 and the page shows SIGN_IN (tools' identity-front plays that layer
+// on a developer's machine).
 
 const settings = JSON.parse(document.getElementById("waitroom-settings").textContent);
 const texts = settings.texts;
@@ -144,6 +146,9 @@ function show(next, answer) {
   }
   opening = BEFORE_OPENING.includes(next) ? { opensIn: body.opensIn, receivedAt: Date.now() } : null;
   el.countdown.hidden = opening === null;
+  if (next === "SIGN_IN") {
+    document.title = texts.heading_SIGN_IN;
+  }
   if (next === "CLOSED") {
     forgetToken();
     atEntry = null;

@@ -13,7 +13,7 @@
 /** The states `[data-waitroom="state"]` may hold (contract sections 10 and 14). */
 export const STATES = [
   "WAITING", "READY", "FULL", "NOT_IN_QUEUE", "UNAVAILABLE", "TOO_EARLY", "LIMITED",
-  "NOT_OPEN", "PREQUEUED", "CLOSED",
+  "NOT_OPEN", "PREQUEUED", "CLOSED", "SIGN_IN",
 ];
 
 /** A scheduled event's states before its opening: they count down to it (`opensIn`). */
@@ -51,8 +51,11 @@ export function stateOf(answer) {
     return status;
   }
   if (answer.httpStatus === 429 && ["FULL", "TOO_EARLY", "LIMITED"].includes(status)) return status;
-  // 503 (Redis unavailable), no answer at all, or anything unexpected (a 502 from a load balancer,
-  // a 401 because the shop's session ended): the line cannot be reached, retry later.
+  // 401: the room reached, but nobody named (no identity header, or a missing or expired JWT).
+  // Telling the user the line is down would send them to wait for nothing; they must sign in.
+  if (answer.httpStatus === 401) return "SIGN_IN";
+  // 503 (Redis unavailable), no answer at all, or anything unexpected (a 502 from a load balancer):
+  // the line cannot be reached, retry later.
   return "UNAVAILABLE";
 }
 
@@ -80,6 +83,9 @@ function waitSeconds(answer) {
     case "READY":
     case "NOT_IN_QUEUE":
     case "CLOSED":
+    case "SIGN_IN":
+      // SIGN_IN: asking again without an identity gets the same 401; signing in ends with a
+      // reload, whose enter keeps any place the user had.
       return null;
     case "FULL":
     case "TOO_EARLY":
@@ -114,6 +120,7 @@ export function nextCall(answer, previous) {
     case "READY":
     case "NOT_IN_QUEUE":
     case "CLOSED":
+    case "SIGN_IN":
       return null;
     default:
       return previous;

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# waitroom's benchmark suite (issue 8), in one command:
+# waitroom's benchmark suite, in one command:
 #
 #   bench/run.sh            full mode: 3 interleaved rounds of 10 s per path, a crowd of 20,000
 #                           (about 25 minutes of measuring, plus the release build)
@@ -87,7 +87,7 @@ done
 # batch_size|interval|more YAML for its admission section|more flags for the simulated users. The
 # adaptive room is the fixed 10-per-100ms one with the controller on: batch_size becomes its
 # ceiling, so any gap between the two is what listening to the API costs or buys. The "+front"
-# rooms are a what-if beyond the contract's client: users within 250 places of the front poll every
+# rooms are a what-if beyond the waiting page's polling: users within 250 places of the front poll every
 # 100 ms, so they learn READY within about 100 ms of their admission (what a status held open for
 # the front of the line would give) instead of up to pollAfter (2 s) later.
 CROWD_SCENARIOS_ALL=(

@@ -6,16 +6,21 @@
 #   USERS=2000 scripts/demo.sh            # a longer line
 #   KEEP_RUNNING=1 scripts/demo.sh        # leave everything up after the crowd, until Ctrl-C
 #   DROP=1 scripts/demo.sh                # a drop: the crowd pre-queues, the opening draws them
+#   PAGE=1 scripts/demo.sh                # also the waiting page in your browser (prints the URL)
 #
 # Settings (environment variables):
-#   USERS=500          simulated users          SPREAD_MS=1000   their arrivals are spread over this
+#   USERS=500          simulated users (0: no crowd)   SPREAD_MS=1000  their arrivals are spread over this
 #   KEEP_RUNNING=0     1: keep the proxy up after the crowd finishes, until Ctrl-C
+#   PAGE=0             1: start identity-front (tools/) on FRONT_PORT=8090 (or a free port) and print
+#                      the URL of the waiting page to open in a browser. It names each browser with a
+#                      random user id (a cookie), as the authentication layer in front of a real
+#                      proxy would. Makes KEEP_RUNNING default to 1, so the page outlives the crowd
 #   REDIS_URL=         use this Redis instead of starting a private one (keys under {waitroom-demo})
-#   PORT=8080          preferred proxy port     METRICS_PORT=9090  preferred metrics port
+#   PORT=8080          preferred proxy port     METRICS_PORT=8079  preferred metrics port
 #                      (either taken: another free port is used)
 #   SLOTS=20  SERVICE_MS=200                    the demo order API's capacity
 #   TIMEOUT_S=120      the crowd gives up after this
-#   DROP=0             1: a scheduled event (contract section 14) opening OPENS_IN_S seconds after
+#   DROP=0             1: a scheduled event (README: "Running a drop") opening OPENS_IN_S seconds after
 #                      the proxy starts, with a pre-queue from the start: the crowd arrives before
 #                      the opening, is drawn at it in the HMAC order of the revealed seed, and the
 #                      demo prints GET /queue/event before and after
@@ -32,10 +37,12 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
 USERS=${USERS:-500}
 SPREAD_MS=${SPREAD_MS:-1000}
-KEEP_RUNNING=${KEEP_RUNNING:-0}
+PAGE=${PAGE:-0}
+FRONT_PORT=${FRONT_PORT:-8090}
+KEEP_RUNNING=${KEEP_RUNNING:-$PAGE}
 REDIS_URL=${REDIS_URL:-}
 PORT=${PORT:-8080}
-METRICS_PORT=${METRICS_PORT:-9090}
+METRICS_PORT=${METRICS_PORT:-8079}
 SLOTS=${SLOTS:-20}
 SERVICE_MS=${SERVICE_MS:-200}
 TIMEOUT_S=${TIMEOUT_S:-120}
@@ -220,10 +227,30 @@ Try it by hand (run with KEEP_RUNNING=1 to keep it up after the crowd):
   curl -s -X POST -H 'X-User-Id: alice' -H 'X-Entry-Token: <token from status>' $PROXY/api/orders
   curl -s $METRICS/metrics | grep '^waitroom_'
 
+EOF
+if [ "$PAGE" = 1 ]; then
+  front_port=$(free_port "$FRONT_PORT")
+  say "starting identity-front on 127.0.0.1:$front_port"
+  start identity-front "$WORKDIR/identity-front.log" \
+    "$BIN/identity-front" --listen "127.0.0.1:$front_port" --proxy "127.0.0.1:$proxy_port"
+  FRONT_PID=${PIDS[-1]}
+  wait_until 10 "identity-front" alive_and "$FRONT_PID" grep -q 'listening on' "$WORKDIR/identity-front.log" \
+    || { show_log "$WORKDIR/identity-front.log"; die "identity-front did not start"; }
+  cat <<EOF
+The waiting page: open  http://127.0.0.1:$front_port/queue/  in a browser on this machine.
+  identity-front gives each browser its own random user id (a cookie) and forwards to the proxy
+  with X-User-Id set; a private window is another user. Opened straight on $PROXY/queue/,
+  with nobody to name you, the page asks you to sign in.
+
+EOF
+fi
+if [ "$USERS" -gt 0 ]; then
+  cat <<EOF
 Now $USERS users arrive within ${SPREAD_MS} ms. The room admits 10 every 100 ms, so about
 100 orders a second reach the order API, however many wait ("line" is waitroom_queue_length).
 
 EOF
+fi
 if [ "$DROP" = 1 ]; then
   cat <<EOF
 A drop: the sale opens at $opens_at. The crowd arrives in the pre-queue first (state
@@ -238,8 +265,10 @@ fi
 # 5. The crowd
 # ---------------------------------------------------------------------------------------------
 crowd_rc=0
-"$BIN/crowd" --proxy "$PROXY" --metrics "$METRICS/metrics" \
-  --users "$USERS" --spread-ms "$SPREAD_MS" --timeout-s "$TIMEOUT_S" || crowd_rc=$?
+if [ "$USERS" -gt 0 ]; then
+  "$BIN/crowd" --proxy "$PROXY" --metrics "$METRICS/metrics" \
+    --users "$USERS" --spread-ms "$SPREAD_MS" --timeout-s "$TIMEOUT_S" || crowd_rc=$?
+fi
 
 stats=$(curl -fsS --max-time 2 "http://$API_ADDR/admin/stats" || echo '{}')
 peak=$(grep -o '"peakInFlight":[0-9]*' <<<"$stats" | cut -d: -f2)
@@ -265,6 +294,7 @@ fi
 if [ "$KEEP_RUNNING" = 1 ]; then
   echo
   echo "KEEP_RUNNING=1: waitroom stays up on $PROXY (metrics $METRICS). Ctrl-C stops everything."
+  if [ "$PAGE" = 1 ]; then echo "The waiting page: http://127.0.0.1:$front_port/queue/"; fi
   trap 'exit 0' INT TERM
   # Returns when waitroom exits (it drains and exits on Ctrl-C too), or when a trapped signal
   # arrives; either way the EXIT trap stops the rest.

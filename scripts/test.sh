@@ -3,13 +3,17 @@
 #
 #   1. installs what the tests need when it is missing (apt-get; sudo only when not root):
 #      cmake (pingora builds zlib-ng with it), redis-server and redis-cli (every integration test
-#      starts its own redis-server on a free port), promtool (checks the /metrics exposition and
+#      starts its own redis-server on a free port), curl (the README's walkthrough, which
+#      tests/readme.rs runs), promtool (checks the /metrics exposition and
 #      the alert rules), node, npm and chromium (the waiting page's tests), and in a venv under
 #      target/ the pinned Python tools that check the API description, docs/openapi.yaml
 #      (docs/requirements-api.txt: openapi-spec-validator, schemathesis);
-#   2. builds the binaries (the proxy's, and the demo order API and the crowd of tools/, which the
-#      integration tests start) and runs `waitroom --check` on every configuration shipped in the
-#      repository (proxy.yaml, examples/**/*.yaml), so an example can never drift from the code;
+#   2. builds the binaries (the proxy's, and the demo order API, the identity front and the crowd
+#      of tools/, which the integration tests start) and runs `waitroom --check` on every
+#      configuration shipped in the repository (proxy.yaml, examples/**/*.yaml), so an example can
+#      never drift from the code. Each is checked as it stands, with no environment prepared for
+#      it: the JWT example verifies with a public key shipped in examples/keys/ rather than an
+#      HS256 secret from a variable, so no dummy secret is needed;
 #   3. runs `cargo test`: unit tests and the integration tests under tests/ and tools/tests/.
 #
 # Arguments go to `cargo test`, e.g. `scripts/test.sh --test endpoints` runs one test file.
@@ -30,7 +34,8 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 . "$ROOT/scripts/lib.sh"
 
 ensure_cargo
-tools=(cc cmake redis-server redis-cli promtool node npm)
+# curl: tests/readme.rs runs the README's "Running it" block, whose walkthrough is curl.
+tools=(cc cmake curl redis-server redis-cli promtool node npm)
 # The browser test uses /usr/bin/chromium unless WAITROOM_CHROMIUM names another binary.
 [ -z "${WAITROOM_CHROMIUM:-}" ] && tools+=(chromium)
 ensure_tools "${tools[@]}"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Slow clients must not slow anyone else down (contract section 16): the p99 of ordinary status
+# Slow clients must not slow anyone else down (README: "Configuration", the `limits` keys): the p99 of ordinary status
 # polls, measured with wrk, alone and then while TRICKLERS connections send a request head one
 # byte at a time (reconnecting whenever the proxy closes them), plus how many of those the proxy
 # closed at header_timeout and its resident memory.

@@ -406,7 +406,7 @@ pub mod raw {
         s("0.0.0.0:8080")
     }
     fn d_metrics_listen() -> String {
-        s("127.0.0.1:9090")
+        s("127.0.0.1:8079")
     }
     fn d_key_prefix() -> String {
         s("waitroom")
@@ -1375,7 +1375,7 @@ mod tests {
     fn defaults_match_the_contract() {
         let c = Config::parse("upstream: 127.0.0.1:8081").unwrap();
         assert_eq!(c.listen, "0.0.0.0:8080".parse().unwrap());
-        assert_eq!(c.metrics_listen, "127.0.0.1:9090".parse().unwrap());
+        assert_eq!(c.metrics_listen, "127.0.0.1:8079".parse().unwrap());
         assert_eq!(c.redis.target, RedisTarget::Url("redis://127.0.0.1:6379".into()));
         assert_eq!(c.redis.key_prefix, "waitroom");
         assert_eq!(c.redis.timeout, Duration::from_millis(500));

@@ -399,6 +399,16 @@ mod tests {
     }
 
     #[test]
+    fn the_sign_in_texts_can_be_overridden_like_the_others() {
+        for lang in Lang::ALL {
+            assert!(lang.has_text("heading_SIGN_IN") && lang.has_text("message_SIGN_IN"), "{lang:?}");
+        }
+        let yaml = "upstream: 127.0.0.1:1\npage: {texts: {en: {heading_SIGN_IN: Log in at the shop first}}}\n";
+        let page = render_lang(&Config::parse(yaml).unwrap(), Lang::En);
+        assert!(page.contains(r#""heading_SIGN_IN":"Log in at the shop first""#));
+    }
+
+    #[test]
     fn html_escaping() {
         let mut out = String::new();
         push_html_escaped(&mut out, r#"<a href="x">Tom & 'Jerry'</a>"#);

@@ -1,5 +1,6 @@
 //! The waiting page (contract section 10), from outside: as served by a running proxy, its polling
-//! logic under `node --test`, and a shopper's whole wait in headless Chromium.
+//! logic under `node --test`, and a shopper's whole wait in headless Chromium, with the identity
+//! header set by the browser or by `identity-front` (the README's local route), or missing.
 //!
 //! Needs `node` (20 or newer) and, for the browser run, `npm` and Debian's `chromium` package (or
 //! `WAITROOM_CHROMIUM` naming a Chromium binary). `npm ci` runs in `tests/page` when its
@@ -330,6 +331,69 @@ async fn shopper_waits_and_orders_in_headless_chromium() {
             std::fs::copy(&path, docs.join(shot)).expect("copy screenshot");
         }
     }
+}
+
+/// The documented local route (README, "Running it"): the page opened in Chromium through
+/// `identity-front`, which names the browser with a cookie of its own, as the authentication layer
+/// in front of a proxy would. The browser itself sends no identity. It waits (WAITING, position
+/// falling), turns READY, and the order it places with the token is accepted, for the user the
+/// cookie named.
+#[tokio::test]
+async fn page_through_the_identity_front_waits_then_is_ready() {
+    let chromium = browser_ready().await;
+    let (_redis, api, proxy) = start_room("admission: {interval: 1s, batch_size: 1}").await;
+    let front = IdentityFront::start(proxy.addr(), &[]);
+    let summary = run_browser_script(
+        "node tests/page/e2e.mjs through identity-front",
+        Command::new("node")
+            .arg(page_tests_dir().join("e2e.mjs"))
+            .arg(front.url(""))
+            .arg(artifact_dir("front"))
+            .args(["--no-identity", "--fill", "3", "--fill-base", &proxy.url("")])
+            .env("WAITROOM_CHROMIUM", &chromium)
+            .current_dir(page_tests_dir()),
+    )
+    .await;
+    let ctx = format!("{summary}
+--- front
+{}
+--- api
+{}", front.logs(), api.logs());
+    let positions = summary["positions"].as_array().expect("positions");
+    assert!(positions[1].as_u64() < positions[0].as_u64(), "the position fell: {ctx}");
+    assert_eq!(summary["orderStatus"], 201, "the order was accepted: {ctx}");
+    let user = summary["cookieUser"].as_str().expect("the front's cookie");
+    assert!(user.starts_with("browser-"), "{ctx}");
+    // The token was that cookie's user's, and the order used it up.
+    let token = summary["token"].as_str().expect("token");
+    let again = proxy.order(user, Some(token)).await;
+    assert_eq!(again.status, 403, "a used token is refused: {}", again.body);
+}
+
+/// Opened straight on the proxy, with nothing in front to name the user, the page's enter gets 401:
+/// the page asks to sign in (SIGN_IN, in the visitor's language), never says the line is down,
+/// and makes no further calls.
+#[tokio::test]
+async fn page_without_an_identity_asks_to_sign_in() {
+    let chromium = browser_ready().await;
+    let (_redis, _api, proxy) = quiet_room("{}").await;
+    let summary = run_browser_script(
+        "node tests/page/states.mjs --expect SIGN_IN --no-identity",
+        Command::new("node")
+            .arg(page_tests_dir().join("states.mjs"))
+            .arg(proxy.url(""))
+            .arg(artifact_dir("sign-in"))
+            // Past the 5 s an unexpected answer waits before the page tries again.
+            .args(["--expect", "SIGN_IN", "--calls", "1", "--no-identity", "--linger", "6000"])
+            .env("WAITROOM_CHROMIUM", &chromium)
+            .current_dir(page_tests_dir()),
+    )
+    .await;
+    assert_eq!(summary["states"], serde_json::json!(["SIGN_IN"]), "{summary}");
+    assert_eq!(summary["heading"], "Please sign in first", "{summary}");
+    let calls = summary["calls"].as_array().expect("calls");
+    assert_eq!(calls.len(), 1, "one enter, then nothing: {summary}");
+    assert_eq!(calls[0]["status"], 401, "{summary}");
 }
 
 /// One visit of the live page for `tests/page/states.mjs`: what the room is set up to answer.

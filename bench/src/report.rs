@@ -344,7 +344,7 @@ pub fn run(a: ReportArgs) -> Result<()> {
     for v in &mem_rows {
         let users = f(v, "users");
         let per = (f(v, "after") - f(v, "before")) / users;
-        writeln!(md, "| Redis memory per waiting user (INFO used_memory delta over {} users) | {:.1} bytes |", charts::human(users), per).ok();
+        writeln!(md, "| Redis memory per waiting user (INFO used_memory delta over {} users, ids `u1` to `u{}`: seed-queue's) | {:.1} bytes |", charts::human(users), users, per).ok();
         mem_json.push(json!({"what": "redis_bytes_per_waiting_user", "users": users, "value": per}));
     }
     for v in &rss_rows {

@@ -3,9 +3,8 @@
 
 use super::client::{http_client, send};
 use super::free_port;
-use super::process::{has_exited, kill_and_reap, read_logs, spawn_logged};
+use super::process::{has_exited, kill_and_reap, read_logs, spawn_logged, tools_binary};
 use std::net::{SocketAddr, TcpStream};
-use std::path::PathBuf;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 use tempfile::TempDir;
@@ -27,7 +26,7 @@ impl DemoApi {
         let mut last_error = String::new();
         for _ in 0..5 {
             let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
-            let mut cmd = Command::new(binary());
+            let mut cmd = Command::new(tools_binary("demo-order-api"));
             cmd.arg("--listen")
                 .arg(addr.to_string())
                 .args(extra_args)
@@ -77,28 +76,6 @@ impl Drop for DemoApi {
     fn drop(&mut self) {
         kill_and_reap(&mut self.child);
     }
-}
-
-/// The demo order API belongs to another package of the workspace (`tools/`), and cargo hands a
-/// test the paths of its own package's binaries only (`CARGO_BIN_EXE_*`). Every package of the
-/// workspace builds into one target directory, so the binary sits beside this test's own:
-/// `<target>/<profile>/deps/<test>` is next to `<target>/<profile>/demo-order-api`. `cargo test`
-/// builds it along with the tools' own tests; `cargo test --test X` does not, hence
-/// `cargo build --bins` first (scripts/test.sh does).
-fn binary() -> PathBuf {
-    let name = format!("demo-order-api{}", std::env::consts::EXE_SUFFIX);
-    let exe = std::env::current_exe().expect("the test executable's path");
-    exe.ancestors()
-        .skip(1)
-        .take(2)
-        .map(|dir| dir.join(&name))
-        .find(|path| path.is_file())
-        .unwrap_or_else(|| {
-            panic!(
-                "no {name} in the target directory of {}: build it first (cargo build --bins)",
-                exe.display()
-            )
-        })
 }
 
 /// Polls every 10 ms until `addr` accepts TCP while `child` is still alive.

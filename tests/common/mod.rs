@@ -19,6 +19,7 @@
 mod answers;
 mod client;
 mod demo_api;
+mod identity_front;
 mod process;
 mod proxy;
 mod recorder;
@@ -28,6 +29,8 @@ mod store;
 pub use answers::*;
 pub use client::{http_client, raw_request, send, try_send, Resp};
 pub use demo_api::DemoApi;
+pub use identity_front::IdentityFront;
+pub use process::tools_binary;
 pub use proxy::{
     base_config, merge_yaml, merged_config_yaml, parse_metric, run_check, run_check_env,
     unique_prefix, Proxy, ProxyBuilder,

@@ -2,6 +2,7 @@
 //
 //   node tests/page/e2e.mjs <proxy base url> <artifact dir> [--prefix /queue] [--fill 5]
 //        [--ready-url /checkout] [--token-header X-Entry-Token] [--user page-user]
+//        [--no-identity --fill-base <proxy url>]
 //
 // tests/page.rs starts Redis, the demo order API and a slowly admitting proxy, then runs this.
 // The script enters `--fill` other users just before the page loads (so the page's user starts a
@@ -13,7 +14,10 @@
 // The last line on stdout is a JSON summary that tests/page.rs checks.
 //
 // The browser context sends X-User-Id on every request: it stands in for the authentication
-// layer that, in trusted-header mode, sits in front of the proxy.
+// layer that, in trusted-header mode, sits in front of the proxy. With `--no-identity` it sends
+// none: the base URL is then something that plays that layer itself (tools' identity-front, with
+// its cookie), the fillers enter at `--fill-base` (the proxy itself) as themselves, and the summary
+// names the user the cookie gave the browser (`cookieUser`).
 //
 // Chromium: see browser.mjs.
 
@@ -29,6 +33,8 @@ const { values: opts, positionals } = parseArgs({
     "ready-url": { type: "string", default: "/checkout" },
     "token-header": { type: "string", default: "X-Entry-Token" },
     user: { type: "string", default: "page-user" },
+    "no-identity": { type: "boolean", default: false },
+    "fill-base": { type: "string" },
   },
 });
 const [base, artifacts] = positionals;
@@ -52,7 +58,7 @@ function log(message) {
 
 async function enterFillers(count) {
   for (let i = 1; i <= count; i++) {
-    const res = await fetch(`${base}${opts.prefix}/enter`, { method: "POST", headers: { "X-User-Id": `e2e-filler-${i}` } });
+    const res = await fetch(`${opts["fill-base"] ?? base}${opts.prefix}/enter`, { method: "POST", headers: { "X-User-Id": `e2e-filler-${i}` } });
     const body = await res.json();
     check(res.status === 200 && body.status === "WAITING", `filler ${i}: ${res.status} ${JSON.stringify(body)}`);
   }
@@ -149,7 +155,8 @@ async function run(context) {
   check(shop.hashAfter === "", `the fragment was not removed: ${shop.hashAfter}`);
   check(!shop.echoed.includes(stored), "the token reached the server with the page request");
   check(pageErrors.length === 0, `errors in the page: ${pageErrors.join("; ")}`);
-  return { result: "ok", positions, token: stored, orderStatus: shop.orderStatus, order: shop.order };
+  const cookieUser = (await context.cookies()).find((c) => c.name === "waitroom_dev_user")?.value ?? null;
+  return { result: "ok", positions, token: stored, orderStatus: shop.orderStatus, order: shop.order, cookieUser };
 }
 
 await runInChromium({
@@ -161,7 +168,7 @@ await runInChromium({
     viewport: { width: 390, height: 844 },
     deviceScaleFactor: 2,
     colorScheme: "light",
-    extraHTTPHeaders: { "X-User-Id": opts.user },
+    extraHTTPHeaders: opts["no-identity"] ? {} : { "X-User-Id": opts.user },
   },
   run,
 });

@@ -34,6 +34,7 @@ const unavailable = (retryAfter) => ({ httpStatus: 503, retryAfter, body: { erro
 const noAnswer = { httpStatus: 0, retryAfter: null, body: {} };
 const beforeOpening = (status, opensIn, pollAfter) => ({ httpStatus: 200, retryAfter: null, body: { status, opensIn, pollAfter } });
 const closed = { httpStatus: 200, retryAfter: null, body: { status: "CLOSED", pollAfter: null } };
+const unauthenticated = { httpStatus: 401, retryAfter: null, body: { error: "missing identity" } };
 
 // Random numbers across [0, 1), the range Math.random() returns.
 const RANDOMS = [0, 0.001, 0.25, 0.5, 0.75, 0.999, 0.9999999];
@@ -102,6 +103,17 @@ test("429 LIMITED: waits retryAfter, then enters again", () => {
   assert.equal(nextCall(refused("LIMITED", 41), "enter"), "enter");
 });
 
+test("401: SIGN_IN, not UNAVAILABLE, and no more calls until the user signs in and reloads", () => {
+  for (const body of [{ error: "missing identity" }, {}, { status: "WAITING", position: 1 }]) {
+    const answer = { httpStatus: 401, retryAfter: null, body };
+    assert.equal(stateOf(answer), "SIGN_IN");
+    for (const r of RANDOMS) assert.equal(nextDelay(answer, r), null);
+    assert.equal(nextCall(answer, "enter"), null);
+    assert.equal(nextCall(answer, "status"), null);
+  }
+  assert.equal(stateOf({ httpStatus: 403, retryAfter: null, body: {} }), "UNAVAILABLE", "only a 401 asks to sign in");
+});
+
 test("429: the Retry-After header counts when the body has no retryAfter", () => {
   assertWithin(nextDelay(refused("FULL", undefined, 12), 0.3), 12);
 });
@@ -126,7 +138,7 @@ test("a zero or missing wait never turns into a hot loop", () => {
 test("every state is one of the contract's", () => {
   const answers = [
     waiting(2), ready, notInQueue, refused("FULL", 1), refused("TOO_EARLY", 1), refused("LIMITED", 1), unavailable(1), noAnswer,
-    beforeOpening("NOT_OPEN", 90, 10), beforeOpening("PREQUEUED", 3, 2), closed,
+    beforeOpening("NOT_OPEN", 90, 10), beforeOpening("PREQUEUED", 3, 2), closed, unauthenticated,
   ];
   assert.deepEqual(new Set(answers.map(stateOf)), new Set(STATES));
   assert.equal(nextCall(waiting(2), "enter"), "status");

@@ -3,19 +3,26 @@
 // jitter; a refusal's Retry-After likewise).
 //
 //   node tests/page/states.mjs <proxy base url> <artifact dir> --expect STATE [--calls N]
-//        [--prefix /queue] [--user page-user] [--steal-clock-after MS]
+//        [--prefix /queue] [--user page-user] [--steal-clock-after MS] [--no-identity]
+//        [--linger MS]
 //
 // tests/page.rs prepares a room that answers the page's user with STATE (a full room, a stopped
 // Redis, enforced polling, an address over its limit, or a plain line) and runs this. The script
 // opens the page, waits until `[data-waitroom="state"]` shows STATE, lets the page make `--calls`
 // calls to the room's endpoints, and prints as its last stdout line a JSON summary:
-// `{ states: [...], calls: [{ name, status, start, end }] }`, times in ms on the page's clock
+// `{ states: [...], calls: [{ name, status, start, end }], heading }`, times in ms on the page's clock
 // (Resource Timing: `start` when the request began, `end` when its body had arrived), so that
 // tests/page.rs can check each gap between an answer and the next call.
 //
 // `--steal-clock-after MS`: MS after the page's first answer, the script itself polls status as
 // the page's user (on time): under enforced polling that restarts the user's poll clock, so the
 // page's own next poll comes too early and is refused with TOO_EARLY.
+//
+// `--linger MS`: once the calls are in, watch MS longer before the summary, so that a call the page
+// should not make has the time to show up.
+//
+// `--no-identity`: the browser sends no identity header, like a browser opened straight on the
+// proxy with nothing in front to name the user.
 //
 // Chromium: see browser.mjs.
 
@@ -31,6 +38,8 @@ const { values: opts, positionals } = parseArgs({
     expect: { type: "string" },
     calls: { type: "string", default: "3" },
     "steal-clock-after": { type: "string" },
+    "no-identity": { type: "boolean", default: false },
+    linger: { type: "string", default: "0" },
   },
 });
 const [base, artifacts] = positionals;
@@ -97,8 +106,11 @@ async function run(context) {
     await new Promise((r) => setTimeout(r, 100));
     calls = await roomCalls(page);
   }
+  await new Promise((r) => setTimeout(r, Number(opts.linger)));
+  calls = await roomCalls(page);
   if (pageErrors.length) throw new Error(`errors in the page: ${pageErrors.join("; ")}`);
-  return { states, calls };
+  const heading = await page.evaluate(() => document.querySelector('[data-waitroom="heading"]').textContent);
+  return { states, calls, heading };
 }
 
 await runInChromium({
@@ -106,6 +118,6 @@ await runInChromium({
   artifacts,
   failureShot: `failure-${opts.expect.toLowerCase()}.png`,
   timeoutMs: OVERALL_TIMEOUT_MS,
-  contextOptions: { extraHTTPHeaders: { "X-User-Id": opts.user } },
+  contextOptions: { extraHTTPHeaders: opts["no-identity"] ? {} : { "X-User-Id": opts.user } },
   run,
 });

@@ -1,0 +1,631 @@
+//! The README's "Running it" block, run as written: the commands come from README.md itself, so
+//! the README cannot drift from what works.
+//!
+//! What differs from a person at a terminal, and why:
+//! - The ports 6379, 8079, 8080, 8081 and 8090, in the block and in the shipped `proxy.yaml` (which
+//!   the block runs), become free ones: tests run in parallel and never share a fixed port. The
+//!   Redis line therefore starts a private `redis-server`, in the test's own folder.
+//! - `target/release/NAME` becomes the binary cargo built for this test (`cargo build --bins`):
+//!   the `apt-get` and `cargo build` lines are checked to be there, not run.
+//! - A line ending in `&` runs in its own process group (killed with the test); the test waits for
+//!   the ports that line serves, and after the proxy for `/readyz`, where a person would simply be
+//!   slower to type the next line.
+//! - The other lines run in one `bash`, in order, and each one's output is checked. A line the
+//!   test has no check for fails it, so a new README line comes with its check.
+
+mod common;
+
+use common::*;
+use std::collections::BTreeMap;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+const README: &str = include_str!("../README.md");
+const SHIPPED_CONFIG: &str = include_str!("../proxy.yaml");
+const MARKER: &str = "<!-- tests/readme.rs runs the next block";
+/// The ports the block and `proxy.yaml` are written with.
+const REDIS: u16 = 6379;
+const METRICS: u16 = 8079;
+const PROXY: u16 = 8080;
+const API: u16 = 8081;
+const FRONT: u16 = 8090;
+
+/// The commands of the fenced block after `MARKER`, comments removed, one a line.
+fn running_it_commands() -> Vec<String> {
+    let after = README
+        .split_once(MARKER)
+        .expect("README.md has the block tests/readme.rs runs")
+        .1;
+    let body = after
+        .split_once("```sh\n")
+        .expect("a ```sh block follows the marker")
+        .1;
+    let block = body.split_once("\n```").expect("the block is closed").0;
+    block
+        .lines()
+        .map(|line| {
+            line.split_once("  # ")
+                .map_or(line, |(cmd, _)| cmd)
+                .trim()
+                .to_owned()
+        })
+        .filter(|line| !line.is_empty())
+        .collect()
+}
+
+/// `text` with each written port replaced by its free one, in one pass: a replacement is never
+/// scanned again, and only whole numbers match (`80801` is not `8080`).
+fn substitute_ports(text: &str, ports: &BTreeMap<u16, u16>) -> String {
+    let bytes = text.as_bytes();
+    let mut out = String::with_capacity(text.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let starts_number = bytes[i].is_ascii_digit() && (i == 0 || !bytes[i - 1].is_ascii_digit());
+        if starts_number {
+            let end = (i..bytes.len())
+                .find(|&j| !bytes[j].is_ascii_digit())
+                .unwrap_or(bytes.len());
+            let number = &text[i..end];
+            match number.parse::<u16>().ok().and_then(|n| ports.get(&n)) {
+                Some(free) => out.push_str(&free.to_string()),
+                None => out.push_str(number),
+            }
+            i = end;
+        } else {
+            let c = text[i..].chars().next().expect("in bounds");
+            out.push(c);
+            i += c.len_utf8();
+        }
+    }
+    out
+}
+
+/// Every whole number in `text` that fits a port.
+fn numbers_in(text: &str) -> Vec<u16> {
+    text.split(|c: char| !c.is_ascii_digit())
+        .filter_map(|n| n.parse().ok())
+        .collect()
+}
+
+/// `target/release/NAME` as the binary built for this test.
+fn built_binary(name: &str) -> PathBuf {
+    if name == "waitroom" {
+        PathBuf::from(env!("CARGO_BIN_EXE_waitroom"))
+    } else {
+        tools_binary(name)
+    }
+}
+
+fn substitute_binaries(line: &str) -> String {
+    let mut out = String::new();
+    let mut rest = line;
+    while let Some(at) = rest.find("target/release/") {
+        out.push_str(&rest[..at]);
+        let after = &rest[at + "target/release/".len()..];
+        let end = after
+            .find(|c: char| c.is_whitespace())
+            .unwrap_or(after.len());
+        out.push_str(&built_binary(&after[..end]).display().to_string());
+        rest = &after[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// A `... &` line: a shell in its own process group, so that killing the group takes whatever it
+/// started (`a || b &` forks).
+struct Background {
+    line: String,
+    child: Child,
+    log: PathBuf,
+}
+
+impl Background {
+    fn start(line: &str, dir: &Path, n: usize) -> Self {
+        let log = dir.join(format!("background-{n}.log"));
+        let file = std::fs::File::create(&log).expect("log file");
+        let child = Command::new("bash")
+            .args(["-c", line])
+            .current_dir(dir)
+            .stdin(Stdio::null())
+            .stdout(file.try_clone().expect("log file"))
+            .stderr(file)
+            .process_group(0)
+            .spawn()
+            .expect("run bash");
+        Self {
+            line: line.to_owned(),
+            child,
+            log,
+        }
+    }
+
+    fn output(&self) -> String {
+        format!(
+            "$ {}\n{}",
+            self.line,
+            std::fs::read_to_string(&self.log).unwrap_or_default()
+        )
+    }
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-KILL", "--", &format!("-{}", self.child.id())])
+            .stderr(Stdio::null())
+            .status();
+        let _ = self.child.wait();
+    }
+}
+
+async fn accepts(port: u16) -> bool {
+    tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_ok()
+}
+
+/// One foreground line and what it printed.
+struct Ran {
+    line: String,
+    rc: i32,
+    out: String,
+}
+
+/// Runs `lines` in one bash (so `token=$(...)` reaches the next line) and splits the output per
+/// line with markers that carry each line's exit status.
+fn run_foreground(lines: &[(String, String)], dir: &Path) -> Vec<Ran> {
+    let mut script = String::new();
+    for (i, (_, cmd)) in lines.iter().enumerate() {
+        script.push_str(&format!("{cmd}\nprintf '\\n@@readme %d %d\\n' {i} $?\n"));
+    }
+    let output = Command::new("bash")
+        .args(["-c", &script])
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run bash");
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let mut ran = Vec::new();
+    let mut current = String::new();
+    for l in stdout.lines() {
+        if let Some(marker) = l.strip_prefix("@@readme ") {
+            let (i, rc) = marker.split_once(' ').expect("marker");
+            let i: usize = i.parse().expect("marker index");
+            ran.push(Ran {
+                line: lines[i].0.clone(),
+                rc: rc.parse().expect("marker status"),
+                out: std::mem::take(&mut current).trim().to_owned(),
+            });
+        } else {
+            current.push_str(l);
+            current.push('\n');
+        }
+    }
+    assert_eq!(
+        ran.len(),
+        lines.len(),
+        "not every line ran:\n{stdout}\n--- stderr\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    ran
+}
+
+fn json(ran: &Ran) -> serde_json::Value {
+    serde_json::from_str(&ran.out)
+        .unwrap_or_else(|e| panic!("`{}` printed no JSON ({e}): {:?}", ran.line, ran.out))
+}
+
+fn is_uuid(s: &str) -> bool {
+    s.len() == 36 && s.chars().filter(|&c| c == '-').count() == 4
+}
+
+#[tokio::test]
+async fn running_it_works_as_written() {
+    let commands = running_it_commands();
+    assert!(
+        commands[0].starts_with("sudo apt-get install") && commands[0].contains("redis-server"),
+        "the block starts by installing what is missing, Redis included: {}",
+        commands[0]
+    );
+    assert!(
+        commands.iter().any(|c| c == "cargo build --release --bins"),
+        "the block builds every binary it runs: {commands:#?}"
+    );
+
+    let dir = tempfile::Builder::new()
+        .prefix("waitroom-readme")
+        .tempdir()
+        .expect("tempdir");
+    let ports: BTreeMap<u16, u16> = [REDIS, METRICS, PROXY, API, FRONT]
+        .into_iter()
+        .map(|p| (p, free_port()))
+        .collect();
+    let config = substitute_ports(SHIPPED_CONFIG, &ports);
+    let config_path = dir.path().join("proxy.yaml");
+    std::fs::write(&config_path, &config).expect("write proxy.yaml");
+    let local = |line: &str| {
+        let line = substitute_binaries(&substitute_ports(line, &ports));
+        line.replace(
+            "--config proxy.yaml",
+            &format!("--config {}", config_path.display()),
+        )
+    };
+
+    let mut background: Vec<Background> = Vec::new();
+    let mut pending: Vec<(String, String)> = Vec::new();
+    let mut ran: Vec<Ran> = Vec::new();
+    let everything = |background: &[Background]| {
+        background
+            .iter()
+            .map(Background::output)
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    for line in &commands {
+        if line.starts_with("sudo apt-get") || line.starts_with("cargo build") {
+            continue;
+        }
+        let Some(bg) = line.strip_suffix('&') else {
+            pending.push((line.clone(), local(line)));
+            continue;
+        };
+        ran.extend(run_foreground(&pending, dir.path()));
+        pending.clear();
+        let bg_line = local(bg.trim_end());
+        background.push(Background::start(&bg_line, dir.path(), background.len()));
+        // The ports this line serves: those written in it, and those of the config it runs
+        // (read as written, whole numbers only, then mapped to the free ones).
+        let mut written = numbers_in(bg);
+        if bg.contains("--config proxy.yaml") {
+            written.extend(numbers_in(SHIPPED_CONFIG));
+        }
+        let serves: Vec<u16> = written
+            .iter()
+            .filter_map(|n| ports.get(n).copied())
+            .collect();
+        for port in serves {
+            let up = wait_until(Duration::from_secs(20), Duration::from_millis(20), || {
+                accepts(port)
+            })
+            .await;
+            assert!(
+                up,
+                "nothing listens on {port} after `{bg_line}`:\n{}",
+                everything(&background)
+            );
+        }
+        if bg.contains("--config proxy.yaml") {
+            let readyz = format!("http://127.0.0.1:{}/readyz", ports[&METRICS]);
+            let client = http_client();
+            let ready = wait_until(Duration::from_secs(10), Duration::from_millis(50), || {
+                let req = client.get(&readyz);
+                async move { try_send(req).await.is_ok_and(|r| r.status == 200) }
+            })
+            .await;
+            assert!(
+                ready,
+                "the proxy never reached Redis:\n{}",
+                everything(&background)
+            );
+        }
+    }
+    ran.extend(run_foreground(&pending, dir.path()));
+    let ctx = || everything(&background);
+
+    // Every line's answer, in order.
+    let mut orders = 0;
+    let mut token = None;
+    for r in &ran {
+        assert_eq!(r.rc, 0, "`{}` failed: {:?}\n{}", r.line, r.out, ctx());
+        let l = r.line.as_str();
+        if l.starts_with("sleep ") {
+            assert!(r.out.is_empty());
+        } else if l.contains("/readyz") {
+            assert_eq!(r.out, "ready", "`{l}`");
+        } else if l.contains("/queue/enter") {
+            let body = json(r);
+            let waiting = body["status"] == "WAITING" && body["position"] == 1;
+            assert!(
+                waiting || body["status"] == "READY",
+                "`{l}`: {body}\n{}",
+                ctx()
+            );
+        } else if l.starts_with("token=$(") {
+            assert!(r.out.is_empty(), "`{l}` prints nothing: {:?}", r.out);
+        } else if l.contains("/queue/status") {
+            let body = json(r);
+            assert_eq!(body["status"], "READY", "`{l}`: {body}\n{}", ctx());
+            assert!(
+                is_uuid(body["token"].as_str().unwrap_or("")),
+                "`{l}`: {body}"
+            );
+            token = body["token"].as_str().map(str::to_owned);
+        } else if l.contains("/api/orders") {
+            let body = json(r);
+            orders += 1;
+            if orders == 1 {
+                // The demo order API's own answer, passed through unchanged.
+                assert_eq!(body["user"], "alice", "`{l}`: {body}\n{}", ctx());
+                assert!(body["orderId"].as_u64().is_some(), "`{l}`: {body}");
+            } else {
+                assert!(
+                    body["error"].is_string(),
+                    "a spent token is refused: {body}"
+                );
+                assert!(body.get("orderId").is_none(), "{body}");
+            }
+        } else if l.contains("/metrics") {
+            assert!(
+                r.out.contains("waitroom_admitted_total 1"),
+                "`{l}`: {}",
+                r.out
+            );
+            assert!(
+                r.out.contains("waitroom_tokens_consumed_total 1"),
+                "`{l}`: {}",
+                r.out
+            );
+        } else {
+            panic!("tests/readme.rs has no check for the README line `{l}`: add one");
+        }
+    }
+    assert!(
+        token.is_some(),
+        "no status line answered READY: {commands:#?}"
+    );
+    assert_eq!(
+        orders, 2,
+        "an order with the token, then the same again: {commands:#?}"
+    );
+
+    // The page: the URL the README tells the reader to open, through identity-front.
+    let page_url = "http://127.0.0.1:8090/queue/";
+    assert!(
+        README.contains(&format!("<{page_url}>")),
+        "the README names {page_url}"
+    );
+    let page_url = substitute_ports(page_url, &ports);
+    let client = http_client();
+    let page = send(client.get(&page_url)).await;
+    assert_eq!(page.status, 200, "{page_url}: {}\n{}", page.body, ctx());
+    assert!(page
+        .header("content-type")
+        .unwrap_or("")
+        .starts_with("text/html"));
+    let cookie = page
+        .header("set-cookie")
+        .and_then(|c| c.split(';').next())
+        .unwrap_or_else(|| panic!("identity-front gave no cookie:\n{}", ctx()))
+        .to_owned();
+    let enter_url = page_url.replace("/queue/", "/queue/enter");
+    let enter = send(client.post(&enter_url).header("cookie", &cookie)).await;
+    assert_eq!(
+        enter.status, 200,
+        "the page's enter, named by the cookie: {}",
+        enter.body
+    );
+    let again = send(client.post(&enter_url).header("cookie", &cookie)).await;
+    assert_eq!(
+        again.json()["position"],
+        enter.json()["position"],
+        "the same user again"
+    );
+    // Straight on the proxy, nobody names the browser: 401, which the page shows as SIGN_IN.
+    let direct = format!("http://127.0.0.1:{}/queue/enter", ports[&PROXY]);
+    assert_eq!(send(client.post(&direct)).await.status, 401);
+}
+
+#[test]
+fn ports_are_substituted_whole_and_once() {
+    let ports = BTreeMap::from([(8080, 8081), (8081, 9999), (6379, 1)]);
+    assert_eq!(
+        substitute_ports("a:8080 b:8081 80801 18080 6379x", &ports),
+        "a:8081 b:9999 80801 18080 1x"
+    );
+}
+
+/// The Markdown files a reader of the repository opens.
+fn markdown_files() -> Vec<PathBuf> {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(dir).expect("read_dir").flatten() {
+            let path = entry.path();
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            if path.is_dir() {
+                if !name.starts_with('.') && !["target", "node_modules"].contains(&name.as_ref()) {
+                    walk(&path, out);
+                }
+            } else if name.ends_with(".md") {
+                out.push(path);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(Path::new(env!("CARGO_MANIFEST_DIR")), &mut out);
+    out.sort();
+    out
+}
+
+/// GitHub's anchor of a heading: lower case, punctuation dropped, spaces as `-`.
+fn anchor(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter(|c| c.is_alphanumeric() || *c == ' ' || *c == '-' || *c == '_')
+        .map(|c| if c == ' ' { '-' } else { c })
+        .collect()
+}
+
+fn anchors(markdown: &str) -> Vec<String> {
+    let mut in_code = false;
+    markdown
+        .lines()
+        .filter(|l| {
+            if l.starts_with("```") {
+                in_code = !in_code;
+            }
+            !in_code && l.starts_with('#')
+        })
+        .map(|l| anchor(l.trim_start_matches('#')))
+        .collect()
+}
+
+/// Every `](target)` of a Markdown file that stays inside the repository (no scheme).
+fn relative_links(markdown: &str) -> Vec<String> {
+    let mut links = Vec::new();
+    let mut in_code = false;
+    for line in markdown.lines() {
+        if line.starts_with("```") {
+            in_code = !in_code;
+        }
+        if in_code {
+            continue;
+        }
+        let mut rest = line;
+        while let Some(at) = rest.find("](") {
+            let after = &rest[at + 2..];
+            let Some(end) = after.find(')') else { break };
+            let target = &after[..end];
+            if !target.contains("://") && !target.starts_with("mailto:") {
+                links.push(target.to_owned());
+            }
+            rest = &after[end..];
+        }
+    }
+    links
+}
+
+/// A reader can follow every link the docs make inside the repository: the file exists, and the
+/// heading a `#fragment` names is in it.
+#[test]
+fn every_relative_link_in_the_docs_resolves() {
+    let mut broken = Vec::new();
+    let files = markdown_files();
+    assert!(files.len() >= 6, "found only {files:?}");
+    for file in &files {
+        let text = std::fs::read_to_string(file).expect("read markdown");
+        for link in relative_links(&text) {
+            let (path, fragment) = link.split_once('#').unwrap_or((&link, ""));
+            let target = if path.is_empty() {
+                file.clone()
+            } else {
+                file.parent().unwrap().join(path)
+            };
+            if !target.exists() {
+                broken.push(format!("{}: {link} (no such file)", file.display()));
+            } else if !fragment.is_empty() && target.extension().is_some_and(|e| e == "md") {
+                let headings = anchors(&std::fs::read_to_string(&target).expect("read target"));
+                if !headings.iter().any(|a| a == fragment) {
+                    broken.push(format!("{}: {link} (no such heading)", file.display()));
+                }
+            }
+        }
+    }
+    assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
+}
+
+/// The README names these configurations as working ones; `scripts/test.sh` checks them too, and
+/// this keeps `cargo test` alone from missing one that broke.
+#[test]
+fn every_example_configuration_passes_check() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut examples: Vec<PathBuf> = std::fs::read_dir(root.join("examples"))
+        .expect("examples/")
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    examples.sort();
+    assert!(examples.len() >= 5, "{examples:?}");
+    for example in examples {
+        let name = example.file_name().unwrap().to_string_lossy().into_owned();
+        assert!(
+            README.contains(&format!("(examples/{name})")),
+            "the README links examples/{name}"
+        );
+        // From another folder, with no environment prepared: as CI runs it.
+        let out = Command::new(env!("CARGO_BIN_EXE_waitroom"))
+            .arg("--config")
+            .arg(&example)
+            .arg("--check")
+            .current_dir(std::env::temp_dir())
+            .env_clear()
+            .output()
+            .expect("run waitroom --check");
+        assert!(
+            out.status.success(),
+            "{name}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+#[test]
+fn anchors_are_githubs() {
+    assert_eq!(
+        anchor(" The waiting page: `GET /queue/`"),
+        "the-waiting-page-get-queue"
+    );
+    assert_eq!(
+        anchor("Sale day: pause, close, open"),
+        "sale-day-pause-close-open"
+    );
+    assert_eq!(
+        anchor("Operator endpoints on `metrics_listen`"),
+        "operator-endpoints-on-metrics_listen"
+    );
+}
+
+/// Files that name a README section in words (`README: "Sale day"`) rather than by a link: YAML,
+/// scripts and the dashboard cannot hold Markdown links.
+#[test]
+fn every_readme_section_named_in_words_exists() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let headings: Vec<String> = README
+        .lines()
+        .filter(|l| l.starts_with('#'))
+        .map(|l| l.trim_start_matches('#').trim().to_owned())
+        .collect();
+    let mut files = markdown_files();
+    for dir in ["", "docs", "dashboards", "scripts", "bench", "examples"] {
+        for entry in std::fs::read_dir(root.join(dir))
+            .expect("read_dir")
+            .flatten()
+        {
+            let path = entry.path();
+            let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("");
+            if ["yaml", "yml", "sh", "json"].contains(&ext) {
+                files.push(path);
+            }
+        }
+    }
+    let mut named = 0;
+    let mut missing = Vec::new();
+    for file in &files {
+        let text = std::fs::read_to_string(file).expect("read");
+        for form in ["README: \"", "README's \"", "README, \"", "README.md, \""] {
+            for piece in text.split(form).skip(1) {
+                let Some((section, _)) = piece.split_once('"') else {
+                    continue;
+                };
+                // A name may wrap across lines.
+                let section = section.split_whitespace().collect::<Vec<_>>().join(" ");
+                named += 1;
+                if !headings.iter().any(|h| h.starts_with(&section)) {
+                    missing.push(format!("{}: README section \"{section}\"", file.display()));
+                }
+            }
+        }
+    }
+    assert!(named >= 5, "found only {named} sections named in words");
+    assert!(
+        missing.is_empty(),
+        "no such README sections:\n{}",
+        missing.join("\n")
+    );
+}
