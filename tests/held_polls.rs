@@ -185,7 +185,8 @@ async fn ready_reaches_held_polls_whichever_proxy_admitted() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hold_ends_at_hold_with_the_place_and_poll_after_zero() {
-    let (_redis, _api, proxy) = front_room("endpoints: {hold: 1500ms}").await;
+    // A hold longer than limits.header_timeout: the head has arrived, so no head deadline runs.
+    let (_redis, _api, proxy) = front_room("endpoints: {hold: 1500ms}\nlimits: {header_timeout: 1s}").await;
     enter_all(&proxy, &names("e", 2)).await;
     let (r, took) = timed(proxy.status("e2")).await;
     // "Rounded up to whole seconds" is the estimate's bound; the hold itself lasts as written.
