@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# The proxy's RSS with 10,000 held status polls open (users within endpoints.hold of the front,
+# each poll waiting for its admission), or with IDLE=1 with 10,000 keep-alive connections that were
+# each answered once (a NOT_IN_QUEUE status) and now wait: what a held poll costs beyond a
+# connection. Needs release builds of waitroom and wrbench (bench/run.sh builds both) and python3.
+#
+#   bench/held-rss.sh            # 10,000 held polls
+#   IDLE=1 bench/held-rss.sh     # 10,000 idle keep-alive connections
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+BIN=${BIN:-$ROOT/target/release/waitroom}
+WRB=${WRB:-$ROOT/target/release/wrbench}
+OUT=$(mktemp -d); cd "$OUT"
+trap 'rm -rf "$OUT"' EXIT
+ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
+[ "$(ulimit -n)" -ge 10100 ] || { echo "ulimit -n is $(ulimit -n): 10,000 connections need more" >&2; exit 1; }
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+RP=$(free_port) LP=$(free_port) MP=$(free_port)
+redis-server --port $RP --save '' --appendonly no --daemonize yes --logfile $OUT/redis.log
+sleep 0.5
+cat > $OUT/w.yaml <<Y
+listen: "127.0.0.1:$LP"
+metrics_listen: "127.0.0.1:$MP"
+upstream: "127.0.0.1:9"
+redis: { url: "redis://127.0.0.1:$RP", key_prefix: held }
+admission: { interval: 1h, batch_size: 10000 }
+endpoints: { hold: 60s }
+queue: { capacity: 2000000 }
+limits: { max_connections: 30000 }
+Y
+RUST_LOG=info,waitroom::access=off $BIN --config $OUT/w.yaml 2>$OUT/w.log & P=$!
+sleep 1.5
+# Seeded after the first (empty) admission tick: nobody is admitted for an hour.
+$WRB seed-queue --prefix held --count 10000 | redis-cli -p $RP --pipe >/dev/null
+sleep 0.5
+rss() { awk '/VmRSS/ {print $2}' /proc/$P/status; }
+echo "rss at start: $(rss) kB"
+P=$P IDLE=${IDLE:-0} LP=$LP MP=$MP python3 - <<'PY'
+import asyncio, re, urllib.request, time, os
+P=int(os.environ["P"]); IDLE=os.environ.get("IDLE")=="1"; LP=int(os.environ["LP"]); MP=int(os.environ["MP"])
+def rss(): return int(re.search(r"VmRSS:\s+(\d+)", open(f"/proc/{P}/status").read()).group(1))
+def held():
+    t=urllib.request.urlopen(f"http://127.0.0.1:{MP}/metrics").read().decode()
+    m=re.search(r"^waitroom_held_polls (\S+)$", t, re.M); return float(m.group(1))
+async def main():
+    socks=[]
+    sem=asyncio.Semaphore(500)
+    async def one(i):
+        async with sem:
+            r,w=await asyncio.open_connection("127.0.0.1",LP)
+            who = f"nobody{i}" if IDLE else f"u{i}"
+            w.write(f"GET /queue/status HTTP/1.1\r\nHost: b\r\nX-User-Id: {who}\r\n\r\n".encode()); await w.drain()
+            if IDLE:
+                await r.readuntil(b"\r\n\r\n")
+            socks.append((r,w))
+    await asyncio.gather(*(one(i) for i in range(1,10001)))
+    for _ in range(100):
+        if IDLE or held()>=10000: break
+        await asyncio.sleep(0.2)
+    print(f"held polls: {held():.0f}, rss: {rss()} kB")
+    for r,w in socks: w.close()
+asyncio.run(main())
+PY
+kill $P; redis-cli -p $RP shutdown nosave >/dev/null 2>&1 || true
