@@ -345,6 +345,47 @@ async fn times_moved_after_the_draw_or_the_close_cannot_undo_them() {
     assert_answer("enter after the close", &proxy.enter("later").await, 200, json!({"status": "CLOSED", "pollAfter": null}));
 }
 
+/// The README's "Checking the draw" snippet, as written there: a fenced `python` block after
+/// that paragraph.
+fn readme_draw_check() -> String {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).expect("README.md");
+    let after = readme.split("**Checking the draw.**").nth(1).expect("README: the Checking the draw paragraph");
+    let block = after.split("```python\n").nth(1).expect("README: a python block after it");
+    block.split("```").next().unwrap().to_owned()
+}
+
+#[tokio::test]
+async fn the_readmes_draw_check_runs_as_written() {
+    let redis = RedisServer::start();
+    let api = DemoApi::start(&[]);
+    let now = redis_now_ms(&mut redis.conn().await).await;
+    let proxy = Proxy::builder(&redis.url(), api.addr())
+        .yaml(NO_ADMISSION)
+        .yaml(&format!("event: {{opens_at: \"{}\", prequeue: 2h}}", at(now, 1_500)))
+        .start()
+        .await;
+    let committed = until_phase(&proxy, "prequeue").await["seedSha256"].as_str().unwrap().to_owned();
+    let users = ["bob", "alice", "carol", "dave", "erin"];
+    for user in users {
+        assert_status_is(&proxy.enter(user).await, 200, "PREQUEUED");
+    }
+    let seed = until_phase(&proxy, "open").await["seed"].as_str().unwrap().to_owned();
+    let mut order: Vec<String> = users.iter().map(|u| hmac_hex(&seed, u)).collect();
+    order.sort();
+    let alice = order.iter().position(|h| *h == hmac_hex(&seed, "alice")).unwrap() + 1;
+
+    let script = readme_draw_check().replace("https://shop.example/queue", &proxy.url("/queue"));
+    assert!(script.contains(&proxy.url("/queue")), "the snippet reads the room's public endpoints:\n{script}");
+    let out = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(format!("committed = {committed:?}\n{script}"))
+        .output()
+        .expect("python3");
+    let printed = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "the README's check failed: {printed}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(printed.trim(), format!("drawn {alice} of {}", users.len()));
+}
+
 #[tokio::test]
 async fn admission_waits_for_the_opening() {
     let redis = RedisServer::start();
