@@ -2,9 +2,9 @@
 //! apart from what the code uses (`Config`, typed and validated), joined by one function,
 //! [`Config::from_raw`].
 //!
-//! Structural mistakes (an unknown key, a string where a number belongs) stop serde at the first
-//! one; every semantic problem after that is collected, so an operator fixing a file on sale day
-//! sees all of them at once, each with its key path.
+//! Every problem is collected, structural (an unknown key, a string where a number belongs, see
+//! [`structure`]) and semantic alike, so an operator fixing a file on sale day sees all of them at
+//! once, each with its key path.
 
 use std::fmt;
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -15,6 +15,8 @@ use std::time::Duration;
 use http::{HeaderName, Method};
 
 use crate::rules::{Cidr, PollTier};
+
+mod structure;
 
 pub use crate::identity::{IdentityConfig, JwtConfig};
 
@@ -46,7 +48,8 @@ impl fmt::Display for Problem {
     }
 }
 
-/// Why a configuration could not be used: every problem found, in file order.
+/// Why a configuration could not be used: every problem found, the file's structure (in file
+/// order) before its values (in the order of the contract's sections).
 #[derive(Debug, thiserror::Error)]
 pub struct ConfigError {
     pub problems: Vec<Problem>,
@@ -649,14 +652,21 @@ impl Config {
 
     /// Parses and validates configuration text whose relative paths start at `folder`.
     pub fn parse_in(text: &str, folder: &Path) -> Result<Config, ConfigError> {
-        // An empty file is a valid document with every default (and so a missing upstream).
-        let raw: raw::Config = if text.trim().is_empty() {
-            serde_yaml::from_str("{}")
-        } else {
-            serde_yaml::from_str(text)
+        let mut read = structure::read(text);
+        let mut problems = std::mem::take(&mut read.problems);
+        if let Some(raw) = read.raw.take() {
+            match Config::from_raw_in(raw, folder) {
+                Ok(config) if problems.is_empty() => return Ok(config),
+                Ok(_) => {}
+                Err(e) => problems.extend(
+                    e.problems
+                        .into_iter()
+                        .map(|p| Problem { path: read.in_file(&p.path), message: p.message })
+                        .filter(|p| !read.covers(&p.path)),
+                ),
+            }
         }
-        .map_err(|e| ConfigError { problems: vec![structural_problem(&e.to_string())] })?;
-        Config::from_raw_in(raw, folder)
+        Err(ConfigError { problems })
     }
 
     /// [`Config::from_raw_in`] with relative paths read from the working directory.
@@ -1315,23 +1325,6 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
     number.checked_mul(factor).ok_or_else(|| format!("'{text}' is too large"))
 }
 
-/// Turns serde's message into a problem named by its key path: serde_yaml reports an unknown
-/// key by the path of the map that holds it ("admission: unknown field `x`, expected ...").
-fn structural_problem(message: &str) -> Problem {
-    let (path, rest) = match message.split_once(": ") {
-        Some((p, r)) if !p.contains(' ') => (p.to_string(), r),
-        _ => (String::new(), message),
-    };
-    if let Some(after) = rest.strip_prefix("unknown field `") {
-        if let Some((key, tail)) = after.split_once('`') {
-            let full = if path.is_empty() { key.to_string() } else { format!("{path}.{key}") };
-            let expected = tail.trim_start_matches(", ").replace("expected", "known keys:");
-            return Problem { path: full, message: format!("unknown key ({expected})") };
-        }
-    }
-    Problem { path, message: rest.to_string() }
-}
-
 fn is_standard_method(m: &Method) -> bool {
     [
         Method::GET,
@@ -1463,13 +1456,49 @@ mod tests {
 
     #[test]
     fn unknown_keys_and_wrong_types_name_their_path() {
-        let got = problems("upstream: a:1\nadmission: {batch_sise: 3}");
-        assert_eq!(got.len(), 1);
-        assert!(got[0].starts_with("admission.batch_sise: unknown key (known keys: one of `interval`"), "{got:?}");
+        assert_eq!(
+            problems("upstream: a:1\nadmission: {batch_sise: 3}"),
+            vec![
+                "admission.batch_sise: unknown key, did you mean `batch_size`? (known keys: `interval`, \
+                 `batch_size`, `instant`, `max_active`, `adaptive`)"
+            ]
+        );
         let got = problems("upstream: a:1\nfoo: 1");
-        assert!(got[0].starts_with("foo: unknown key"), "{got:?}");
-        let got = problems("upstream: a:1\nqueue: {capacity: lots}");
-        assert!(got[0].starts_with("queue.capacity"), "{got:?}");
+        assert!(got.len() == 1 && got[0].starts_with("foo: unknown key (known keys: `listen`, "), "{got:?}");
+        assert_eq!(
+            problems("upstream: a:1\nqueue: {capacity: lots}"),
+            vec!["queue.capacity: expected a whole number, found string \"lots\""]
+        );
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_are_reported_together() {
+        assert_eq!(
+            problems("upstream: a:1\nadmission: {intervall: 1s, batch_size: 0}\nfoo: 1"),
+            vec![
+                "admission.intervall: unknown key, did you mean `interval`? (known keys: `interval`, \
+                 `batch_size`, `instant`, `max_active`, `adaptive`)",
+                "foo: unknown key (known keys: `listen`, `metrics_listen`, `upstream`, `redis`, \
+                 `identity`, `token`, `protected`, `admission`, `queue`, `endpoints`, `poll_after`, \
+                 `shutdown`, `reload`, `polling`, `abuse`, `page`, `limits`, `event`, `admin`)",
+                "admission.batch_size: must be at least 1",
+            ]
+        );
+        // A rule cut for its bad method leaves the next one first in the list, but the problems
+        // still name each rule by its place in the file.
+        assert_eq!(
+            problems("upstream: a:1\nprotected: [{method: [1], path: /a}, {method: FETCH, path: /x}, {path: /y}]"),
+            vec![
+                "protected[0].method: expected a string, found sequence",
+                "protected[2].method: is required",
+                "protected[1].method: 'FETCH' is not an HTTP method",
+            ]
+        );
+        // The default that replaced a cut value is not checked against the file.
+        assert_eq!(
+            problems("upstream: a:1\npoll_after: [{min_wait: 5s}]"),
+            vec!["poll_after[0].poll_after: is required"]
+        );
     }
 
     #[test]
