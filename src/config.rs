@@ -16,6 +16,7 @@ use http::{HeaderName, Method};
 
 use crate::rules::{Cidr, PollTier};
 
+pub mod schema;
 mod structure;
 
 pub use crate::identity::{IdentityConfig, JwtConfig};
@@ -70,57 +71,92 @@ impl ConfigError {
 
 /// The user-facing shape of `proxy.yaml`. Durations and addresses stay strings here so that
 /// [`Config::from_raw`] can report a bad one with its key path instead of a serde type error.
+///
+/// These structs are also the source of the file's JSON Schema (`waitroom --print-schema`,
+/// [`schema`]): each field's doc comment is what an editor shows for its key, so they speak to
+/// operators; `#[schemars(with = ...)]` names what a text field holds (a duration, a size).
+/// Adding a key is adding its field here, then regenerating `docs/proxy.schema.json`.
 pub mod raw {
-    use serde::Deserialize;
+    use schemars::JsonSchema;
+    use serde::{Deserialize, Serialize};
 
-    #[derive(Debug, Deserialize)]
+    use super::schema::{Algorithm, Duration, Match, Percent, Size, Time};
+
+    /// The configuration of one waitroom proxy (`proxy.yaml`). Every key but `upstream` has a
+    /// default.
+    #[derive(Debug, Deserialize, Serialize, JsonSchema)]
     #[serde(deny_unknown_fields)]
     pub struct Config {
+        /// Where clients connect: ip:port.
         #[serde(default = "d_listen")]
         pub listen: String,
+        /// Where /metrics, /healthz, /readyz and the admin API are served: ip:port.
         #[serde(default = "d_metrics_listen")]
         pub metrics_listen: String,
+        /// The unmodified order API, host:port.
+        #[schemars(required, with = "String")]
         pub upstream: Option<String>,
+        /// The Redis that holds the room: exactly one of `url`, `cluster` or `sentinel`.
         #[serde(default)]
         pub redis: Redis,
+        /// Who the user is: a trusted header (the default) or a verified JWT.
         #[serde(default)]
         pub identity: Identity,
+        /// The entry token a user gets when admitted.
         #[serde(default)]
         pub token: Token,
+        /// Requests that need an entry token; everything else passes through.
         #[serde(default = "d_protected")]
         pub protected: Vec<Route>,
+        /// How fast users leave the line.
         #[serde(default)]
         pub admission: Admission,
+        /// The line itself.
         #[serde(default)]
         pub queue: Queue,
+        /// The proxy's own endpoints.
         #[serde(default)]
         pub endpoints: Endpoints,
+        /// How long clients wait between polls: the first tier whose `min_wait` is at most the
+        /// estimated wait applies; the last tier must have `min_wait: 0s`.
         #[serde(default = "d_poll_after")]
         pub poll_after: Vec<Tier>,
+        /// Stopping on SIGTERM / SIGINT.
         #[serde(default)]
         pub shutdown: Shutdown,
+        /// Reloading the file (SIGHUP always reloads it).
         #[serde(default)]
         pub reload: Reload,
+        /// Refusing status polls that come earlier than told.
         #[serde(default)]
         pub polling: Polling,
+        /// Limits on identities per client address.
         #[serde(default)]
         pub abuse: Abuse,
+        /// The waiting page at {endpoints.prefix}/.
         #[serde(default)]
         pub page: Page,
+        /// Limits on connections and on the upstream.
         #[serde(default)]
         pub limits: Limits,
-        /// A scheduled event (contract section 14); absent: the room is always open.
+        /// A scheduled event: a pre-queue, a fair draw at the opening, a close. Absent: the
+        /// room is always open.
         pub event: Option<Event>,
+        /// Operator control: the admin API and origin commands.
         #[serde(default)]
         pub admin: Admin,
     }
 
-    /// Operator control (contract section 15).
-    #[derive(Debug, Deserialize)]
+    /// Operator control: the admin API on `metrics_listen` and origin commands.
+    #[derive(Debug, Deserialize, Serialize, JsonSchema)]
     #[serde(deny_unknown_fields)]
     pub struct Admin {
+        /// The environment variable that holds the admin API's bearer token; unset key: no
+        /// admin API (404).
         #[serde(default)]
         pub token_env: Option<String>,
+        /// Whether a protected response's `Waitroom-Command: close|pause` header is obeyed (it is
+        /// removed either way).
         #[serde(default = "d_true")]
         pub origin_commands: bool,
     }
@@ -131,16 +167,25 @@ pub mod raw {
         }
     }
 
-    #[derive(Debug, Deserialize)]
+    /// The Redis that holds the room: exactly one of `url`, `cluster` or `sentinel` (none: `url`
+    /// redis://127.0.0.1:6379). Changing the topology needs a restart.
+    #[derive(Debug, Deserialize, Serialize, JsonSchema)]
     #[serde(deny_unknown_fields)]
     pub struct Redis {
+        /// One Redis server: redis://[:password@]host:port[/db], rediss:// or unix://.
         pub url: Option<String>,
+        /// Seed nodes of a Redis Cluster: redis://host:port each.
         pub cluster: Option<Vec<String>>,
+        /// A Redis Sentinel deployment that names the primary.
         pub sentinel: Option<Sentinel>,
+        /// Every key the proxy touches starts with it (in cluster mode inside a {hash tag}).
         #[serde(default = "d_key_prefix")]
         pub key_prefix: String,
+        /// A Redis call slower than this counts as unavailable.
         #[serde(default = "d_redis_timeout")]
+        #[schemars(with = "Duration")]
         pub timeout: String,
+        /// Status reads may go to replicas (slightly stale).
         #[serde(default)]
         pub read_from_replicas: bool,
     }
@@ -158,47 +203,73 @@ pub mod raw {
         }
     }
 
-    #[derive(Debug, Deserialize)]
+    /// A Redis Sentinel deployment: the sentinels name the current primary of `master`.
+    #[derive(Debug, Deserialize, Serialize, JsonSchema)]
     #[serde(deny_unknown_fields)]
     pub struct Sentinel {
+        /// The name the sentinels monitor the primary under.
         pub master: String,
+        /// The sentinels: redis://host:port each.
         pub addrs: Vec<String>,
     }
 
-    #[derive(Debug, Default, Deserialize)]
+    /// Who the user is: `header` (trusted, set by the authentication layer in front) or `jwt`.
+    #[derive(Debug, Default, Deserialize, Serialize, JsonSchema)]
     #[serde(deny_unknown_fields)]
     pub struct Identity {
+        /// The header that names the user (default X-User-Id).
         pub header: Option<String>,
+        /// Verify a JWT instead and take the user from one of its claims.
         pub jwt: Option<Jwt>,
     }
 
-    #[derive(Debug, Deserialize)]
+    /// A verified JWT names the user.
+    #[derive(Debug, Deserialize, Serialize, JsonSchema)]
     #[serde(deny_unknown_fields)]
     pub struct Jwt {
+        /// Where the token is: `authorization` (Bearer) or `cookie:NAME`.
         #[serde(default = "d_jwt_from")]
         pub from: String,
+        /// The signature algorithms accepted.
         #[serde(default = "d_jwt_algorithms")]
+        #[schemars(with = "Vec<Algorithm>")]
         pub algorithms: Vec<String>,
+        /// HS256: the environment variable that holds the secret.
         pub secret_env: Option<String>,
+        /// RS256 / ES256: the PEM public key, relative to this file's folder.
         pub public_key_file: Option<String>,
+        /// The claim that names the user.
         #[serde(default = "d_jwt_claim")]
         pub claim: String,
+        /// When set, the token must carry this `iss`.
         pub issuer: Option<String>,
+        /// When set, the token must carry this `aud`.
         pub audience: Option<String>,
+        /// How far past `exp` (or before `nbf`) a token is still accepted.
         #[serde(default = "d_jwt_leeway")]
+        #[schemars(with = "Duration")]
         pub leeway: String,
+        /// The header the upstream gets the verified identity in (any value the client sent is
+        /// replaced).
         #[serde(default = "d_jwt_forward_header")]
         pub forward_header: String,
     }
 
-    #[derive(Debug, Deserialize)]
+    /// The entry token an admitted user gets.
+    #[derive(Debug, Deserialize, Serialize, JsonSchema)]
     #[serde(deny_unknown_fields)]
     pub struct Token {
+        /// The request header that carries it.
         #[serde(default = "d_token_header")]
         pub header: String,
+        /// How long a token lives (for tokens issued after a reload).
         #[serde(default = "d_token_ttl")]
+        #[schemars(with = "Duration")]
         pub ttl: String,
+        /// How long a protected request's claim on a token holds when nobody ends it (a proxy
+        /// that died mid-request); longer than `limits.upstream_timeout`.
         #[serde(default = "d_claim_timeout")]
+        #[schemars(with = "Duration")]
         pub claim_timeout: String,
     }
 
@@ -208,27 +279,41 @@ pub mod raw {
         }
     }
 
-    #[derive(Debug, Deserialize)]
+    /// A protected request: its method and its path.
+    #[derive(Debug, Deserialize, Serialize, JsonSchema)]
     #[serde(deny_unknown_fields)]
     pub struct Route {
+        /// An HTTP method, any case (GET, POST, PUT, DELETE, PATCH, HEAD, OPTIONS, CONNECT, TRACE).
         pub method: String,
+        /// The path, starting with /, matched on the request's canonical path ignoring case,
+        /// `;` parameters and one trailing /.
         pub path: String,
-        /// `exact` (the default) or `prefix`.
+        /// `exact` (the default): the path itself; `prefix`: the path and everything below it.
         #[serde(default, rename = "match")]
+        #[schemars(with = "Option<Match>")]
         pub matching: Option<String>,
     }
 
-    #[derive(Debug, Deserialize)]
+    /// Admission: every `interval`, at most `batch_size` users leave the front of the line.
+    #[derive(Debug, Deserialize, Serialize, JsonSchema)]
     #[serde(deny_unknown_fields)]
     pub struct Admission {
+        /// One admission tick per interval (1ms to 24h).
         #[serde(default = "d_interval")]
+        #[schemars(with = "Duration")]
         pub interval: String,
+        /// Users admitted per tick at most (1 to 10000); with `adaptive`, the ceiling.
         #[serde(default = "d_batch_size")]
         pub batch_size: i64,
+        /// A new user who finds nobody waiting, while this interval still has room, gets READY at
+        /// once from enter.
         #[serde(default)]
         pub instant: bool,
+        /// > 0: admit only while fewer than this many tokens are live.
         #[serde(default)]
         pub max_active: i64,
+        /// Let the batch follow the protected upstream's latency. Absent: the batch stays
+        /// `batch_size`.
         pub adaptive: Option<Adaptive>,
     }
 
@@ -244,23 +329,35 @@ pub mod raw {
         }
     }
 
-    #[derive(Debug, Deserialize)]
+    /// The batch moves between `min_batch` and `admission.batch_size` to keep the protected
+    /// upstream's p95 latency at the target.
+    #[derive(Debug, Deserialize, Serialize, JsonSchema)]
     #[serde(deny_unknown_fields)]
     pub struct Adaptive {
+        /// The protected upstream's p95 latency to keep, as the room's proxies see it.
         #[serde(default = "d_target_p95")]
+        #[schemars(with = "Duration")]
         pub target_p95: String,
+        /// The smallest batch (at most `admission.batch_size`).
         #[serde(default = "d_min_batch")]
         pub min_batch: i64,
     }
 
-    #[derive(Debug, Deserialize)]
+    /// The line.
+    #[derive(Debug, Deserialize, Serialize, JsonSchema)]
     #[serde(deny_unknown_fields)]
     pub struct Queue {
+        /// Waiting users at most; beyond it enter answers 429 FULL.
         #[serde(default = "d_capacity")]
         pub capacity: i64,
+        /// The Retry-After sent with FULL (429) and 503.
         #[serde(default = "d_retry_after")]
+        #[schemars(with = "Duration")]
         pub retry_after: String,
+        /// > 0s: a waiting user not heard from (enter or status) for this long loses the place;
+        /// at least twice the longest poll_after.
         #[serde(default = "d_zero")]
+        #[schemars(with = "Duration")]
         pub abandon_after: String,
     }
 
@@ -270,9 +367,11 @@ pub mod raw {
         }
     }
 
-    #[derive(Debug, Deserialize)]
+    /// The proxy's own endpoints.
+    #[derive(Debug, Deserialize, Serialize, JsonSchema)]
     #[serde(deny_unknown_fields)]
     pub struct Endpoints {
+        /// {prefix}/enter, {prefix}/status, {prefix}/event and the page at {prefix}/.
         #[serde(default = "d_prefix")]
         pub prefix: String,
     }
@@ -283,17 +382,25 @@ pub mod raw {
         }
     }
 
-    #[derive(Debug, Deserialize)]
+    /// One tier of `poll_after`.
+    #[derive(Debug, Deserialize, Serialize, JsonSchema)]
     #[serde(deny_unknown_fields)]
     pub struct Tier {
+        /// The tier applies from this estimated wait on.
+        #[schemars(with = "Duration")]
         pub min_wait: String,
+        /// What clients are told to wait before their next poll (rounded up to seconds).
+        #[schemars(with = "Duration")]
         pub poll_after: String,
     }
 
-    #[derive(Debug, Deserialize)]
+    /// Stopping on SIGTERM / SIGINT.
+    #[derive(Debug, Deserialize, Serialize, JsonSchema)]
     #[serde(deny_unknown_fields)]
     pub struct Shutdown {
+        /// In-flight requests get this long to finish.
         #[serde(default = "d_grace")]
+        #[schemars(with = "Duration")]
         pub grace: String,
     }
 
@@ -303,19 +410,25 @@ pub mod raw {
         }
     }
 
-    #[derive(Debug, Default, Deserialize)]
+    /// Reloading the file.
+    #[derive(Debug, Default, Deserialize, Serialize, JsonSchema)]
     #[serde(deny_unknown_fields)]
     pub struct Reload {
+        /// true: a change of the file reloads it too (SIGHUP always does).
         #[serde(default)]
         pub watch: bool,
     }
 
-    #[derive(Debug, Deserialize)]
+    /// Refusing status polls that come earlier than the pollAfter last given.
+    #[derive(Debug, Deserialize, Serialize, JsonSchema)]
     #[serde(deny_unknown_fields)]
     pub struct Polling {
+        /// true: a status call earlier than told gets 429 TOO_EARLY.
         #[serde(default)]
         pub enforce: bool,
+        /// How much earlier than pollAfter is still accepted (0% to 99%).
         #[serde(default = "d_polling_grace")]
+        #[schemars(with = "Percent")]
         pub grace: String,
     }
 
@@ -325,23 +438,31 @@ pub mod raw {
         }
     }
 
-    #[derive(Debug, Default, Deserialize)]
+    /// Limits on identities per client address (only enter is limited).
+    #[derive(Debug, Default, Deserialize, Serialize, JsonSchema)]
     #[serde(deny_unknown_fields)]
     pub struct Abuse {
+        /// > 0: at most this many distinct identities may enter per minute from one client
+        /// address.
         #[serde(default)]
         pub identities_per_address: i64,
+        /// CIDRs whose X-Forwarded-For is believed when finding the client address.
         #[serde(default)]
         pub trusted_proxies: Vec<String>,
     }
 
-    #[derive(Debug, Deserialize)]
+    /// The waiting page at {endpoints.prefix}/.
+    #[derive(Debug, Deserialize, Serialize, JsonSchema)]
     #[serde(deny_unknown_fields)]
     pub struct Page {
+        /// Where READY users continue (the link carries the token in its #fragment).
         #[serde(default = "d_ready_url")]
         pub ready_url: String,
+        /// false: the page's path passes through to the upstream.
         #[serde(default = "d_true")]
         pub enabled: bool,
-        /// Per language, overrides of the page's texts: `{ ko: { title: "..." } }`.
+        /// Per language (en, ko), overrides of the page's texts: `{ ko: { title: "..." } }`;
+        /// the text names are those of assets/i18n/en.json.
         #[serde(default)]
         pub texts: std::collections::BTreeMap<String, std::collections::BTreeMap<String, String>>,
     }
@@ -352,19 +473,29 @@ pub mod raw {
         }
     }
 
-    /// Durations and sizes stay text, checked (with their key path) by `Validator::limits`.
-    #[derive(Debug, Deserialize)]
+    /// Limits on connections and on the upstream.
+    // Durations and sizes stay text, checked (with their key path) by `Validator::limits`.
+    #[derive(Debug, Deserialize, Serialize, JsonSchema)]
     #[serde(deny_unknown_fields)]
     pub struct Limits {
+        /// A connection that has not sent a whole request head by then is closed (100ms to 24h).
         #[serde(default = "d_header_timeout")]
+        #[schemars(with = "Duration")]
         pub header_timeout: String,
+        /// A keep-alive connection with no request for this long is closed (100ms to 24h).
         #[serde(default = "d_idle_timeout")]
+        #[schemars(with = "Duration")]
         pub idle_timeout: String,
+        /// Beyond it, new connections are refused.
         #[serde(default = "d_max_connections")]
         pub max_connections: i64,
+        /// An upstream that has not answered by then gets the client a 504 (100ms to 24h).
         #[serde(default = "d_upstream_timeout")]
+        #[schemars(with = "Duration")]
         pub upstream_timeout: String,
+        /// A larger request line + headers gets 431 (1KiB to 512KiB).
         #[serde(default = "d_max_request_head")]
+        #[schemars(with = "Size")]
         pub max_request_head: String,
     }
 
@@ -380,14 +511,22 @@ pub mod raw {
         }
     }
 
-    /// Times stay text, checked (with their key path) by `Validator::event`.
-    #[derive(Debug, Deserialize)]
+    /// A scheduled event: early users wait in a pre-queue, drawn into the line at the opening.
+    // Times stay text, checked (with their key path) by `Validator::event`.
+    #[derive(Debug, Deserialize, Serialize, JsonSchema)]
     #[serde(deny_unknown_fields)]
     pub struct Event {
+        /// When the line opens.
+        #[schemars(with = "Time")]
         pub opens_at: String,
+        /// enter is accepted from opens_at - prequeue on.
         #[serde(default = "d_prequeue")]
+        #[schemars(with = "Duration")]
         pub prequeue: String,
+        /// No new users from then on.
+        #[schemars(with = "Option<Time>")]
         pub closes_at: Option<String>,
+        /// false: the pre-queue keeps arrival order instead of a checkable random draw.
         #[serde(default = "d_true")]
         pub shuffle: bool,
     }
