@@ -209,8 +209,15 @@ pub mod raw {
     pub struct Sentinel {
         /// The name the sentinels monitor the primary under.
         pub master: String,
-        /// The sentinels: redis://host:port each.
+        /// The sentinels: redis://host:port each; redis://[user]:password@host:port when the
+        /// sentinels require a password (it authenticates to that sentinel only).
         pub addrs: Vec<String>,
+        /// The environment variable that holds the password of the primary (and of its
+        /// replicas, which take its place on a failover): their `requirepass`, or the ACL user's.
+        pub password_env: Option<String>,
+        /// The ACL user to log in to the primary as, with `password_env`'s password (absent: the
+        /// default user).
+        pub username: Option<String>,
     }
 
     /// Who the user is: `header` (trusted, set by the authentication layer in front) or `jwt`.
@@ -694,7 +701,20 @@ impl fmt::Debug for Secret {
 pub enum RedisTarget {
     Url(String),
     Cluster(Vec<String>),
-    Sentinel { master: String, addrs: Vec<String> },
+    Sentinel {
+        master: String,
+        addrs: Vec<String>,
+        /// How the proxy logs in to the primary; the sentinels' own credentials are in `addrs`.
+        auth: NodeAuth,
+    },
+}
+
+/// A login to the Redis nodes behind the sentinels (`redis.sentinel.username`, `.password_env`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeAuth {
+    pub username: Option<String>,
+    /// Read from the variable `password_env` names, once, at load.
+    pub password: Option<Secret>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -1075,10 +1095,23 @@ impl Validator {
                 for (i, a) in s.addrs.iter().enumerate() {
                     tcp_url(self, &format!("redis.sentinel.addrs[{i}]"), a);
                 }
-                (self.problems.len() == before)
-                    .then_some(RedisTarget::Sentinel { master: s.master, addrs: s.addrs })
+                let auth = self.node_auth(s.username, s.password_env);
+                (self.problems.len() == before).then(|| RedisTarget::Sentinel {
+                    master: s.master,
+                    addrs: s.addrs,
+                    auth: auth.unwrap_or_default(),
+                })
             }
         };
+        if r.read_from_replicas && !matches!(target, Some(RedisTarget::Cluster(_))) {
+            // Sentinel and single-server rooms send every call to the primary: an option that
+            // silently did nothing would let an operator plan capacity on reads it never moves.
+            self.fail::<()>(
+                "redis.read_from_replicas",
+                "only redis.cluster reads from replicas; with url or sentinel every call goes to the primary (remove the key)",
+            );
+            return None;
+        }
         let target = target?;
         prefix_ok.then_some(())?;
         Some(RedisConfig {
@@ -1087,6 +1120,35 @@ impl Validator {
             timeout: timeout?,
             read_from_replicas: r.read_from_replicas,
         })
+    }
+
+    /// `redis.sentinel.username` and `.password_env`; the password is read here, once, and an
+    /// unset variable is refused like a missing JWT secret: a proxy that cannot log in to the
+    /// primary would start only to answer 503.
+    fn node_auth(&mut self, username: Option<String>, password_env: Option<String>) -> Option<NodeAuth> {
+        if username.as_deref().is_some_and(|u| u.trim().is_empty()) {
+            return self.fail("redis.sentinel.username", "must not be empty when set");
+        }
+        let password = match password_env.as_deref().map(str::trim) {
+            None => None,
+            Some("") => {
+                return self.fail("redis.sentinel.password_env", "must name an environment variable (or leave the key out)")
+            }
+            Some(name) => match std::env::var(name) {
+                Ok(value) if !value.is_empty() => Some(Secret(value.into_bytes())),
+                Ok(_) => return self.fail("redis.sentinel.password_env", format!("environment variable {name} is empty")),
+                Err(std::env::VarError::NotPresent) => {
+                    return self.fail("redis.sentinel.password_env", format!("environment variable {name} is not set"))
+                }
+                Err(std::env::VarError::NotUnicode(_)) => {
+                    return self.fail("redis.sentinel.password_env", format!("environment variable {name} is not UTF-8"))
+                }
+            },
+        };
+        if username.is_some() && password.is_none() {
+            return self.fail("redis.sentinel.username", "needs redis.sentinel.password_env (a user logs in with a password)");
+        }
+        Some(NodeAuth { username: username.map(|u| u.trim().to_owned()), password })
     }
 
     fn header_name(&mut self, path: &str, text: &str) -> Option<HeaderName> {
@@ -1666,7 +1728,11 @@ mod tests {
         let c = Config::parse("upstream: a:1\nredis: {sentinel: {master: m, addrs: ['redis://s:26379']}}").unwrap();
         assert_eq!(
             c.redis.target,
-            RedisTarget::Sentinel { master: "m".into(), addrs: vec!["redis://s:26379".into()] }
+            RedisTarget::Sentinel {
+                master: "m".into(),
+                addrs: vec!["redis://s:26379".into()],
+                auth: NodeAuth::default()
+            }
         );
         assert_eq!(
             problems("upstream: a:1\nredis: {cluster: []}"),
@@ -1680,6 +1746,38 @@ mod tests {
                 "redis.sentinel.addrs[1]: 'x' is not a Redis URL (redis://host:port)",
             ]
         );
+    }
+
+    #[test]
+    fn the_sentinel_primary_s_password_is_read_from_the_environment() {
+        std::env::set_var("WAITROOM_CONFIG_TEST_PRIMARY_PW", "s3cret");
+        std::env::set_var("WAITROOM_CONFIG_TEST_EMPTY_PW", "");
+        let sentinel = |extra: &str| {
+            format!("upstream: a:1\nredis: {{sentinel: {{master: m, addrs: ['redis://:pw@s:26379']{extra}}}}}")
+        };
+        let c = Config::parse(&sentinel(", password_env: WAITROOM_CONFIG_TEST_PRIMARY_PW, username: app")).unwrap();
+        let RedisTarget::Sentinel { addrs, auth, .. } = &c.redis.target else { panic!("{:?}", c.redis.target) };
+        assert_eq!(addrs, &["redis://:pw@s:26379"]);
+        assert_eq!(auth.username.as_deref(), Some("app"));
+        assert_eq!(auth.password.as_ref().map(Secret::expose), Some(&b"s3cret"[..]));
+        assert!(!format!("{c:?}").contains("s3cret"), "the password never reaches a log line");
+        for (extra, line) in [
+            (", password_env: WAITROOM_CONFIG_TEST_UNSET_PW", "redis.sentinel.password_env: environment variable WAITROOM_CONFIG_TEST_UNSET_PW is not set"),
+            (", password_env: WAITROOM_CONFIG_TEST_EMPTY_PW", "redis.sentinel.password_env: environment variable WAITROOM_CONFIG_TEST_EMPTY_PW is empty"),
+            (", password_env: ' '", "redis.sentinel.password_env: must name an environment variable (or leave the key out)"),
+            (", username: app", "redis.sentinel.username: needs redis.sentinel.password_env (a user logs in with a password)"),
+        ] {
+            assert_eq!(problems(&sentinel(extra)), vec![line], "{extra}");
+        }
+    }
+
+    #[test]
+    fn only_a_cluster_reads_from_replicas() {
+        let refused = "redis.read_from_replicas: only redis.cluster reads from replicas; with url or sentinel every call goes to the primary (remove the key)";
+        for redis in ["{sentinel: {master: m, addrs: ['redis://s:26379']}, read_from_replicas: true}", "{read_from_replicas: true}"] {
+            assert_eq!(problems(&format!("upstream: a:1\nredis: {redis}")), vec![refused], "{redis}");
+        }
+        assert!(problems("upstream: a:1\nredis: {sentinel: {master: m, addrs: ['redis://s:26379']}, read_from_replicas: false}").is_empty());
     }
 
     #[test]

@@ -17,7 +17,7 @@ mod topology;
 use common::*;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
-use topology::{cli, wait_in_sync, SentinelSet, Tally};
+use topology::{cli, cli_as, wait_in_sync, Passwords, SentinelSet, Tally, NODE_PASSWORD_ENV};
 
 /// A client that gives up on a request after 2 s, so a probe never hangs on a dead proxy path.
 fn probe_client() -> reqwest::Client {
@@ -195,13 +195,15 @@ async fn write_until_followed(
 
 /// Polls the sentinels (blocking redis-cli, on a blocking thread) until they name `not` no more.
 async fn wait_promotion(set: &SentinelSet, not: u16) -> (Instant, u16) {
-    let ports: Vec<u16> = set.sentinels.iter().map(|s| s.port).collect();
+    let ports: Vec<(u16, Option<String>)> =
+        set.sentinels.iter().map(|s| (s.port, s.password.clone())).collect();
     tokio::task::spawn_blocking(move || {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            let named = ports.iter().find_map(|p| {
-                cli(
+            let named = ports.iter().find_map(|(p, password)| {
+                cli_as(
                     *p,
+                    password.as_deref(),
                     &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", topology::MASTER],
                 )
                 .lines()
@@ -400,4 +402,65 @@ async fn proxies_follow_the_sentinels_through_failovers() {
         "proxies_follow_the_sentinels_through_failovers: {:?}",
         t0.elapsed()
     );
+}
+
+/// Section 7 with passwords: the nodes want one (`requirepass`), the sentinels another. The proxy
+/// asks the sentinels with the credentials of their URLs and logs in to the primary with the
+/// password `password_env` names, and to the replica promoted once the primary is killed. Without
+/// the primary's password, or with a wrong sentinel password, it never gets in (503).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passwords_for_the_primary_and_for_the_sentinels() {
+    let passwords = Passwords { node: "node-secret".into(), sentinel: "sentinel-secret".into() };
+    let mut set = SentinelSet::start_as(Some(passwords.clone()));
+    let api = DemoApi::start(&[]);
+    let room = |yaml: &str| {
+        Proxy::builder(&set.servers[0].url(), api.addr())
+            .yaml(yaml)
+            .yaml("admission: {interval: 100ms, batch_size: 10}")
+            .env(NODE_PASSWORD_ENV, &passwords.node)
+    };
+    let proxy = room(&set.yaml()).start().await;
+    assert!(
+        wait_until(Duration::from_secs(10), Duration::from_millis(50), || async {
+            proxy.readyz().await == 200
+        })
+        .await,
+        "ready through the sentinels:\n{}",
+        proxy.logs()
+    );
+    let token = proxy.until_ready("pw-user", Duration::from_secs(10)).await;
+    let order = proxy.order("pw-user", Some(&token)).await;
+    assert_eq!(order.status, 201, "the token admitted through the primary buys: {}", order.body);
+
+    // The sentinels answer, the primary refuses a proxy that has not its password; a wrong
+    // sentinel password gets no answer from the sentinels at all.
+    let no_login = room(&set.yaml()).yaml("redis: {sentinel: {password_env: ~}}").start().await;
+    let wrong_sentinel = room(&set.yaml().replace(":sentinel-secret@", ":wrong@")).start().await;
+    for (what, refused) in [("no primary password", &no_login), ("wrong sentinel password", &wrong_sentinel)] {
+        let r = refused.enter("pw-refused").await;
+        assert_eq!(r.status, 503, "{what}: {}\n{}", r.body, refused.logs());
+        assert_eq!(refused.readyz().await, 503, "{what}");
+    }
+    assert!(
+        no_login.logs().contains("NOAUTH") || no_login.logs().contains("Authentication required"),
+        "the primary's refusal is logged:\n{}",
+        no_login.logs()
+    );
+
+    // Killed: the replica the sentinels promote wants the same password, and gets it.
+    let old = set.named_primary().expect("a primary");
+    set.server(old).crash();
+    let (promoted, new_port) = wait_promotion(&set, old).await;
+    assert_ne!(new_port, old);
+    let (recovered, failures) = probe_until_recovered(&[&proxy], "pw-user", "pw").await;
+    println!(
+        "sentinel with passwords: recovered {:?} after the promotion; failed probes {:?}",
+        recovered[0].saturating_duration_since(promoted),
+        failures.0
+    );
+    proxy.until_ready("pw-after", Duration::from_secs(10)).await;
+    let logs = proxy.logs();
+    for refusal in ["NOAUTH", "WRONGPASS", "Authentication required", "invalid password"] {
+        assert!(!logs.contains(refusal), "every login succeeded ({refusal}):\n{logs}");
+    }
 }

@@ -15,7 +15,10 @@
 //!   primary any more" (connection lost, READONLY, MASTERDOWN, NOREPLICAS) drops it and the next
 //!   call asks the sentinels again. A watcher also asks the sentinels twice a second, so a primary
 //!   that went silent (a partition), or that was failed over while still up and still takes
-//!   writes until the sentinels reconfigure it, is left within half a second too.
+//!   writes until the sentinels reconfigure it, is left within half a second too. The sentinels
+//!   are asked with the credentials of their own URLs; every node they name (the primary, the
+//!   replica promoted in its place) is logged in to with `redis.sentinel.password_env`'s
+//!   password, which is why a subscription reuses the primary's client rather than its address.
 //!
 //! Opening a cluster or sentinel connection runs in a task of its own, never inside a caller's
 //! future: `Room` cuts each call off at `redis.timeout`, and a discovery restarted by every
@@ -35,15 +38,15 @@ use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_read_routing::RandomReplicaStrategy;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
-use redis::sentinel::{SentinelClient, SentinelServerType};
+use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::{
-    Arg, AsyncConnectionConfig, Cmd, ConnectionAddr, ErrorKind, Pipeline, RedisError, RedisFuture,
-    RedisResult, ServerErrorKind, Value,
+    Arg, AsyncConnectionConfig, Cmd, ConnectionAddr, ErrorKind, IntoConnectionInfo, Pipeline,
+    RedisConnectionInfo, RedisError, RedisFuture, RedisResult, ServerErrorKind, Value,
 };
 use tokio::sync::{watch, Mutex as AsyncMutex, OnceCell};
 
 use super::StoreError;
-use crate::config::{RedisConfig, RedisTarget};
+use crate::config::{NodeAuth, RedisConfig, RedisTarget};
 
 /// First retry after a failed connect; doubled per failure up to `MAX_BACKOFF`.
 const MIN_BACKOFF: Duration = Duration::from_millis(50);
@@ -155,16 +158,20 @@ impl Connector {
                     link: Link::new(budget),
                 }
             }
-            RedisTarget::Sentinel { master, addrs } => {
+            RedisTarget::Sentinel { master, addrs, auth } => {
+                // The sentinels log in with the credentials of their own URLs; the nodes they
+                // name (the primary, and the replica promoted in its place) with these.
+                let node_login = node_login(auth)?;
                 let client = SentinelClient::build(
                     addrs.iter().map(String::as_str).collect(),
                     master.clone(),
-                    None,
+                    Some(SentinelNodeConnectionInfo::default().set_redis_connection_info(node_login.clone())),
                     SentinelServerType::Master,
                 )?;
                 let sentinel = Sentinel {
                     master: master.clone(),
                     addrs: addrs.clone(),
+                    node_login,
                     client: AsyncMutex::new(client),
                     config: AsyncConnectionConfig::new()
                         .set_connection_timeout(Some(timeout))
@@ -200,11 +207,7 @@ impl Connector {
                 let node = nodes.get(attempt % nodes.len().max(1))?;
                 redis::Client::open(node.as_str()).ok()
             }
-            Target::Sentinel { link, .. } => {
-                let (primary, _) = link.current()?;
-                let (host, port) = &primary.addr;
-                redis::Client::open(format!("redis://{host}:{port}")).ok()
-            }
+            Target::Sentinel { link, .. } => link.current().map(|(primary, _)| primary.client),
         }
     }
 
@@ -508,6 +511,8 @@ const SINGLE_KEY_READS: &[&[u8]] = &[
 struct Sentinel {
     master: String,
     addrs: Vec<String>,
+    /// How to log in to a node the sentinels name (`redis.sentinel.password_env`).
+    node_login: RedisConnectionInfo,
     /// Needs `&mut` for its cached sentinel connections; only connect attempts take it.
     client: AsyncMutex<SentinelClient>,
     config: AsyncConnectionConfig,
@@ -518,6 +523,22 @@ struct Sentinel {
 struct Primary {
     conn: MultiplexedConnection,
     addr: (String, u16),
+    /// For connections of their own (a subscription): its address with the login.
+    client: redis::Client,
+}
+
+/// The login to the nodes behind the sentinels.
+fn node_login(auth: &NodeAuth) -> RedisResult<RedisConnectionInfo> {
+    let mut login = RedisConnectionInfo::default();
+    if let Some(password) = &auth.password {
+        let password = std::str::from_utf8(password.expose())
+            .map_err(|_| RedisError::from((ErrorKind::InvalidClientConfig, "the primary's password is not UTF-8")))?;
+        login = login.set_password(password);
+    }
+    if let Some(username) = &auth.username {
+        login = login.set_username(username);
+    }
+    Ok(login)
 }
 
 impl Sentinel {
@@ -532,13 +553,17 @@ impl Sentinel {
             .get_multiplexed_async_connection_with_config(&self.config)
             .await?;
         tracing::info!(master = %self.master, host = %addr.0, port = addr.1, "redis primary found through the sentinels");
-        Ok(Primary { conn, addr })
+        Ok(Primary { conn, addr, client })
     }
 
-    /// Whether the node at `addr` answers `ROLE` as a primary.
+    /// Whether the node at `addr` answers `ROLE` as a primary (logged in as to the primary: a
+    /// node that wants a password refuses ROLE without it).
     async fn is_primary(&self, addr: &(String, u16)) -> bool {
         let role = async {
-            let client = redis::Client::open(format!("redis://{}:{}", addr.0, addr.1))?;
+            let info = ConnectionAddr::Tcp(addr.0.clone(), addr.1)
+                .into_connection_info()?
+                .set_redis_settings(self.node_login.clone());
+            let client = redis::Client::open(info)?;
             let mut conn = client
                 .get_multiplexed_async_connection_with_config(&self.config)
                 .await?;
