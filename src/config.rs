@@ -316,7 +316,7 @@ pub mod raw {
         /// once from enter.
         #[serde(default)]
         pub instant: bool,
-        /// > 0: admit only while fewer than this many tokens are live.
+        /// Above 0: admit only while fewer than this many tokens are live.
         #[serde(default)]
         pub max_active: i64,
         /// Let the batch follow the protected upstream's latency. Absent: the batch stays
@@ -361,8 +361,8 @@ pub mod raw {
         #[serde(default = "d_retry_after")]
         #[schemars(with = "Duration")]
         pub retry_after: String,
-        /// > 0s: a waiting user not heard from (enter or status) for this long loses the place;
-        /// at least twice the longest poll_after.
+        /// Above 0s: a waiting user not heard from (enter or status) for this long loses the
+        /// place; at least twice the longest poll_after.
         #[serde(default = "d_zero")]
         #[schemars(with = "Duration")]
         pub abandon_after: String,
@@ -449,7 +449,7 @@ pub mod raw {
     #[derive(Debug, Default, Deserialize, Serialize, JsonSchema)]
     #[serde(deny_unknown_fields)]
     pub struct Abuse {
-        /// > 0: at most this many distinct identities may enter per minute from one client
+        /// Above 0: at most this many distinct identities may enter per minute from one client
         /// address.
         #[serde(default)]
         pub identities_per_address: i64,

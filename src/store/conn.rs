@@ -207,7 +207,7 @@ impl Connector {
                 let node = nodes.get(attempt % nodes.len().max(1))?;
                 redis::Client::open(node.as_str()).ok()
             }
-            Target::Sentinel { link, .. } => link.current().map(|(primary, _)| primary.client),
+            Target::Sentinel { link, .. } => link.current().map(|(primary, _)| (*primary.client).clone()),
         }
     }
 
@@ -523,8 +523,9 @@ struct Sentinel {
 struct Primary {
     conn: MultiplexedConnection,
     addr: (String, u16),
-    /// For connections of their own (a subscription): its address with the login.
-    client: redis::Client,
+    /// For connections of their own (a subscription): its address with the login. Behind an
+    /// Arc: `RedisConn` is cloned per call, and a client is a few hundred bytes.
+    client: Arc<redis::Client>,
 }
 
 /// The login to the nodes behind the sentinels.
@@ -553,7 +554,7 @@ impl Sentinel {
             .get_multiplexed_async_connection_with_config(&self.config)
             .await?;
         tracing::info!(master = %self.master, host = %addr.0, port = addr.1, "redis primary found through the sentinels");
-        Ok(Primary { conn, addr, client })
+        Ok(Primary { conn, addr, client: Arc::new(client) })
     }
 
     /// Whether the node at `addr` answers `ROLE` as a primary (logged in as to the primary: a
