@@ -286,7 +286,12 @@ fn render(path: &[Segment]) -> String {
                 if !out.is_empty() {
                     out.push('.');
                 }
-                out.push_str(key);
+                // A quoted key may hold a line break: a problem stays one line.
+                if key.chars().any(char::is_control) {
+                    out.push_str(&key.escape_debug().to_string());
+                } else {
+                    out.push_str(key);
+                }
             }
             Segment::Enum { variant } => {
                 if !out.is_empty() {
@@ -419,6 +424,9 @@ mod tests {
         assert!(broken.len() == 1 && broken[0].starts_with("not valid YAML: ") && broken[0].contains("line"), "{broken:?}");
         assert!(lines("").is_empty() && lines("# nothing yet\n").is_empty());
         assert_eq!(lines("? [1, 2]\n: 3").len(), 1);
+        let got = lines("\"a\\nb\": 1\nadmission: {\"x\\ty\": 2}");
+        assert_eq!(got.len(), 2, "{got:?}");
+        assert!(got[0].starts_with("a\\nb: unknown key") && got[1].starts_with("admission.x\\ty: unknown key"), "{got:?}");
     }
 
     #[test]
