@@ -194,7 +194,7 @@ mod tests {
         let mut doc = serde_yaml::Mapping::new();
         doc.insert("upstream".into(), "a:1".into());
         doc.insert(section.into(), inner.into());
-        super::super::Config::parse(&serde_yaml::to_string(&doc).unwrap()).is_ok()
+        crate::config::Config::parse(&serde_yaml::to_string(&doc).unwrap()).is_ok()
     }
 
     fn matches(pattern: &str, value: &str) -> bool {
