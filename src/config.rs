@@ -185,7 +185,8 @@ pub mod raw {
         #[serde(default = "d_redis_timeout")]
         #[schemars(with = "Duration")]
         pub timeout: String,
-        /// Status reads may go to replicas (slightly stale).
+        /// Status reads may go to replicas, slightly stale (cluster or sentinel; a single url has
+        /// none).
         #[serde(default)]
         pub read_from_replicas: bool,
     }
@@ -1103,12 +1104,12 @@ impl Validator {
                 })
             }
         };
-        if r.read_from_replicas && !matches!(target, Some(RedisTarget::Cluster(_))) {
-            // Sentinel and single-server rooms send every call to the primary: an option that
-            // silently did nothing would let an operator plan capacity on reads it never moves.
+        if r.read_from_replicas && matches!(target, Some(RedisTarget::Url(_))) {
+            // One server has no replica to read from: an option that silently did nothing would
+            // let an operator plan capacity on reads it never moves.
             self.fail::<()>(
                 "redis.read_from_replicas",
-                "only redis.cluster reads from replicas; with url or sentinel every call goes to the primary (remove the key)",
+                "needs replicas: redis.cluster or redis.sentinel (with url every call goes to that server)",
             );
             return None;
         }
@@ -1772,12 +1773,14 @@ mod tests {
     }
 
     #[test]
-    fn only_a_cluster_reads_from_replicas() {
-        let refused = "redis.read_from_replicas: only redis.cluster reads from replicas; with url or sentinel every call goes to the primary (remove the key)";
-        for redis in ["{sentinel: {master: m, addrs: ['redis://s:26379']}, read_from_replicas: true}", "{read_from_replicas: true}"] {
+    fn one_server_has_no_replicas_to_read_from() {
+        let refused = "redis.read_from_replicas: needs replicas: redis.cluster or redis.sentinel (with url every call goes to that server)";
+        for redis in ["{url: 'redis://a:1', read_from_replicas: true}", "{read_from_replicas: true}"] {
             assert_eq!(problems(&format!("upstream: a:1\nredis: {redis}")), vec![refused], "{redis}");
         }
-        assert!(problems("upstream: a:1\nredis: {sentinel: {master: m, addrs: ['redis://s:26379']}, read_from_replicas: false}").is_empty());
+        let c = Config::parse("upstream: a:1\nredis: {sentinel: {master: m, addrs: ['redis://s:26379']}, read_from_replicas: true}")
+            .unwrap();
+        assert!(c.redis.read_from_replicas);
     }
 
     #[test]
