@@ -436,22 +436,8 @@ async fn route_with_replicas(
     if !read_only {
         return conn.route_command(cmd.clone(), to(SlotAddr::Master)).await;
     }
-    let on_replica = match name.as_slice() {
-        b"EVALSHA" | b"EVAL" => {
-            let mut ro = redis::cmd(if name == b"EVAL" {
-                "EVAL_RO"
-            } else {
-                "EVALSHA_RO"
-            });
-            for arg in &args[1..] {
-                ro.arg(*arg);
-            }
-            ro
-        }
-        _ => cmd.clone(),
-    };
     let answer = conn
-        .route_command(on_replica, to(SlotAddr::ReplicaRequired))
+        .route_command(for_replica(cmd, &name, &args), to(SlotAddr::ReplicaRequired))
         .await;
     // "Write commands are not allowed from read-only scripts": run it where writes are allowed.
     let refused = |e: &RedisError| e.to_string().contains("read-only script");
@@ -487,6 +473,21 @@ async fn route_pipeline_to_primary(
     let route = SingleNodeRoutingInfo::SpecificNode(Route::with_key(key, SlotAddr::Master));
     conn.route_pipeline(pipeline.clone(), offset, count, route)
         .await
+}
+
+/// `cmd` (named `name`, upper case, with `args`) as a replica runs it: a script as `EVALSHA_RO` /
+/// `EVAL_RO`, the form that refuses writes, anything else as it is.
+fn for_replica(cmd: &Cmd, name: &[u8], args: &[&[u8]]) -> Cmd {
+    match name {
+        b"EVALSHA" | b"EVAL" => {
+            let mut ro = redis::cmd(if name == b"EVAL" { "EVAL_RO" } else { "EVALSHA_RO" });
+            for arg in &args[1..] {
+                ro.arg(*arg);
+            }
+            ro
+        }
+        _ => cmd.clone(),
+    }
 }
 
 fn args_of(cmd: &Cmd) -> Vec<&[u8]> {
@@ -706,17 +707,7 @@ async fn read_on_replica(
 ) -> Option<RedisResult<Value>> {
     let args = args_of(cmd);
     let name = args.first().map(|n| n.to_ascii_uppercase()).unwrap_or_default();
-    let on_replica = match name.as_slice() {
-        b"EVALSHA" | b"EVAL" => {
-            let mut ro = redis::cmd(if name == b"EVAL" { "EVAL_RO" } else { "EVALSHA_RO" });
-            for arg in &args[1..] {
-                ro.arg(*arg);
-            }
-            ro
-        }
-        _ => cmd.clone(),
-    };
-    let answer = conn.req_packed_command(&on_replica).await;
+    let answer = conn.req_packed_command(&for_replica(cmd, &name, &args)).await;
     let no_script = |e: &RedisError| e.kind() == ErrorKind::Server(ServerErrorKind::NoScript);
     match &answer {
         Err(e) if no_script(e) => Some(answer),
