@@ -64,7 +64,8 @@ ensure_tools() {
   done
 }
 
-# ensure_api_tools: the Python tools the API description's tests run (tests/openapi.rs), at the
+# ensure_api_tools: the Python tools the API description's and the config schema's tests run
+# (tests/openapi.rs, tests/schema.rs), at the
 # versions docs/requirements-api.txt pins, in a venv of their own under the target directory
 # (target/api-tools, or $CARGO_TARGET_DIR/api-tools), where the test looks for them. A venv keeps
 # them out of the system's Python and off PATH. pip runs only when a pinned version is missing

@@ -6,8 +6,9 @@
 #      starts its own redis-server on a free port), curl (the README's walkthrough, which
 #      tests/readme.rs runs), promtool (checks the /metrics exposition and
 #      the alert rules), node, npm and chromium (the waiting page's tests), and in a venv under
-#      target/ the pinned Python tools that check the API description, docs/openapi.yaml
-#      (docs/requirements-api.txt: openapi-spec-validator, schemathesis);
+#      target/ the pinned Python tools that check the API description, docs/openapi.yaml, and
+#      the configurations against docs/proxy.schema.json (docs/requirements-api.txt:
+#      openapi-spec-validator, schemathesis, check-jsonschema);
 #   2. builds the binaries (the proxy's, and the demo order API, the identity front and the crowd
 #      of tools/, which the integration tests start) and runs `waitroom --check` on every
 #      configuration shipped in the repository (proxy.yaml, examples/**/*.yaml), so an example can

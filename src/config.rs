@@ -2,9 +2,9 @@
 //! apart from what the code uses (`Config`, typed and validated), joined by one function,
 //! [`Config::from_raw`].
 //!
-//! Structural mistakes (an unknown key, a string where a number belongs) stop serde at the first
-//! one; every semantic problem after that is collected, so an operator fixing a file on sale day
-//! sees all of them at once, each with its key path.
+//! Every problem is collected, structural (an unknown key, a string where a number belongs, see
+//! [`structure`]) and semantic alike, so an operator fixing a file on sale day sees all of them at
+//! once, each with its key path.
 
 use std::fmt;
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -15,6 +15,9 @@ use std::time::Duration;
 use http::{HeaderName, Method};
 
 use crate::rules::{Cidr, PollTier};
+
+pub mod schema;
+mod structure;
 
 pub use crate::identity::{IdentityConfig, JwtConfig};
 
@@ -49,7 +52,8 @@ impl fmt::Display for Problem {
     }
 }
 
-/// Why a configuration could not be used: every problem found, in file order.
+/// Why a configuration could not be used: every problem found, the file's structure (in file
+/// order) before its values (in the order of the contract's sections).
 #[derive(Debug, thiserror::Error)]
 pub struct ConfigError {
     pub problems: Vec<Problem>,
@@ -70,57 +74,92 @@ impl ConfigError {
 
 /// The user-facing shape of `proxy.yaml`. Durations and addresses stay strings here so that
 /// [`Config::from_raw`] can report a bad one with its key path instead of a serde type error.
+///
+/// These structs are also the source of the file's JSON Schema (`waitroom --print-schema`,
+/// [`schema`]): each field's doc comment is what an editor shows for its key, so they speak to
+/// operators; `#[schemars(with = ...)]` names what a text field holds (a duration, a size).
+/// Adding a key is adding its field here, then regenerating `docs/proxy.schema.json`.
 pub mod raw {
-    use serde::Deserialize;
+    use schemars::JsonSchema;
+    use serde::{Deserialize, Serialize};
 
-    #[derive(Debug, Deserialize)]
+    use super::schema::{Algorithm, Duration, Match, Percent, Size, Time};
+
+    /// The configuration of one waitroom proxy (`proxy.yaml`). Every key but `upstream` has a
+    /// default.
+    #[derive(Debug, Deserialize, Serialize, JsonSchema)]
     #[serde(deny_unknown_fields)]
     pub struct Config {
+        /// Where clients connect: ip:port.
         #[serde(default = "d_listen")]
         pub listen: String,
+        /// Where /metrics, /healthz, /readyz and the admin API are served: ip:port.
         #[serde(default = "d_metrics_listen")]
         pub metrics_listen: String,
+        /// The unmodified order API, host:port.
+        #[schemars(required, with = "String")]
         pub upstream: Option<String>,
+        /// The Redis that holds the room: exactly one of `url`, `cluster` or `sentinel`.
         #[serde(default)]
         pub redis: Redis,
+        /// Who the user is: a trusted header (the default) or a verified JWT.
         #[serde(default)]
         pub identity: Identity,
+        /// The entry token a user gets when admitted.
         #[serde(default)]
         pub token: Token,
+        /// Requests that need an entry token; everything else passes through.
         #[serde(default = "d_protected")]
         pub protected: Vec<Route>,
+        /// How fast users leave the line.
         #[serde(default)]
         pub admission: Admission,
+        /// The line itself.
         #[serde(default)]
         pub queue: Queue,
+        /// The proxy's own endpoints.
         #[serde(default)]
         pub endpoints: Endpoints,
+        /// How long clients wait between polls: the first tier whose `min_wait` is at most the
+        /// estimated wait applies; the last tier must have `min_wait: 0s`.
         #[serde(default = "d_poll_after")]
         pub poll_after: Vec<Tier>,
+        /// Stopping on SIGTERM / SIGINT.
         #[serde(default)]
         pub shutdown: Shutdown,
+        /// Reloading the file (SIGHUP always reloads it).
         #[serde(default)]
         pub reload: Reload,
+        /// Refusing status polls that come earlier than told.
         #[serde(default)]
         pub polling: Polling,
+        /// Limits on identities per client address.
         #[serde(default)]
         pub abuse: Abuse,
+        /// The waiting page at {endpoints.prefix}/.
         #[serde(default)]
         pub page: Page,
+        /// Limits on connections and on the upstream.
         #[serde(default)]
         pub limits: Limits,
-        /// A scheduled event (contract section 14); absent: the room is always open.
+        /// A scheduled event: a pre-queue, a fair draw at the opening, a close. Absent: the
+        /// room is always open.
         pub event: Option<Event>,
+        /// Operator control: the admin API and origin commands.
         #[serde(default)]
         pub admin: Admin,
     }
 
-    /// Operator control (contract section 15).
-    #[derive(Debug, Deserialize)]
+    /// Operator control: the admin API on `metrics_listen` and origin commands.
+    #[derive(Debug, Deserialize, Serialize, JsonSchema)]
     #[serde(deny_unknown_fields)]
     pub struct Admin {
+        /// The environment variable that holds the admin API's bearer token; unset key: no
+        /// admin API (404).
         #[serde(default)]
         pub token_env: Option<String>,
+        /// Whether a protected response's `Waitroom-Command: close|pause` header is obeyed (it is
+        /// removed either way).
         #[serde(default = "d_true")]
         pub origin_commands: bool,
     }
@@ -131,16 +170,26 @@ pub mod raw {
         }
     }
 
-    #[derive(Debug, Deserialize)]
+    /// The Redis that holds the room: exactly one of `url`, `cluster` or `sentinel` (none: `url`
+    /// redis://127.0.0.1:6379). Changing the topology needs a restart.
+    #[derive(Debug, Deserialize, Serialize, JsonSchema)]
     #[serde(deny_unknown_fields)]
     pub struct Redis {
+        /// One Redis server: redis://[:password@]host:port[/db], rediss:// or unix://.
         pub url: Option<String>,
+        /// Seed nodes of a Redis Cluster: redis://host:port each.
         pub cluster: Option<Vec<String>>,
+        /// A Redis Sentinel deployment that names the primary.
         pub sentinel: Option<Sentinel>,
+        /// Every key the proxy touches starts with it (in cluster mode inside a {hash tag}).
         #[serde(default = "d_key_prefix")]
         pub key_prefix: String,
+        /// A Redis call slower than this counts as unavailable.
         #[serde(default = "d_redis_timeout")]
+        #[schemars(with = "Duration")]
         pub timeout: String,
+        /// Status reads may go to replicas, slightly stale (cluster or sentinel; a single url has
+        /// none).
         #[serde(default)]
         pub read_from_replicas: bool,
     }
@@ -158,47 +207,80 @@ pub mod raw {
         }
     }
 
-    #[derive(Debug, Deserialize)]
+    /// A Redis Sentinel deployment: the sentinels name the current primary of `master`.
+    #[derive(Debug, Deserialize, Serialize, JsonSchema)]
     #[serde(deny_unknown_fields)]
     pub struct Sentinel {
+        /// The name the sentinels monitor the primary under.
         pub master: String,
+        /// The sentinels: redis://host:port each; redis://[user]:password@host:port when the
+        /// sentinels require a password (it authenticates to that sentinel only).
         pub addrs: Vec<String>,
+        /// The environment variable that holds the password of the primary (and of its
+        /// replicas, which take its place on a failover): their `requirepass`, or the ACL user's.
+        pub password_env: Option<String>,
+        /// The ACL user to log in to the primary as, with `password_env`'s password (absent: the
+        /// default user).
+        pub username: Option<String>,
     }
 
-    #[derive(Debug, Default, Deserialize)]
+    /// Who the user is: `header` (trusted, set by the authentication layer in front) or `jwt`.
+    #[derive(Debug, Default, Deserialize, Serialize, JsonSchema)]
     #[serde(deny_unknown_fields)]
     pub struct Identity {
+        /// The header that names the user (default X-User-Id).
         pub header: Option<String>,
+        /// Verify a JWT instead and take the user from one of its claims.
         pub jwt: Option<Jwt>,
     }
 
-    #[derive(Debug, Deserialize)]
+    /// A verified JWT names the user.
+    #[derive(Debug, Deserialize, Serialize, JsonSchema)]
     #[serde(deny_unknown_fields)]
     pub struct Jwt {
+        /// Where the token is: `authorization` (Bearer) or `cookie:NAME`.
         #[serde(default = "d_jwt_from")]
         pub from: String,
+        /// The signature algorithms accepted.
         #[serde(default = "d_jwt_algorithms")]
+        #[schemars(with = "Vec<Algorithm>")]
         pub algorithms: Vec<String>,
+        /// HS256: the environment variable that holds the secret.
         pub secret_env: Option<String>,
+        /// RS256 / ES256: the PEM public key, relative to this file's folder.
         pub public_key_file: Option<String>,
+        /// The claim that names the user.
         #[serde(default = "d_jwt_claim")]
         pub claim: String,
+        /// When set, the token must carry this `iss`.
         pub issuer: Option<String>,
+        /// When set, the token must carry this `aud`.
         pub audience: Option<String>,
+        /// How far past `exp` (or before `nbf`) a token is still accepted.
         #[serde(default = "d_jwt_leeway")]
+        #[schemars(with = "Duration")]
         pub leeway: String,
+        /// The header the upstream gets the verified identity in (any value the client sent is
+        /// replaced).
         #[serde(default = "d_jwt_forward_header")]
         pub forward_header: String,
     }
 
-    #[derive(Debug, Deserialize)]
+    /// The entry token an admitted user gets.
+    #[derive(Debug, Deserialize, Serialize, JsonSchema)]
     #[serde(deny_unknown_fields)]
     pub struct Token {
+        /// The request header that carries it.
         #[serde(default = "d_token_header")]
         pub header: String,
+        /// How long a token lives (for tokens issued after a reload).
         #[serde(default = "d_token_ttl")]
+        #[schemars(with = "Duration")]
         pub ttl: String,
+        /// How long a protected request's claim on a token holds when nobody ends it (a proxy
+        /// that died mid-request); longer than `limits.upstream_timeout`.
         #[serde(default = "d_claim_timeout")]
+        #[schemars(with = "Duration")]
         pub claim_timeout: String,
     }
 
@@ -208,27 +290,41 @@ pub mod raw {
         }
     }
 
-    #[derive(Debug, Deserialize)]
+    /// A protected request: its method and its path.
+    #[derive(Debug, Deserialize, Serialize, JsonSchema)]
     #[serde(deny_unknown_fields)]
     pub struct Route {
+        /// An HTTP method, any case (GET, POST, PUT, DELETE, PATCH, HEAD, OPTIONS, CONNECT, TRACE).
         pub method: String,
+        /// The path, starting with /, matched on the request's canonical path ignoring case,
+        /// `;` parameters and one trailing /.
         pub path: String,
-        /// `exact` (the default) or `prefix`.
+        /// `exact` (the default): the path itself; `prefix`: the path and everything below it.
         #[serde(default, rename = "match")]
+        #[schemars(with = "Option<Match>")]
         pub matching: Option<String>,
     }
 
-    #[derive(Debug, Deserialize)]
+    /// Admission: every `interval`, at most `batch_size` users leave the front of the line.
+    #[derive(Debug, Deserialize, Serialize, JsonSchema)]
     #[serde(deny_unknown_fields)]
     pub struct Admission {
+        /// One admission tick per interval (1ms to 24h).
         #[serde(default = "d_interval")]
+        #[schemars(with = "Duration")]
         pub interval: String,
+        /// Users admitted per tick at most (1 to 10000); with `adaptive`, the ceiling.
         #[serde(default = "d_batch_size")]
         pub batch_size: i64,
+        /// A new user who finds nobody waiting, while this interval still has room, gets READY at
+        /// once from enter.
         #[serde(default)]
         pub instant: bool,
+        /// Above 0: admit only while fewer than this many tokens are live.
         #[serde(default)]
         pub max_active: i64,
+        /// Let the batch follow the protected upstream's latency. Absent: the batch stays
+        /// `batch_size`.
         pub adaptive: Option<Adaptive>,
     }
 
@@ -244,23 +340,35 @@ pub mod raw {
         }
     }
 
-    #[derive(Debug, Deserialize)]
+    /// The batch moves between `min_batch` and `admission.batch_size` to keep the protected
+    /// upstream's p95 latency at the target.
+    #[derive(Debug, Deserialize, Serialize, JsonSchema)]
     #[serde(deny_unknown_fields)]
     pub struct Adaptive {
+        /// The protected upstream's p95 latency to keep, as the room's proxies see it.
         #[serde(default = "d_target_p95")]
+        #[schemars(with = "Duration")]
         pub target_p95: String,
+        /// The smallest batch (at most `admission.batch_size`).
         #[serde(default = "d_min_batch")]
         pub min_batch: i64,
     }
 
-    #[derive(Debug, Deserialize)]
+    /// The line.
+    #[derive(Debug, Deserialize, Serialize, JsonSchema)]
     #[serde(deny_unknown_fields)]
     pub struct Queue {
+        /// Waiting users at most; beyond it enter answers 429 FULL.
         #[serde(default = "d_capacity")]
         pub capacity: i64,
+        /// The Retry-After sent with FULL (429) and 503.
         #[serde(default = "d_retry_after")]
+        #[schemars(with = "Duration")]
         pub retry_after: String,
+        /// Above 0s: a waiting user not heard from (enter or status) for this long loses the
+        /// place; at least twice the longest poll_after.
         #[serde(default = "d_zero")]
+        #[schemars(with = "Duration")]
         pub abandon_after: String,
     }
 
@@ -270,13 +378,18 @@ pub mod raw {
         }
     }
 
-    #[derive(Debug, Deserialize)]
+    /// The proxy's own endpoints.
+    #[derive(Debug, Deserialize, Serialize, JsonSchema)]
     #[serde(deny_unknown_fields)]
     pub struct Endpoints {
+        /// {prefix}/enter, {prefix}/status, {prefix}/event and the page at {prefix}/.
         #[serde(default = "d_prefix")]
         pub prefix: String,
-        /// How long a status poll near the front is held open for its READY (contract section 13).
+        /// A status call from a user whose estimated wait is within this (rounded up to whole
+        /// seconds) is held open until the user is admitted (READY) or this has passed (WAITING,
+        /// pollAfter 0); 0s never holds; at most 60s.
         #[serde(default = "d_hold")]
+        #[schemars(with = "Duration")]
         pub hold: String,
     }
 
@@ -286,17 +399,25 @@ pub mod raw {
         }
     }
 
-    #[derive(Debug, Deserialize)]
+    /// One tier of `poll_after`.
+    #[derive(Debug, Deserialize, Serialize, JsonSchema)]
     #[serde(deny_unknown_fields)]
     pub struct Tier {
+        /// The tier applies from this estimated wait on.
+        #[schemars(with = "Duration")]
         pub min_wait: String,
+        /// What clients are told to wait before their next poll (rounded up to seconds).
+        #[schemars(with = "Duration")]
         pub poll_after: String,
     }
 
-    #[derive(Debug, Deserialize)]
+    /// Stopping on SIGTERM / SIGINT.
+    #[derive(Debug, Deserialize, Serialize, JsonSchema)]
     #[serde(deny_unknown_fields)]
     pub struct Shutdown {
+        /// In-flight requests get this long to finish.
         #[serde(default = "d_grace")]
+        #[schemars(with = "Duration")]
         pub grace: String,
     }
 
@@ -306,19 +427,25 @@ pub mod raw {
         }
     }
 
-    #[derive(Debug, Default, Deserialize)]
+    /// Reloading the file.
+    #[derive(Debug, Default, Deserialize, Serialize, JsonSchema)]
     #[serde(deny_unknown_fields)]
     pub struct Reload {
+        /// true: a change of the file reloads it too (SIGHUP always does).
         #[serde(default)]
         pub watch: bool,
     }
 
-    #[derive(Debug, Deserialize)]
+    /// Refusing status polls that come earlier than the pollAfter last given.
+    #[derive(Debug, Deserialize, Serialize, JsonSchema)]
     #[serde(deny_unknown_fields)]
     pub struct Polling {
+        /// true: a status call earlier than told gets 429 TOO_EARLY.
         #[serde(default)]
         pub enforce: bool,
+        /// How much earlier than pollAfter is still accepted (0% to 99%).
         #[serde(default = "d_polling_grace")]
+        #[schemars(with = "Percent")]
         pub grace: String,
     }
 
@@ -328,23 +455,31 @@ pub mod raw {
         }
     }
 
-    #[derive(Debug, Default, Deserialize)]
+    /// Limits on identities per client address (only enter is limited).
+    #[derive(Debug, Default, Deserialize, Serialize, JsonSchema)]
     #[serde(deny_unknown_fields)]
     pub struct Abuse {
+        /// Above 0: at most this many distinct identities may enter per minute from one client
+        /// address.
         #[serde(default)]
         pub identities_per_address: i64,
+        /// CIDRs whose X-Forwarded-For is believed when finding the client address.
         #[serde(default)]
         pub trusted_proxies: Vec<String>,
     }
 
-    #[derive(Debug, Deserialize)]
+    /// The waiting page at {endpoints.prefix}/.
+    #[derive(Debug, Deserialize, Serialize, JsonSchema)]
     #[serde(deny_unknown_fields)]
     pub struct Page {
+        /// Where READY users continue (the link carries the token in its #fragment).
         #[serde(default = "d_ready_url")]
         pub ready_url: String,
+        /// false: the page's path passes through to the upstream.
         #[serde(default = "d_true")]
         pub enabled: bool,
-        /// Per language, overrides of the page's texts: `{ ko: { title: "..." } }`.
+        /// Per language (en, ko), overrides of the page's texts: `{ ko: { title: "..." } }`;
+        /// the text names are those of assets/i18n/en.json.
         #[serde(default)]
         pub texts: std::collections::BTreeMap<String, std::collections::BTreeMap<String, String>>,
     }
@@ -355,19 +490,29 @@ pub mod raw {
         }
     }
 
-    /// Durations and sizes stay text, checked (with their key path) by `Validator::limits`.
-    #[derive(Debug, Deserialize)]
+    /// Limits on connections and on the upstream.
+    // Durations and sizes stay text, checked (with their key path) by `Validator::limits`.
+    #[derive(Debug, Deserialize, Serialize, JsonSchema)]
     #[serde(deny_unknown_fields)]
     pub struct Limits {
+        /// A connection that has not sent a whole request head by then is closed (100ms to 24h).
         #[serde(default = "d_header_timeout")]
+        #[schemars(with = "Duration")]
         pub header_timeout: String,
+        /// A keep-alive connection with no request for this long is closed (100ms to 24h).
         #[serde(default = "d_idle_timeout")]
+        #[schemars(with = "Duration")]
         pub idle_timeout: String,
+        /// Beyond it, new connections are refused.
         #[serde(default = "d_max_connections")]
         pub max_connections: i64,
+        /// An upstream that has not answered by then gets the client a 504 (100ms to 24h).
         #[serde(default = "d_upstream_timeout")]
+        #[schemars(with = "Duration")]
         pub upstream_timeout: String,
+        /// A larger request line + headers gets 431 (1KiB to 512KiB).
         #[serde(default = "d_max_request_head")]
+        #[schemars(with = "Size")]
         pub max_request_head: String,
     }
 
@@ -383,14 +528,22 @@ pub mod raw {
         }
     }
 
-    /// Times stay text, checked (with their key path) by `Validator::event`.
-    #[derive(Debug, Deserialize)]
+    /// A scheduled event: early users wait in a pre-queue, drawn into the line at the opening.
+    // Times stay text, checked (with their key path) by `Validator::event`.
+    #[derive(Debug, Deserialize, Serialize, JsonSchema)]
     #[serde(deny_unknown_fields)]
     pub struct Event {
+        /// When the line opens.
+        #[schemars(with = "Time")]
         pub opens_at: String,
+        /// enter is accepted from opens_at - prequeue on.
         #[serde(default = "d_prequeue")]
+        #[schemars(with = "Duration")]
         pub prequeue: String,
+        /// No new users from then on.
+        #[schemars(with = "Option<Time>")]
         pub closes_at: Option<String>,
+        /// false: the pre-queue keeps arrival order instead of a checkable random draw.
         #[serde(default = "d_true")]
         pub shuffle: bool,
     }
@@ -561,7 +714,20 @@ impl fmt::Debug for Secret {
 pub enum RedisTarget {
     Url(String),
     Cluster(Vec<String>),
-    Sentinel { master: String, addrs: Vec<String> },
+    Sentinel {
+        master: String,
+        addrs: Vec<String>,
+        /// How the proxy logs in to the primary; the sentinels' own credentials are in `addrs`.
+        auth: NodeAuth,
+    },
+}
+
+/// A login to the Redis nodes behind the sentinels (`redis.sentinel.username`, `.password_env`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeAuth {
+    pub username: Option<String>,
+    /// Read from the variable `password_env` names, once, at load.
+    pub password: Option<Secret>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -661,14 +827,21 @@ impl Config {
 
     /// Parses and validates configuration text whose relative paths start at `folder`.
     pub fn parse_in(text: &str, folder: &Path) -> Result<Config, ConfigError> {
-        // An empty file is a valid document with every default (and so a missing upstream).
-        let raw: raw::Config = if text.trim().is_empty() {
-            serde_yaml::from_str("{}")
-        } else {
-            serde_yaml::from_str(text)
+        let mut read = structure::read(text);
+        let mut problems = std::mem::take(&mut read.problems);
+        if let Some(raw) = read.raw.take() {
+            match Config::from_raw_in(raw, folder) {
+                Ok(config) if problems.is_empty() => return Ok(config),
+                Ok(_) => {}
+                Err(e) => problems.extend(
+                    e.problems
+                        .into_iter()
+                        .map(|p| Problem { path: read.in_file(&p.path), message: p.message })
+                        .filter(|p| !read.covers(&p.path)),
+                ),
+            }
         }
-        .map_err(|e| ConfigError { problems: vec![structural_problem(&e.to_string())] })?;
-        Config::from_raw_in(raw, folder)
+        Err(ConfigError { problems })
     }
 
     /// [`Config::from_raw_in`] with relative paths read from the working directory.
@@ -939,10 +1112,23 @@ impl Validator {
                 for (i, a) in s.addrs.iter().enumerate() {
                     tcp_url(self, &format!("redis.sentinel.addrs[{i}]"), a);
                 }
-                (self.problems.len() == before)
-                    .then_some(RedisTarget::Sentinel { master: s.master, addrs: s.addrs })
+                let auth = self.node_auth(s.username, s.password_env);
+                (self.problems.len() == before).then(|| RedisTarget::Sentinel {
+                    master: s.master,
+                    addrs: s.addrs,
+                    auth: auth.unwrap_or_default(),
+                })
             }
         };
+        if r.read_from_replicas && matches!(target, Some(RedisTarget::Url(_))) {
+            // One server has no replica to read from: an option that silently did nothing would
+            // let an operator plan capacity on reads it never moves.
+            self.fail::<()>(
+                "redis.read_from_replicas",
+                "needs replicas: redis.cluster or redis.sentinel (with url every call goes to that server)",
+            );
+            return None;
+        }
         let target = target?;
         prefix_ok.then_some(())?;
         Some(RedisConfig {
@@ -951,6 +1137,35 @@ impl Validator {
             timeout: timeout?,
             read_from_replicas: r.read_from_replicas,
         })
+    }
+
+    /// `redis.sentinel.username` and `.password_env`; the password is read here, once, and an
+    /// unset variable is refused like a missing JWT secret: a proxy that cannot log in to the
+    /// primary would start only to answer 503.
+    fn node_auth(&mut self, username: Option<String>, password_env: Option<String>) -> Option<NodeAuth> {
+        if username.as_deref().is_some_and(|u| u.trim().is_empty()) {
+            return self.fail("redis.sentinel.username", "must not be empty when set");
+        }
+        let password = match password_env.as_deref().map(str::trim) {
+            None => None,
+            Some("") => {
+                return self.fail("redis.sentinel.password_env", "must name an environment variable (or leave the key out)")
+            }
+            Some(name) => match std::env::var(name) {
+                Ok(value) if !value.is_empty() => Some(Secret(value.into_bytes())),
+                Ok(_) => return self.fail("redis.sentinel.password_env", format!("environment variable {name} is empty")),
+                Err(std::env::VarError::NotPresent) => {
+                    return self.fail("redis.sentinel.password_env", format!("environment variable {name} is not set"))
+                }
+                Err(std::env::VarError::NotUnicode(_)) => {
+                    return self.fail("redis.sentinel.password_env", format!("environment variable {name} is not UTF-8"))
+                }
+            },
+        };
+        if username.is_some() && password.is_none() {
+            return self.fail("redis.sentinel.username", "needs redis.sentinel.password_env (a user logs in with a password)");
+        }
+        Some(NodeAuth { username: username.map(|u| u.trim().to_owned()), password })
     }
 
     fn header_name(&mut self, path: &str, text: &str) -> Option<HeaderName> {
@@ -1328,23 +1543,6 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
     number.checked_mul(factor).ok_or_else(|| format!("'{text}' is too large"))
 }
 
-/// Turns serde's message into a problem named by its key path: serde_yaml reports an unknown
-/// key by the path of the map that holds it ("admission: unknown field `x`, expected ...").
-fn structural_problem(message: &str) -> Problem {
-    let (path, rest) = match message.split_once(": ") {
-        Some((p, r)) if !p.contains(' ') => (p.to_string(), r),
-        _ => (String::new(), message),
-    };
-    if let Some(after) = rest.strip_prefix("unknown field `") {
-        if let Some((key, tail)) = after.split_once('`') {
-            let full = if path.is_empty() { key.to_string() } else { format!("{path}.{key}") };
-            let expected = tail.trim_start_matches(", ").replace("expected", "known keys:");
-            return Problem { path: full, message: format!("unknown key ({expected})") };
-        }
-    }
-    Problem { path, message: rest.to_string() }
-}
-
 fn is_standard_method(m: &Method) -> bool {
     [
         Method::GET,
@@ -1476,13 +1674,49 @@ mod tests {
 
     #[test]
     fn unknown_keys_and_wrong_types_name_their_path() {
-        let got = problems("upstream: a:1\nadmission: {batch_sise: 3}");
-        assert_eq!(got.len(), 1);
-        assert!(got[0].starts_with("admission.batch_sise: unknown key (known keys: one of `interval`"), "{got:?}");
+        assert_eq!(
+            problems("upstream: a:1\nadmission: {batch_sise: 3}"),
+            vec![
+                "admission.batch_sise: unknown key, did you mean `batch_size`? (known keys: `interval`, \
+                 `batch_size`, `instant`, `max_active`, `adaptive`)"
+            ]
+        );
         let got = problems("upstream: a:1\nfoo: 1");
-        assert!(got[0].starts_with("foo: unknown key"), "{got:?}");
-        let got = problems("upstream: a:1\nqueue: {capacity: lots}");
-        assert!(got[0].starts_with("queue.capacity"), "{got:?}");
+        assert!(got.len() == 1 && got[0].starts_with("foo: unknown key (known keys: `listen`, "), "{got:?}");
+        assert_eq!(
+            problems("upstream: a:1\nqueue: {capacity: lots}"),
+            vec!["queue.capacity: expected a whole number, found string \"lots\""]
+        );
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_are_reported_together() {
+        assert_eq!(
+            problems("upstream: a:1\nadmission: {intervall: 1s, batch_size: 0}\nfoo: 1"),
+            vec![
+                "admission.intervall: unknown key, did you mean `interval`? (known keys: `interval`, \
+                 `batch_size`, `instant`, `max_active`, `adaptive`)",
+                "foo: unknown key (known keys: `listen`, `metrics_listen`, `upstream`, `redis`, \
+                 `identity`, `token`, `protected`, `admission`, `queue`, `endpoints`, `poll_after`, \
+                 `shutdown`, `reload`, `polling`, `abuse`, `page`, `limits`, `event`, `admin`)",
+                "admission.batch_size: must be at least 1",
+            ]
+        );
+        // A rule cut for its bad method leaves the next one first in the list, but the problems
+        // still name each rule by its place in the file.
+        assert_eq!(
+            problems("upstream: a:1\nprotected: [{method: [1], path: /a}, {method: FETCH, path: /x}, {path: /y}]"),
+            vec![
+                "protected[0].method: expected a string, found sequence",
+                "protected[2].method: is required",
+                "protected[1].method: 'FETCH' is not an HTTP method",
+            ]
+        );
+        // The default that replaced a cut value is not checked against the file.
+        assert_eq!(
+            problems("upstream: a:1\npoll_after: [{min_wait: 5s}]"),
+            vec!["poll_after[0].poll_after: is required"]
+        );
     }
 
     #[test]
@@ -1511,7 +1745,11 @@ mod tests {
         let c = Config::parse("upstream: a:1\nredis: {sentinel: {master: m, addrs: ['redis://s:26379']}}").unwrap();
         assert_eq!(
             c.redis.target,
-            RedisTarget::Sentinel { master: "m".into(), addrs: vec!["redis://s:26379".into()] }
+            RedisTarget::Sentinel {
+                master: "m".into(),
+                addrs: vec!["redis://s:26379".into()],
+                auth: NodeAuth::default()
+            }
         );
         assert_eq!(
             problems("upstream: a:1\nredis: {cluster: []}"),
@@ -1525,6 +1763,40 @@ mod tests {
                 "redis.sentinel.addrs[1]: 'x' is not a Redis URL (redis://host:port)",
             ]
         );
+    }
+
+    #[test]
+    fn the_sentinel_primary_s_password_is_read_from_the_environment() {
+        std::env::set_var("WAITROOM_CONFIG_TEST_PRIMARY_PW", "s3cret");
+        std::env::set_var("WAITROOM_CONFIG_TEST_EMPTY_PW", "");
+        let sentinel = |extra: &str| {
+            format!("upstream: a:1\nredis: {{sentinel: {{master: m, addrs: ['redis://:pw@s:26379']{extra}}}}}")
+        };
+        let c = Config::parse(&sentinel(", password_env: WAITROOM_CONFIG_TEST_PRIMARY_PW, username: app")).unwrap();
+        let RedisTarget::Sentinel { addrs, auth, .. } = &c.redis.target else { panic!("{:?}", c.redis.target) };
+        assert_eq!(addrs, &["redis://:pw@s:26379"]);
+        assert_eq!(auth.username.as_deref(), Some("app"));
+        assert_eq!(auth.password.as_ref().map(Secret::expose), Some(&b"s3cret"[..]));
+        assert!(!format!("{c:?}").contains("s3cret"), "the password never reaches a log line");
+        for (extra, line) in [
+            (", password_env: WAITROOM_CONFIG_TEST_UNSET_PW", "redis.sentinel.password_env: environment variable WAITROOM_CONFIG_TEST_UNSET_PW is not set"),
+            (", password_env: WAITROOM_CONFIG_TEST_EMPTY_PW", "redis.sentinel.password_env: environment variable WAITROOM_CONFIG_TEST_EMPTY_PW is empty"),
+            (", password_env: ' '", "redis.sentinel.password_env: must name an environment variable (or leave the key out)"),
+            (", username: app", "redis.sentinel.username: needs redis.sentinel.password_env (a user logs in with a password)"),
+        ] {
+            assert_eq!(problems(&sentinel(extra)), vec![line], "{extra}");
+        }
+    }
+
+    #[test]
+    fn one_server_has_no_replicas_to_read_from() {
+        let refused = "redis.read_from_replicas: needs replicas: redis.cluster or redis.sentinel (with url every call goes to that server)";
+        for redis in ["{url: 'redis://a:1', read_from_replicas: true}", "{read_from_replicas: true}"] {
+            assert_eq!(problems(&format!("upstream: a:1\nredis: {redis}")), vec![refused], "{redis}");
+        }
+        let c = Config::parse("upstream: a:1\nredis: {sentinel: {master: m, addrs: ['redis://s:26379']}, read_from_replicas: true}")
+            .unwrap();
+        assert!(c.redis.read_from_replicas);
     }
 
     #[test]

@@ -44,6 +44,9 @@ struct Cli {
     /// Validate the configuration and exit (needs no Redis).
     #[arg(long)]
     check: bool,
+    /// Print the JSON Schema of the configuration file and exit (needs no configuration).
+    #[arg(long)]
+    print_schema: bool,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -87,6 +90,10 @@ impl From<RoomAction> for waitroom::cli::Action {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if cli.print_schema {
+        print!("{}", waitroom::config::schema::text());
+        return ExitCode::SUCCESS;
+    }
     waitroom::logging::init();
     let config = match Config::load(&cli.config) {
         Ok(config) => config,

@@ -443,6 +443,57 @@ fn cli_unknown_keys_are_errors_naming_the_key() {
     }
 }
 
+/// A misspelt key, a stray one and a bad value in one file, and the exact line each gets: serde
+/// alone stops at the first unknown key, so these three show that no problem hides another.
+const MIXED_PROBLEMS: &str = "admission: {intervall: 1s, batch_size: 0}\nfoo: 1\n";
+const MIXED_LINES: [&str; 3] = [
+    "admission.intervall: unknown key, did you mean `interval`? (known keys: `interval`, \
+     `batch_size`, `instant`, `max_active`, `adaptive`)",
+    "foo: unknown key (known keys: `listen`, `metrics_listen`, `upstream`, `redis`, `identity`, \
+     `token`, `protected`, `admission`, `queue`, `endpoints`, `poll_after`, `shutdown`, `reload`, \
+     `polling`, `abuse`, `page`, `limits`, `event`, `admin`)",
+    "admission.batch_size: must be at least 1",
+];
+
+#[test]
+fn cli_check_reports_unknown_keys_together_with_every_other_problem() {
+    let yaml = format!("upstream: \"127.0.0.1:8081\"\n{MIXED_PROBLEMS}");
+    let out = run_check(&yaml);
+    assert_eq!(out.status.code(), Some(2), "{}", describe(&out));
+    assert_eq!(stderr_lines(&out), MIXED_LINES, "{}", describe(&out));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_and_a_reload_report_unknown_keys_together_with_every_other_problem() {
+    let proxy = Proxy::builder(&closed_redis_url(), local(free_port()))
+        .yaml(MIXED_PROBLEMS)
+        .spawn();
+    let status = proxy.wait_exit(Duration::from_secs(10)).await;
+    assert_eq!(code(status), Some(2), "{status:?}\n{}", proxy.logs());
+    let logs = proxy.logs();
+    for want in MIXED_LINES {
+        assert!(logs.lines().any(|l| l.trim() == want), "a start prints {want:?}:\n{logs}");
+    }
+
+    let (_redis, _api, proxy) = lifecycle_room("").await;
+    let mut cfg = proxy.config();
+    merge_yaml(&mut cfg, serde_yaml::from_str(MIXED_PROBLEMS).unwrap());
+    proxy.write_config_raw(&serde_yaml::to_string(&cfg).unwrap());
+    proxy.signal("HUP");
+    assert!(
+        await_reloads(&proxy, "error", 1.0, Duration::from_secs(3))
+            .await
+            .is_some(),
+        "no error reload counted:\n{}",
+        proxy.logs()
+    );
+    let logs = proxy.logs();
+    for want in MIXED_LINES {
+        assert!(logs.lines().any(|l| l.contains(want)), "the reload logs {want:?}:\n{logs}");
+    }
+    assert!(proxy.is_running(), "{}", proxy.logs());
+}
+
 #[test]
 fn cli_missing_upstream_is_a_configuration_error() {
     let yaml = format!("redis: {{url: \"{}\"}}\n", closed_redis_url());

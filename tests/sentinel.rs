@@ -17,7 +17,7 @@ mod topology;
 use common::*;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
-use topology::{cli, wait_in_sync, SentinelSet, Tally};
+use topology::{cli, cli_as, info_field, wait_in_sync, Passwords, SentinelSet, Tally, NODE_PASSWORD_ENV};
 
 /// A client that gives up on a request after 2 s, so a probe never hangs on a dead proxy path.
 fn probe_client() -> reqwest::Client {
@@ -195,13 +195,15 @@ async fn write_until_followed(
 
 /// Polls the sentinels (blocking redis-cli, on a blocking thread) until they name `not` no more.
 async fn wait_promotion(set: &SentinelSet, not: u16) -> (Instant, u16) {
-    let ports: Vec<u16> = set.sentinels.iter().map(|s| s.port).collect();
+    let ports: Vec<(u16, Option<String>)> =
+        set.sentinels.iter().map(|s| (s.port, s.password.clone())).collect();
     tokio::task::spawn_blocking(move || {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            let named = ports.iter().find_map(|p| {
-                cli(
+            let named = ports.iter().find_map(|(p, password)| {
+                cli_as(
                     *p,
+                    password.as_deref(),
                     &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", topology::MASTER],
                 )
                 .lines()
@@ -400,4 +402,148 @@ async fn proxies_follow_the_sentinels_through_failovers() {
         "proxies_follow_the_sentinels_through_failovers: {:?}",
         t0.elapsed()
     );
+}
+
+/// Section 7 with passwords: the nodes want one (`requirepass`), the sentinels another. The proxy
+/// asks the sentinels with the credentials of their URLs and logs in to the primary with the
+/// password `password_env` names, and to the replica promoted once the primary is killed. Without
+/// the primary's password, or with a wrong sentinel password, it never gets in (503).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passwords_for_the_primary_and_for_the_sentinels() {
+    let passwords = Passwords { node: "node-secret".into(), sentinel: "sentinel-secret".into() };
+    let mut set = SentinelSet::start_as(Some(passwords.clone()));
+    let api = DemoApi::start(&[]);
+    let room = |yaml: &str| {
+        Proxy::builder(&set.servers[0].url(), api.addr())
+            .yaml(yaml)
+            .yaml("admission: {interval: 100ms, batch_size: 10}")
+            .env(NODE_PASSWORD_ENV, &passwords.node)
+    };
+    let proxy = room(&set.yaml()).start().await;
+    assert!(
+        wait_until(Duration::from_secs(10), Duration::from_millis(50), || async {
+            proxy.readyz().await == 200
+        })
+        .await,
+        "ready through the sentinels:\n{}",
+        proxy.logs()
+    );
+    let token = proxy.until_ready("pw-user", Duration::from_secs(10)).await;
+    let order = proxy.order("pw-user", Some(&token)).await;
+    assert_eq!(order.status, 201, "the token admitted through the primary buys: {}", order.body);
+
+    // The sentinels answer, the primary refuses a proxy that has not its password; a wrong
+    // sentinel password gets no answer from the sentinels at all.
+    let no_login = room(&set.yaml()).yaml("redis: {sentinel: {password_env: ~}}").start().await;
+    let wrong_sentinel = room(&set.yaml().replace(":sentinel-secret@", ":wrong@")).start().await;
+    for (what, refused) in [("no primary password", &no_login), ("wrong sentinel password", &wrong_sentinel)] {
+        let r = refused.enter("pw-refused").await;
+        assert_eq!(r.status, 503, "{what}: {}\n{}", r.body, refused.logs());
+        assert_eq!(refused.readyz().await, 503, "{what}");
+    }
+    assert!(
+        no_login.logs().contains("NOAUTH") || no_login.logs().contains("Authentication required"),
+        "the primary's refusal is logged:\n{}",
+        no_login.logs()
+    );
+
+    // Killed: the replica the sentinels promote wants the same password, and gets it.
+    let old = set.named_primary().expect("a primary");
+    set.server(old).crash();
+    let (promoted, new_port) = wait_promotion(&set, old).await;
+    assert_ne!(new_port, old);
+    let (recovered, failures) = probe_until_recovered(&[&proxy], "pw-user", "pw").await;
+    println!(
+        "sentinel with passwords: recovered {:?} after the promotion; failed probes {:?}",
+        recovered[0].saturating_duration_since(promoted),
+        failures.0
+    );
+    proxy.until_ready("pw-after", Duration::from_secs(10)).await;
+    let logs = proxy.logs();
+    for refusal in ["NOAUTH", "WRONGPASS", "Authentication required", "invalid password"] {
+        assert!(!logs.contains(refusal), "every login succeeded ({refusal}):\n{logs}");
+    }
+}
+
+/// `calls` of a command in `INFO commandstats` of the server on `port` (0 before its first).
+fn calls(port: u16, command: &str) -> u64 {
+    info_field(port, "commandstats", &format!("cmdstat_{command}"))
+        .and_then(|v| v.split(',').find_map(|kv| kv.strip_prefix("calls=").map(str::to_owned)))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+/// `read_from_replicas` behind sentinels: a status (which only reads, without abandonment and
+/// enforced polling) runs on the replica the sentinels name, as EVALSHA_RO, and answers as the
+/// primary would; when the replica dies, the primary answers at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statuses_read_from_the_replica_and_fall_back_to_the_primary() {
+    let mut set = SentinelSet::start();
+    let api = DemoApi::start(&[]);
+    let proxy = Proxy::builder(&set.servers[0].url(), api.addr())
+        .yaml(&set.yaml())
+        // The first tick admits from the empty line at start; nobody is admitted after it.
+        .yaml("redis: {read_from_replicas: true}\nadmission: {interval: 1h, batch_size: 1}")
+        .start_settled(&set.servers[0].conn().await)
+        .await;
+    assert!(
+        wait_until(Duration::from_secs(10), Duration::from_millis(50), || async {
+            proxy.readyz().await == 200
+        })
+        .await,
+        "{}",
+        proxy.logs()
+    );
+    let users: Vec<String> = (0..10).map(|i| format!("ro-{i}")).collect();
+    for (i, user) in users.iter().enumerate() {
+        let r = proxy.enter(user).await;
+        assert_eq!(r.json()["position"].as_u64(), Some(i as u64 + 1), "{user}: {}", r.body);
+    }
+    replicate(&set.servers[0]).await;
+    let (primary, replica) = (set.servers[0].port(), set.servers[1].port());
+    // Waiting users' statuses are mostly answered without Redis (README, "Polls that never reach
+    // Redis"); a user who never entered is looked up every time.
+    let statuses = |n: usize| {
+        let proxy = &proxy;
+        async move {
+            for k in 0..n {
+                let r = proxy.status(&format!("ghost-{k}")).await;
+                assert_eq!(r.status, 200, "{}", r.body);
+                assert_eq!(r.json()["status"], "NOT_IN_QUEUE", "{}", r.body);
+            }
+        }
+    };
+    // The replica's connection opens in the background, after the first calls.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while calls(replica, "evalsha_ro") == 0 {
+        assert!(std::time::Instant::now() < deadline, "no status reached the replica:\n{}", proxy.logs());
+        statuses(1).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Scripts and transactions the primary runs: a status there is one of them, and so are the
+    // proxy's own background reads (the room's numbers, its state), a few a second.
+    let on_primary = || calls(primary, "evalsha") + calls(primary, "exec") + calls(primary, "evalsha_ro");
+    const N: u64 = 100;
+    let (replica_before, primary_before) = (calls(replica, "evalsha_ro"), on_primary());
+    statuses(N as usize).await;
+    let (replica_after, primary_after) = (calls(replica, "evalsha_ro"), on_primary());
+    set.server(replica).crash();
+    statuses(N as usize).await;
+    let primary_fallback = on_primary() - primary_after;
+    println!(
+        "sentinel read_from_replicas: {N} statuses: EVALSHA_RO on the replica {}, scripts and \
+         transactions on the primary {} (background included); {N} more with the replica killed: \
+         on the primary {primary_fallback}",
+        replica_after - replica_before,
+        primary_after - primary_before
+    );
+    assert_eq!(replica_after - replica_before, N, "every status on the replica");
+    assert!(primary_after - primary_before < N, "the statuses did not go to the primary as well");
+    assert!(primary_fallback >= N, "with the replica gone, the primary answered every status");
+    // Those who did enter kept their places throughout.
+    for (i, user) in users.iter().enumerate() {
+        let r = proxy.status(user).await;
+        assert_eq!(r.json()["position"].as_u64(), Some(i as u64 + 1), "{user}: {}", r.body);
+    }
+    assert!(proxy.is_running());
 }

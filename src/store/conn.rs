@@ -15,7 +15,12 @@
 //!   primary any more" (connection lost, READONLY, MASTERDOWN, NOREPLICAS) drops it and the next
 //!   call asks the sentinels again. A watcher also asks the sentinels twice a second, so a primary
 //!   that went silent (a partition), or that was failed over while still up and still takes
-//!   writes until the sentinels reconfigure it, is left within half a second too.
+//!   writes until the sentinels reconfigure it, is left within half a second too. The sentinels
+//!   are asked with the credentials of their own URLs; every node they name (the primary, the
+//!   replica promoted in its place) is logged in to with `redis.sentinel.password_env`'s
+//!   password, which is why a subscription reuses the primary's client rather than its address.
+//!   With `read_from_replicas`, a second slot holds a replica the sentinels name: opened in the
+//!   background (no call waits for it), used for read-only calls, dropped when it fails.
 //!
 //! Opening a cluster or sentinel connection runs in a task of its own, never inside a caller's
 //! future: `Room` cuts each call off at `redis.timeout`, and a discovery restarted by every
@@ -35,15 +40,15 @@ use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_read_routing::RandomReplicaStrategy;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
-use redis::sentinel::{SentinelClient, SentinelServerType};
+use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::{
-    Arg, AsyncConnectionConfig, Cmd, ConnectionAddr, ErrorKind, Pipeline, RedisError, RedisFuture,
-    RedisResult, ServerErrorKind, Value,
+    Arg, AsyncConnectionConfig, Cmd, ConnectionAddr, ErrorKind, IntoConnectionInfo, Pipeline,
+    RedisConnectionInfo, RedisError, RedisFuture, RedisResult, ServerErrorKind, Value,
 };
 use tokio::sync::{watch, Mutex as AsyncMutex, OnceCell};
 
 use super::StoreError;
-use crate::config::{RedisConfig, RedisTarget};
+use crate::config::{NodeAuth, RedisConfig, RedisTarget};
 
 /// First retry after a failed connect; doubled per failure up to `MAX_BACKOFF`.
 const MIN_BACKOFF: Duration = Duration::from_millis(50);
@@ -65,18 +70,23 @@ pub struct RedisConn {
 impl RedisConn {
     /// The same connection, for calls that only read (a script that calls no write command):
     /// with `redis.read_from_replicas` on a cluster, they are served by a replica of their slot,
-    /// slightly behind its primary; scripts go as `EVALSHA_RO`. On any other target, or without
-    /// the option, it changes nothing. A script that does write after all is run again on the
+    /// slightly behind its primary; behind sentinels, by the replica they name while one is
+    /// connected; scripts go as `EVALSHA_RO`. On a single server, or without the option, it
+    /// changes nothing. A script that does write after all is run again on the
     /// primary (a wasted round trip, never a lost write).
     pub fn read_only(mut self) -> RedisConn {
         self.read_only = true;
         self
     }
 
-    /// True when read-only calls may go to a replica: a cluster with `read_from_replicas`. Only
-    /// single commands and scripts are routed there; pipelines always go to the primary.
+    /// True when read-only calls may go to a replica: a cluster with `read_from_replicas`, or
+    /// sentinels with it while a replica is connected. Only single commands and scripts are
+    /// routed there; pipelines always go to the primary.
     pub fn reads_from_replicas(&self) -> bool {
-        matches!(self.inner, Inner::Cluster { read_from_replicas: true, .. })
+        matches!(
+            self.inner,
+            Inner::Cluster { read_from_replicas: true, .. } | Inner::Sentinel { replica: Some(_), .. }
+        )
     }
 }
 
@@ -91,6 +101,8 @@ enum Inner {
         primary: Primary,
         generation: u64,
         link: Arc<Link<Primary>>,
+        /// With `redis.read_from_replicas`, a replica for read-only calls, while one is connected.
+        replica: Option<(MultiplexedConnection, u64, Arc<Link<MultiplexedConnection>>)>,
     },
 }
 
@@ -116,6 +128,8 @@ enum Target {
     Sentinel {
         sentinel: Arc<Sentinel>,
         link: Arc<Link<Primary>>,
+        /// With `redis.read_from_replicas`: the slot of a replica connection.
+        replica: Option<Arc<Link<MultiplexedConnection>>>,
         watcher: std::sync::Once,
     },
 }
@@ -155,17 +169,28 @@ impl Connector {
                     link: Link::new(budget),
                 }
             }
-            RedisTarget::Sentinel { master, addrs } => {
-                let client = SentinelClient::build(
-                    addrs.iter().map(String::as_str).collect(),
-                    master.clone(),
-                    None,
-                    SentinelServerType::Master,
-                )?;
+            RedisTarget::Sentinel { master, addrs, auth } => {
+                // The sentinels log in with the credentials of their own URLs; the nodes they
+                // name (the primary, and the replica promoted in its place) with these.
+                let node_login = node_login(auth)?;
+                let client = |server_type| {
+                    SentinelClient::build(
+                        addrs.iter().map(String::as_str).collect(),
+                        master.clone(),
+                        Some(SentinelNodeConnectionInfo::default().set_redis_connection_info(node_login.clone())),
+                        server_type,
+                    )
+                };
+                let replica_client = match config.read_from_replicas {
+                    true => Some(AsyncMutex::new(client(SentinelServerType::Replica)?)),
+                    false => None,
+                };
                 let sentinel = Sentinel {
+                    client: AsyncMutex::new(client(SentinelServerType::Master)?),
+                    replica_client,
                     master: master.clone(),
                     addrs: addrs.clone(),
-                    client: AsyncMutex::new(client),
+                    node_login,
                     config: AsyncConnectionConfig::new()
                         .set_connection_timeout(Some(timeout))
                         .set_response_timeout(Some(timeout)),
@@ -173,6 +198,7 @@ impl Connector {
                 Target::Sentinel {
                     sentinel: Arc::new(sentinel),
                     link: Link::new(budget),
+                    replica: config.read_from_replicas.then(|| Link::new(budget)),
                     watcher: std::sync::Once::new(),
                 }
             }
@@ -200,11 +226,7 @@ impl Connector {
                 let node = nodes.get(attempt % nodes.len().max(1))?;
                 redis::Client::open(node.as_str()).ok()
             }
-            Target::Sentinel { link, .. } => {
-                let (primary, _) = link.current()?;
-                let (host, port) = &primary.addr;
-                redis::Client::open(format!("redis://{host}:{port}")).ok()
-            }
+            Target::Sentinel { link, .. } => link.current().map(|(primary, _)| (*primary.client).clone()),
         }
     }
 
@@ -256,6 +278,7 @@ impl Connector {
             Target::Sentinel {
                 sentinel,
                 link,
+                replica,
                 watcher,
             } => {
                 // Spawned here rather than in `new`: this is the first moment on the service's
@@ -266,10 +289,17 @@ impl Connector {
                 let (primary, generation) = link
                     .get(|| Arc::clone(sentinel).connect_to_primary())
                     .await?;
+                // A replica is a bonus, never waited for: without one, reads go to the primary.
+                let replica = replica.as_ref().and_then(|slot| {
+                    let (conn, generation) =
+                        slot.current_or_connect(|| Arc::clone(sentinel).connect_to_replica())?;
+                    Some((conn, generation, Arc::clone(slot)))
+                });
                 Inner::Sentinel {
                     primary,
                     generation,
                     link: Arc::clone(link),
+                    replica,
                 }
             }
         };
@@ -282,6 +312,7 @@ impl Connector {
 
 impl ConnectionLike for RedisConn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        let read_only = self.read_only;
         match &mut self.inner {
             Inner::Single(conn) => conn.req_packed_command(cmd),
             Inner::Cluster {
@@ -291,12 +322,18 @@ impl ConnectionLike for RedisConn {
             Inner::Cluster {
                 conn,
                 read_from_replicas: true,
-            } => Box::pin(route_with_replicas(conn, cmd, self.read_only)),
+            } => Box::pin(route_with_replicas(conn, cmd, read_only)),
             Inner::Sentinel {
                 primary,
                 generation,
                 link,
+                replica,
             } => Box::pin(async move {
+                if let (true, Some((conn, generation, slot))) = (read_only, replica.as_mut()) {
+                    if let Some(answer) = read_on_replica(conn, *generation, slot, cmd).await {
+                        return answer;
+                    }
+                }
                 let result = primary.conn.req_packed_command(cmd).await;
                 let why = match &result {
                     Err(e) => not_primary(e).then(|| e.clone()),
@@ -330,6 +367,7 @@ impl ConnectionLike for RedisConn {
                 primary,
                 generation,
                 link,
+                ..
             } => Box::pin(async move {
                 let result = primary
                     .conn
@@ -398,22 +436,8 @@ async fn route_with_replicas(
     if !read_only {
         return conn.route_command(cmd.clone(), to(SlotAddr::Master)).await;
     }
-    let on_replica = match name.as_slice() {
-        b"EVALSHA" | b"EVAL" => {
-            let mut ro = redis::cmd(if name == b"EVAL" {
-                "EVAL_RO"
-            } else {
-                "EVALSHA_RO"
-            });
-            for arg in &args[1..] {
-                ro.arg(*arg);
-            }
-            ro
-        }
-        _ => cmd.clone(),
-    };
     let answer = conn
-        .route_command(on_replica, to(SlotAddr::ReplicaRequired))
+        .route_command(for_replica(cmd, &name, &args), to(SlotAddr::ReplicaRequired))
         .await;
     // "Write commands are not allowed from read-only scripts": run it where writes are allowed.
     let refused = |e: &RedisError| e.to_string().contains("read-only script");
@@ -449,6 +473,21 @@ async fn route_pipeline_to_primary(
     let route = SingleNodeRoutingInfo::SpecificNode(Route::with_key(key, SlotAddr::Master));
     conn.route_pipeline(pipeline.clone(), offset, count, route)
         .await
+}
+
+/// `cmd` (named `name`, upper case, with `args`) as a replica runs it: a script as `EVALSHA_RO` /
+/// `EVAL_RO`, the form that refuses writes, anything else as it is.
+fn for_replica(cmd: &Cmd, name: &[u8], args: &[&[u8]]) -> Cmd {
+    match name {
+        b"EVALSHA" | b"EVAL" => {
+            let mut ro = redis::cmd(if name == b"EVAL" { "EVAL_RO" } else { "EVALSHA_RO" });
+            for arg in &args[1..] {
+                ro.arg(*arg);
+            }
+            ro
+        }
+        _ => cmd.clone(),
+    }
 }
 
 fn args_of(cmd: &Cmd) -> Vec<&[u8]> {
@@ -508,8 +547,12 @@ const SINGLE_KEY_READS: &[&[u8]] = &[
 struct Sentinel {
     master: String,
     addrs: Vec<String>,
+    /// How to log in to a node the sentinels name (`redis.sentinel.password_env`).
+    node_login: RedisConnectionInfo,
     /// Needs `&mut` for its cached sentinel connections; only connect attempts take it.
     client: AsyncMutex<SentinelClient>,
+    /// The same, asking for a replica (with `redis.read_from_replicas`).
+    replica_client: Option<AsyncMutex<SentinelClient>>,
     config: AsyncConnectionConfig,
 }
 
@@ -518,6 +561,23 @@ struct Sentinel {
 struct Primary {
     conn: MultiplexedConnection,
     addr: (String, u16),
+    /// For connections of their own (a subscription): its address with the login. Behind an
+    /// Arc: `RedisConn` is cloned per call, and a client is a few hundred bytes.
+    client: Arc<redis::Client>,
+}
+
+/// The login to the nodes behind the sentinels.
+fn node_login(auth: &NodeAuth) -> RedisResult<RedisConnectionInfo> {
+    let mut login = RedisConnectionInfo::default();
+    if let Some(password) = &auth.password {
+        let password = std::str::from_utf8(password.expose())
+            .map_err(|_| RedisError::from((ErrorKind::InvalidClientConfig, "the primary's password is not UTF-8")))?;
+        login = login.set_password(password);
+    }
+    if let Some(username) = &auth.username {
+        login = login.set_username(username);
+    }
+    Ok(login)
 }
 
 impl Sentinel {
@@ -532,13 +592,29 @@ impl Sentinel {
             .get_multiplexed_async_connection_with_config(&self.config)
             .await?;
         tracing::info!(master = %self.master, host = %addr.0, port = addr.1, "redis primary found through the sentinels");
-        Ok(Primary { conn, addr })
+        Ok(Primary { conn, addr, client: Arc::new(client) })
     }
 
-    /// Whether the node at `addr` answers `ROLE` as a primary.
+    /// A connection to a replica the sentinels name (redis-rs picks one that is up and checks
+    /// its ROLE), for read-only calls.
+    async fn connect_to_replica(self: Arc<Self>) -> RedisResult<MultiplexedConnection> {
+        let Some(replicas) = &self.replica_client else {
+            return Err(RedisError::from((ErrorKind::InvalidClientConfig, "read_from_replicas is off")));
+        };
+        let client = replicas.lock().await.async_get_client().await?;
+        let conn = client.get_multiplexed_async_connection_with_config(&self.config).await?;
+        tracing::info!(master = %self.master, replica = %client.get_connection_info().addr(), "redis replica found through the sentinels, for reads");
+        Ok(conn)
+    }
+
+    /// Whether the node at `addr` answers `ROLE` as a primary (logged in as to the primary: a
+    /// node that wants a password refuses ROLE without it).
     async fn is_primary(&self, addr: &(String, u16)) -> bool {
         let role = async {
-            let client = redis::Client::open(format!("redis://{}:{}", addr.0, addr.1))?;
+            let info = ConnectionAddr::Tcp(addr.0.clone(), addr.1)
+                .into_connection_info()?
+                .set_redis_settings(self.node_login.clone());
+            let client = redis::Client::open(info)?;
             let mut conn = client
                 .get_multiplexed_async_connection_with_config(&self.config)
                 .await?;
@@ -614,6 +690,37 @@ async fn watch_sentinels(sentinel: Arc<Sentinel>, link: Weak<Link<Primary>>) {
             ));
             link.drop_connection(generation, why);
         }
+    }
+}
+
+/// A read-only call on the sentinels' replica: a script as `EVALSHA_RO` (what a replica runs),
+/// anything else as it is. The replica's answer stands only when it is no error, or `NOSCRIPT`
+/// (so that redis-rs loads the script there); on any other error `None` sends the call to the
+/// primary instead: a replica that is loading, cut off from its primary, wants another password,
+/// or a script that wants to write after all must never fail a read the primary can answer. A
+/// replica that is gone is dropped, and the sentinels are asked for another on a later call.
+async fn read_on_replica(
+    conn: &mut MultiplexedConnection,
+    generation: u64,
+    slot: &Link<MultiplexedConnection>,
+    cmd: &Cmd,
+) -> Option<RedisResult<Value>> {
+    let args = args_of(cmd);
+    let name = args.first().map(|n| n.to_ascii_uppercase()).unwrap_or_default();
+    let answer = conn.req_packed_command(&for_replica(cmd, &name, &args)).await;
+    let no_script = |e: &RedisError| e.kind() == ErrorKind::Server(ServerErrorKind::NoScript);
+    match &answer {
+        Err(e) if no_script(e) => Some(answer),
+        Err(e) => {
+            if e.is_io_error() || e.is_connection_dropped() || e.is_unrecoverable_error() || e.is_timeout() {
+                slot.drop_connection(generation, e.clone());
+            }
+            None
+        }
+        Ok(value) => match server_error(value) {
+            Some(e) if !no_script(&e) => None,
+            _ => Some(answer),
+        },
     }
 }
 
@@ -722,6 +829,34 @@ impl<C: Clone + Send + Sync + 'static> Link<C> {
             // The sender lives in `self`, so this ends only when the attempt has.
             let _ = seen.wait_for(|s| !matches!(s, State::Connecting)).await;
         }
+    }
+
+    /// The live connection, if there is one; otherwise starts an attempt (unless one is running
+    /// or the backoff says wait) and answers `None` at once: for a connection a caller can do
+    /// without (a replica to read from).
+    fn current_or_connect<F, Fut>(self: &Arc<Self>, connect: F) -> Option<(C, u64)>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = RedisResult<C>> + Send + 'static,
+    {
+        let mut live = None;
+        let mut start = None;
+        self.state.send_if_modified(|state| match state {
+            State::Up { conn, generation } => {
+                live = Some((conn.clone(), *generation));
+                false
+            }
+            State::Down { retry_at, backoff, .. } if Instant::now() >= *retry_at => {
+                start = Some(*backoff);
+                *state = State::Connecting;
+                true
+            }
+            _ => false,
+        });
+        if let Some(backoff) = start {
+            self.spawn_attempt(connect(), backoff);
+        }
+        live
     }
 
     fn spawn_attempt<Fut>(self: &Arc<Self>, attempt: Fut, backoff: Duration)

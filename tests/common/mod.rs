@@ -17,6 +17,7 @@
 #![allow(dead_code, unused_imports)]
 
 mod answers;
+mod api_tools;
 mod client;
 mod demo_api;
 mod identity_front;
@@ -27,6 +28,7 @@ mod redis_server;
 mod store;
 
 pub use answers::*;
+pub use api_tools::api_tool;
 pub use client::{http_client, raw_request, send, try_send, Resp};
 pub use demo_api::DemoApi;
 pub use identity_front::IdentityFront;

@@ -14,8 +14,17 @@ use std::time::{Duration, Instant};
 
 /// `redis-cli -p <port> <args>`: stdout (raw replies, one per line), panicking if it cannot run.
 pub fn cli(port: u16, args: &[&str]) -> String {
-    let out = Command::new("redis-cli")
-        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+    cli_as(port, None, args)
+}
+
+/// [`cli`] logged in with `password` (of the default user), when there is one.
+pub fn cli_as(port: u16, password: Option<&str>, args: &[&str]) -> String {
+    let mut command = Command::new("redis-cli");
+    command.args(["-h", "127.0.0.1", "-p", &port.to_string()]);
+    if let Some(password) = password {
+        command.args(["-a", password, "--no-auth-warning"]);
+    }
+    let out = command
         .args(args)
         .stdin(Stdio::null())
         .output()
@@ -267,15 +276,35 @@ fn parse_node_line(line: &str) -> NodeLine {
 
 pub const MASTER: &str = "mymaster";
 
+/// The variable a proxy in front of a [`SentinelSet::start_as`] set reads the nodes' password
+/// from (`redis.sentinel.password_env`).
+pub const NODE_PASSWORD_ENV: &str = "WAITROOM_TEST_NODE_PASSWORD";
+
+/// Passwords of a protected sentinel set: the primary's and the replica's `requirepass` (and
+/// `masterauth`), and the sentinels' own `requirepass`.
+#[derive(Clone)]
+pub struct Passwords {
+    pub node: String,
+    pub sentinel: String,
+}
+
 /// A `redis-server sentinel.conf --sentinel` process.
 pub struct SentinelProc {
     pub port: u16,
+    /// Its own `requirepass`, if any.
+    pub password: Option<String>,
     child: Child,
     _dir: tempfile::TempDir,
 }
 
 impl SentinelProc {
     pub fn start(primary_port: u16) -> SentinelProc {
+        SentinelProc::start_as(primary_port, None)
+    }
+
+    /// A sentinel that monitors a primary wanting `passwords.node` and wants
+    /// `passwords.sentinel` itself (from clients and from the other sentinels alike).
+    pub fn start_as(primary_port: u16, passwords: Option<&Passwords>) -> SentinelProc {
         let dir = tempfile::Builder::new()
             .prefix("waitroom-sentinel")
             .tempdir()
@@ -290,8 +319,13 @@ impl SentinelProc {
                      sentinel monitor {MASTER} 127.0.0.1 {primary_port} 2\n\
                      sentinel down-after-milliseconds {MASTER} 1000\n\
                      sentinel failover-timeout {MASTER} 5000\n\
-                     sentinel parallel-syncs {MASTER} 1\n",
-                    dir = dir.path().display()
+                     sentinel parallel-syncs {MASTER} 1\n{auth}",
+                    dir = dir.path().display(),
+                    auth = passwords.map_or(String::new(), |p| format!(
+                        "sentinel auth-pass {MASTER} {node}\nrequirepass {own}\nsentinel sentinel-pass {own}\n",
+                        node = p.node,
+                        own = p.sentinel
+                    )),
                 ),
             )
             .expect("write sentinel.conf");
@@ -309,9 +343,11 @@ impl SentinelProc {
                 if matches!(child.try_wait(), Ok(Some(_))) {
                     break; // lost the port race: try another
                 }
-                if cli(port, &["PING"]).trim() == "PONG" {
+                let password = passwords.map(|p| p.sentinel.clone());
+                if cli_as(port, password.as_deref(), &["PING"]).trim() == "PONG" {
                     return SentinelProc {
                         port,
+                        password,
                         child,
                         _dir: dir,
                     };
@@ -333,13 +369,13 @@ impl SentinelProc {
 
     /// The primary's port as this sentinel names it.
     pub fn primary_port(&self) -> Option<u16> {
-        let out = cli(self.port, &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", MASTER]);
+        let out = cli_as(self.port, self.password.as_deref(), &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", MASTER]);
         out.lines().nth(1).and_then(|p| p.trim().parse().ok())
     }
 
     /// `SENTINEL MASTER` as a map (num-slaves, num-other-sentinels, flags, ...).
     pub fn master_info(&self) -> HashMap<String, String> {
-        let out = cli(self.port, &["SENTINEL", "MASTER", MASTER]);
+        let out = cli_as(self.port, self.password.as_deref(), &["SENTINEL", "MASTER", MASTER]);
         let lines: Vec<&str> = out.lines().collect();
         lines
             .chunks(2)
@@ -361,22 +397,43 @@ pub struct SentinelSet {
     /// Replaced as failovers happen; index 0 is the first primary.
     pub servers: Vec<RedisServer>,
     pub sentinels: Vec<SentinelProc>,
+    pub passwords: Option<Passwords>,
 }
 
 impl SentinelSet {
     pub fn start() -> SentinelSet {
+        SentinelSet::start_as(None)
+    }
+
+    /// With `passwords`, the nodes and the sentinels want theirs. The password is set once each
+    /// node has started (the harness's readiness probe speaks no AUTH), on the primary before the
+    /// replica syncs, so the replica's `masterauth` is what lets it in.
+    pub fn start_as(passwords: Option<Passwords>) -> SentinelSet {
         let started = Instant::now();
-        let primary = RedisServer::start_with(&["--repl-diskless-sync-delay", "0"]);
-        let replica = RedisServer::start_with(&[
-            "--replicaof",
-            "127.0.0.1",
-            &primary.port().to_string(),
-            "--repl-diskless-sync-delay",
-            "0",
-        ]);
+        let node_password = passwords.as_ref().map(|p| p.node.clone());
+        let mut auth: Vec<&str> = Vec::new();
+        if let Some(password) = &node_password {
+            // masterauth on the primary too: a failover demotes it to a replica.
+            auth = vec!["--masterauth", password.as_str()];
+        }
+        let require = |server: &RedisServer| {
+            if let Some(password) = &node_password {
+                let out = cli(server.port(), &["CONFIG", "SET", "requirepass", password]);
+                assert_eq!(out.trim(), "OK", "requirepass: {out}");
+            }
+        };
+        let mut args = vec!["--repl-diskless-sync-delay", "0"];
+        args.extend(&auth);
+        let primary = RedisServer::start_with(&args);
+        require(&primary);
+        let primary_port = primary.port().to_string();
+        let mut args = vec!["--replicaof", "127.0.0.1", &primary_port, "--repl-diskless-sync-delay", "0"];
+        args.extend(&auth);
+        let replica = RedisServer::start_with(&args);
         wait_in_sync(replica.port(), Duration::from_secs(10));
+        require(&replica);
         let sentinels: Vec<SentinelProc> = (0..3)
-            .map(|_| SentinelProc::start(primary.port()))
+            .map(|_| SentinelProc::start_as(primary.port(), passwords.as_ref()))
             .collect();
         // Failover needs every sentinel to know the replica and the other two (hello messages
         // every 2 s on the primary).
@@ -398,17 +455,27 @@ impl SentinelSet {
         SentinelSet {
             servers: vec![primary, replica],
             sentinels,
+            passwords,
         }
     }
 
+    /// The overlay that points a proxy at these sentinels; with passwords, the sentinels' is in
+    /// their URLs and the nodes' is read from [`NODE_PASSWORD_ENV`] (the proxy's environment).
     pub fn yaml(&self) -> String {
         let addrs: Vec<String> = self
             .sentinels
             .iter()
-            .map(|s| format!("\"{}\"", s.url()))
+            .map(|s| match &s.password {
+                Some(password) => format!("\"redis://:{password}@127.0.0.1:{}\"", s.port),
+                None => format!("\"{}\"", s.url()),
+            })
             .collect();
+        let login = match self.passwords {
+            Some(_) => format!(", password_env: {NODE_PASSWORD_ENV}"),
+            None => String::new(),
+        };
         format!(
-            "redis: {{url: ~, sentinel: {{master: {MASTER}, addrs: [{}]}}}}",
+            "redis: {{url: ~, sentinel: {{master: {MASTER}, addrs: [{}]{login}}}}}",
             addrs.join(", ")
         )
     }
