@@ -83,7 +83,7 @@ async fn admit(
     batch: u32,
     ttl: Duration,
 ) -> Result<AdmitOutcome, StoreError> {
-    room.admit(&RoomRules::fixed(interval, batch, ttl)).await
+    room.admit_within(&RoomRules::fixed(interval, batch, ttl), None, None).await
 }
 
 /// The room's numbers at the fixed rate: (users waiting, live tokens).
