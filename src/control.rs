@@ -27,6 +27,7 @@ use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 
 use crate::metrics;
+use crate::periodic::every;
 use crate::policy::Settings;
 use crate::state::RoomState;
 use crate::store::{Room, RoomReport, StoreError, ROOM_STATE_EVERY};
@@ -316,15 +317,8 @@ impl ModeWatcher {
 
 #[async_trait]
 impl BackgroundService for ModeWatcher {
-    async fn start(&self, mut shutdown: ShutdownWatch) {
-        let mut every = tokio::time::interval(ROOM_STATE_EVERY);
-        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = every.tick() => self.read().await,
-                _ = shutdown.changed() => return,
-            }
-        }
+    async fn start(&self, shutdown: ShutdownWatch) {
+        every(ROOM_STATE_EVERY, shutdown, || self.read()).await
     }
 }
 

@@ -38,6 +38,7 @@ use pingora::services::background::BackgroundService;
 use sha2::{Digest, Sha256};
 
 use crate::metrics;
+use crate::periodic::every;
 use crate::rules::{self, PollTier};
 use crate::state::RoomState;
 use crate::store::{EventTick, Room, StoreError};
@@ -371,15 +372,8 @@ impl EventWatcher {
 
 #[async_trait]
 impl BackgroundService for EventWatcher {
-    async fn start(&self, mut shutdown: ShutdownWatch) {
-        let mut every = tokio::time::interval(REFRESH_EVERY);
-        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = every.tick() => self.watch().await,
-                _ = shutdown.changed() => return,
-            }
-        }
+    async fn start(&self, shutdown: ShutdownWatch) {
+        every(REFRESH_EVERY, shutdown, || self.watch()).await
     }
 }
 

@@ -24,6 +24,7 @@ use pingora::services::background::BackgroundService;
 
 use crate::admission::RoomView;
 use crate::metrics;
+use crate::periodic::every;
 use crate::rules;
 use crate::state::RoomState;
 use crate::store::Room;
@@ -87,15 +88,8 @@ impl RoomWatcher {
 
 #[async_trait]
 impl BackgroundService for RoomWatcher {
-    async fn start(&self, mut shutdown: ShutdownWatch) {
-        let mut every = tokio::time::interval(PROBE_EVERY);
-        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = every.tick() => self.probe().await,
-                _ = shutdown.changed() => return,
-            }
-        }
+    async fn start(&self, shutdown: ShutdownWatch) {
+        every(PROBE_EVERY, shutdown, || self.probe()).await
     }
 }
 
