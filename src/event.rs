@@ -41,7 +41,7 @@ use crate::metrics;
 use crate::periodic::every;
 use crate::rules::{self, PollTier};
 use crate::state::RoomState;
-use crate::store::{EventTick, Room, StoreError};
+use crate::store::{EventTick, EventTimes, Room, SeedRef, StoreError};
 
 /// `event` in the configuration, validated: times are instants, `closes_at` is after
 /// `opens_at`.
@@ -77,6 +77,16 @@ impl EventConfig {
 
     pub fn closes_ms(&self) -> Option<i64> {
         self.closes_at.map(|t| t.timestamp_millis())
+    }
+
+    /// The event as the script takes it.
+    pub fn times(&self) -> EventTimes {
+        EventTimes {
+            opens_ms: self.opens_ms(),
+            prequeue_ms: self.prequeue_ms(),
+            closes_ms: self.closes_ms(),
+            shuffle: self.shuffle,
+        }
     }
 
     /// The phase at `now_ms` of Redis's clock.
@@ -169,13 +179,16 @@ impl Seed {
 
     /// The seed as Redis stores it (hex); `None` for anything that is not 32 bytes of hex.
     pub fn from_hex(text: &str) -> Option<Seed> {
-        let mut bytes = [0u8; 32];
-        hex::decode_to_slice(text, &mut bytes).ok()?;
-        Some(Seed::from_bytes(bytes))
+        crate::store::seed_bytes(text).map(Seed::from_bytes)
     }
 
     pub fn hex(&self) -> String {
         hex::encode(self.bytes)
+    }
+
+    /// The seed as the script takes it.
+    pub fn sent(&self) -> SeedRef<'_> {
+        SeedRef { bytes: &self.bytes, sha256: &self.sha256 }
     }
 
     /// A user's draw key: HMAC-SHA256(key = the seed's bytes, message = the identity), hex.
@@ -253,7 +266,7 @@ impl EventState {
     pub async fn refresh(&self, room: &Room, event: &EventConfig) -> Result<Arc<Snapshot>, StoreError> {
         let candidate = Seed::fresh();
         let sent = Instant::now();
-        let tick = room.event_tick(event, &candidate).await?;
+        let tick = room.event_tick(event.times(), candidate.sent()).await?;
         let rtt = sent.elapsed();
         let snapshot = Arc::new(snapshot_of(&tick, sent + rtt / 2));
         if tick.did_draw {
