@@ -442,16 +442,14 @@ mod tests {
     #[test]
     fn poll_after_never_passes_the_opening() {
         let tiers = Config::parse("upstream: 127.0.0.1:1").unwrap().poll_after;
-        assert_eq!(opens_in_secs(1), 1);
-        assert_eq!(opens_in_secs(1000), 1);
-        assert_eq!(opens_in_secs(1001), 2);
-        assert_eq!(opens_in_secs(-5), 0);
+        // Whole seconds, rounded up.
+        for (ms, secs) in [(1, 1), (1000, 1), (1001, 2), (-5, 0)] {
+            assert_eq!(opens_in_secs(ms), secs, "{ms} ms");
+        }
         // Tiers 60 s -> 10 s, 10 s -> 5 s, else 2 s; never past the opening, at least 1.
-        assert_eq!(poll_after_before_opening(600, &tiers), 10);
-        assert_eq!(poll_after_before_opening(30, &tiers), 5);
-        assert_eq!(poll_after_before_opening(7, &tiers), 2);
-        assert_eq!(poll_after_before_opening(1, &tiers), 1);
-        assert_eq!(poll_after_before_opening(0, &tiers), 1);
+        for (opens_in, poll_after) in [(600, 10), (30, 5), (7, 2), (1, 1), (0, 1)] {
+            assert_eq!(poll_after_before_opening(opens_in, &tiers), poll_after, "opens in {opens_in} s");
+        }
     }
 
     #[test]
