@@ -244,8 +244,10 @@ async fn the_draw_is_the_hmac_order_of_the_seed_committed_before_anyone_entered_
     assert_waiting_at(&proxies[1].enter("late-1").await, users.len() as u64);
     assert_waiting_at(&proxies[0].enter("late-0").await, users.len() as u64 + 1);
 
-    let draws: usize = proxies.iter().map(|p| p.logs().matches("the pre-queue was drawn").count()).sum();
-    assert_eq!(draws, 1, "one draw for the room:\n{}\n{}", proxies[0].logs(), proxies[1].logs());
+    // Log lines leave a proxy in blocks, at most 100 ms after they were written.
+    let draws = || proxies.iter().map(|p| p.logs().matches("the pre-queue was drawn").count()).sum::<usize>();
+    wait_until(Duration::from_secs(2), Duration::from_millis(20), || async { draws() > 0 }).await;
+    assert_eq!(draws(), 1, "one draw for the room:\n{}\n{}", proxies[0].logs(), proxies[1].logs());
 }
 
 #[tokio::test]
