@@ -33,12 +33,10 @@ use arc_swap::ArcSwapOption;
 use async_trait::async_trait;
 use chrono::{DateTime, SecondsFormat, Utc};
 use hmac::{Hmac, KeyInit, Mac};
-use pingora::server::ShutdownWatch;
-use pingora::services::background::BackgroundService;
 use sha2::{Digest, Sha256};
 
 use crate::metrics;
-use crate::periodic::every;
+use crate::periodic::Watch;
 use crate::rules::{self, PollTier};
 use crate::state::RoomState;
 use crate::store::{EventTick, EventTimes, Room, SeedRef, StoreError};
@@ -353,8 +351,13 @@ impl EventWatcher {
     pub fn new(state: Arc<RoomState>, room: Room) -> EventWatcher {
         EventWatcher { state, room }
     }
+}
 
-    async fn watch(&self) {
+#[async_trait]
+impl Watch for EventWatcher {
+    const EVERY: Duration = REFRESH_EVERY;
+
+    async fn step(&self) {
         let event = self.state.settings().config.event.clone();
         let Some(event) = event else {
             // Zeros rather than nothing: a dashboard shows "no event", and a reload that removes
@@ -380,13 +383,6 @@ impl EventWatcher {
                 tracing::debug!(%error, "event: reading the event failed");
             }
         }
-    }
-}
-
-#[async_trait]
-impl BackgroundService for EventWatcher {
-    async fn start(&self, shutdown: ShutdownWatch) {
-        every(REFRESH_EVERY, shutdown, || self.watch()).await
     }
 }
 

@@ -19,12 +19,10 @@ use async_trait::async_trait;
 use http::{Response, StatusCode};
 use pingora::apps::http_app::ServeHttp;
 use pingora::protocols::http::ServerSession;
-use pingora::server::ShutdownWatch;
-use pingora::services::background::BackgroundService;
 
 use crate::admission::RoomView;
 use crate::metrics;
-use crate::periodic::every;
+use crate::periodic::Watch;
 use crate::rules;
 use crate::state::RoomState;
 use crate::store::Room;
@@ -43,8 +41,13 @@ impl RoomWatcher {
         let timeout = room.timeout().min(PROBE_TIMEOUT);
         RoomWatcher { state, room: room.with_timeout(timeout) }
     }
+}
 
-    async fn probe(&self) {
+#[async_trait]
+impl Watch for RoomWatcher {
+    const EVERY: Duration = PROBE_EVERY;
+
+    async fn step(&self) {
         let settings = self.state.settings();
         let (config, policy) = (&settings.config, &settings.policy);
         match self.room.watch(&policy.rules).await {
@@ -83,13 +86,6 @@ impl RoomWatcher {
                 metrics::REDIS_UP.set(0);
             }
         }
-    }
-}
-
-#[async_trait]
-impl BackgroundService for RoomWatcher {
-    async fn start(&self, shutdown: ShutdownWatch) {
-        every(PROBE_EVERY, shutdown, || self.probe()).await
     }
 }
 

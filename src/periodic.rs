@@ -2,12 +2,32 @@
 //! a step that says how long to pause before the next (the admission ticker and its reports).
 //!
 //! One place for them so every service stops the same way: at shutdown, without finishing a
-//! pause, and never in the middle of a step.
+//! pause, and never in the middle of a step. A watcher that does nothing else implements
+//! [`Watch`] and runs as [`Watching`].
 
 use std::future::Future;
 use std::time::Duration;
 
+use async_trait::async_trait;
 use pingora::server::ShutdownWatch;
+use pingora::services::background::BackgroundService;
+
+/// A watcher of the room: one step every [`Watch::EVERY`].
+#[async_trait]
+pub trait Watch: Send + Sync + 'static {
+    const EVERY: Duration;
+    async fn step(&self);
+}
+
+/// A [`Watch`] as a pingora background service.
+pub struct Watching<W>(pub W);
+
+#[async_trait]
+impl<W: Watch> BackgroundService for Watching<W> {
+    async fn start(&self, shutdown: ShutdownWatch) {
+        every(W::EVERY, shutdown, || self.0.step()).await
+    }
+}
 
 /// Runs `step` every `period` until shutdown. A step slower than the period delays the next one
 /// rather than leaving a burst of missed ones to catch up with.
