@@ -34,6 +34,7 @@ use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 
 use crate::metrics;
+use crate::periodic::every_pause;
 use crate::policy::Policy;
 use crate::rules::{self, Pace};
 use crate::state::RoomState;
@@ -221,21 +222,6 @@ impl Admitter {
                 tracing::warn!(%error, "adaptive report failed; retrying");
                 Duration::from_millis(250)
             }
-        }
-    }
-}
-
-/// Runs `step` over and over, sleeping the pause each run returns, until shutdown.
-async fn every_pause<F, Fut>(mut shutdown: ShutdownWatch, mut step: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Duration>,
-{
-    loop {
-        let pause = step().await;
-        tokio::select! {
-            _ = tokio::time::sleep(pause) => {}
-            _ = shutdown.changed() => return,
         }
     }
 }

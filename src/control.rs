@@ -20,13 +20,13 @@
 //! Redis's clock, the same for every proxy).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use pingora::http::ResponseHeader;
-use pingora::server::ShutdownWatch;
-use pingora::services::background::BackgroundService;
 
 use crate::metrics;
+use crate::periodic::Watch;
 use crate::policy::Settings;
 use crate::state::RoomState;
 use crate::store::{Room, RoomReport, StoreError, ROOM_STATE_EVERY};
@@ -298,8 +298,13 @@ impl ModeWatcher {
         let timeout = room.timeout().min(ROOM_STATE_EVERY * 5);
         ModeWatcher { state, room: room.with_timeout(timeout) }
     }
+}
 
-    async fn read(&self) {
+#[async_trait]
+impl Watch for ModeWatcher {
+    const EVERY: Duration = ROOM_STATE_EVERY;
+
+    async fn step(&self) {
         match self.room.read_room_state().await {
             Ok(reading) => {
                 let mode = Mode::parse(reading.state.as_deref());
@@ -310,20 +315,6 @@ impl ModeWatcher {
             }
             // The last state read stays in force: Redis's absence is the readiness probe's news.
             Err(error) => tracing::debug!(%error, "reading the room's state failed"),
-        }
-    }
-}
-
-#[async_trait]
-impl BackgroundService for ModeWatcher {
-    async fn start(&self, mut shutdown: ShutdownWatch) {
-        let mut every = tokio::time::interval(ROOM_STATE_EVERY);
-        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = every.tick() => self.read().await,
-                _ = shutdown.changed() => return,
-            }
         }
     }
 }

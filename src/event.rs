@@ -33,14 +33,13 @@ use arc_swap::ArcSwapOption;
 use async_trait::async_trait;
 use chrono::{DateTime, SecondsFormat, Utc};
 use hmac::{Hmac, KeyInit, Mac};
-use pingora::server::ShutdownWatch;
-use pingora::services::background::BackgroundService;
 use sha2::{Digest, Sha256};
 
 use crate::metrics;
+use crate::periodic::Watch;
 use crate::rules::{self, PollTier};
 use crate::state::RoomState;
-use crate::store::{EventTick, Room, StoreError};
+use crate::store::{EventTick, EventTimes, Room, SeedRef, StoreError};
 
 /// `event` in the configuration, validated: times are instants, `closes_at` is after
 /// `opens_at`.
@@ -76,6 +75,16 @@ impl EventConfig {
 
     pub fn closes_ms(&self) -> Option<i64> {
         self.closes_at.map(|t| t.timestamp_millis())
+    }
+
+    /// The event as the script takes it.
+    pub fn times(&self) -> EventTimes {
+        EventTimes {
+            opens_ms: self.opens_ms(),
+            prequeue_ms: self.prequeue_ms(),
+            closes_ms: self.closes_ms(),
+            shuffle: self.shuffle,
+        }
     }
 
     /// The phase at `now_ms` of Redis's clock.
@@ -168,13 +177,16 @@ impl Seed {
 
     /// The seed as Redis stores it (hex); `None` for anything that is not 32 bytes of hex.
     pub fn from_hex(text: &str) -> Option<Seed> {
-        let mut bytes = [0u8; 32];
-        hex::decode_to_slice(text, &mut bytes).ok()?;
-        Some(Seed::from_bytes(bytes))
+        crate::store::seed_bytes(text).map(Seed::from_bytes)
     }
 
     pub fn hex(&self) -> String {
         hex::encode(self.bytes)
+    }
+
+    /// The seed as the script takes it.
+    pub fn sent(&self) -> SeedRef<'_> {
+        SeedRef { bytes: &self.bytes, sha256: &self.sha256 }
     }
 
     /// A user's draw key: HMAC-SHA256(key = the seed's bytes, message = the identity), hex.
@@ -267,7 +279,7 @@ impl EventState {
     pub async fn refresh(&self, room: &Room, event: &EventConfig) -> Result<Arc<Snapshot>, StoreError> {
         let candidate = Seed::fresh();
         let sent = Instant::now();
-        let tick = room.event_tick(event, &candidate).await?;
+        let tick = room.event_tick(event.times(), candidate.sent()).await?;
         let rtt = sent.elapsed();
         let snapshot = Arc::new(snapshot_of(&tick, sent + rtt / 2));
         if tick.did_draw {
@@ -355,8 +367,13 @@ impl EventWatcher {
     pub fn new(state: Arc<RoomState>, room: Room) -> EventWatcher {
         EventWatcher { state, room }
     }
+}
 
-    async fn watch(&self) {
+#[async_trait]
+impl Watch for EventWatcher {
+    const EVERY: Duration = REFRESH_EVERY;
+
+    async fn step(&self) {
         let event = self.state.settings().config.event.clone();
         let Some(event) = event else {
             // Zeros rather than nothing: a dashboard shows "no event", and a reload that removes
@@ -380,20 +397,6 @@ impl EventWatcher {
             Err(error) => {
                 metrics::REDIS_ERRORS_TOTAL.inc();
                 tracing::debug!(%error, "event: reading the event failed");
-            }
-        }
-    }
-}
-
-#[async_trait]
-impl BackgroundService for EventWatcher {
-    async fn start(&self, mut shutdown: ShutdownWatch) {
-        let mut every = tokio::time::interval(REFRESH_EVERY);
-        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = every.tick() => self.watch().await,
-                _ = shutdown.changed() => return,
             }
         }
     }
@@ -451,16 +454,14 @@ mod tests {
     #[test]
     fn poll_after_never_passes_the_opening() {
         let tiers = Config::parse("upstream: 127.0.0.1:1").unwrap().poll_after;
-        assert_eq!(opens_in_secs(1), 1);
-        assert_eq!(opens_in_secs(1000), 1);
-        assert_eq!(opens_in_secs(1001), 2);
-        assert_eq!(opens_in_secs(-5), 0);
+        // Whole seconds, rounded up.
+        for (ms, secs) in [(1, 1), (1000, 1), (1001, 2), (-5, 0)] {
+            assert_eq!(opens_in_secs(ms), secs, "{ms} ms");
+        }
         // Tiers 60 s -> 10 s, 10 s -> 5 s, else 2 s; never past the opening, at least 1.
-        assert_eq!(poll_after_before_opening(600, &tiers), 10);
-        assert_eq!(poll_after_before_opening(30, &tiers), 5);
-        assert_eq!(poll_after_before_opening(7, &tiers), 2);
-        assert_eq!(poll_after_before_opening(1, &tiers), 1);
-        assert_eq!(poll_after_before_opening(0, &tiers), 1);
+        for (opens_in, poll_after) in [(600, 10), (30, 5), (7, 2), (1, 1), (0, 1)] {
+            assert_eq!(poll_after_before_opening(opens_in, &tiers), poll_after, "opens in {opens_in} s");
+        }
     }
 
     #[test]

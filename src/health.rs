@@ -19,11 +19,10 @@ use async_trait::async_trait;
 use http::{Response, StatusCode};
 use pingora::apps::http_app::ServeHttp;
 use pingora::protocols::http::ServerSession;
-use pingora::server::ShutdownWatch;
-use pingora::services::background::BackgroundService;
 
 use crate::admission::RoomView;
 use crate::metrics;
+use crate::periodic::Watch;
 use crate::rules;
 use crate::state::RoomState;
 use crate::store::Room;
@@ -42,8 +41,13 @@ impl RoomWatcher {
         let timeout = room.timeout().min(PROBE_TIMEOUT);
         RoomWatcher { state, room: room.with_timeout(timeout) }
     }
+}
 
-    async fn probe(&self) {
+#[async_trait]
+impl Watch for RoomWatcher {
+    const EVERY: Duration = PROBE_EVERY;
+
+    async fn step(&self) {
         let settings = self.state.settings();
         let (config, policy) = (&settings.config, &settings.policy);
         match self.room.watch(&policy.rules).await {
@@ -80,20 +84,6 @@ impl RoomWatcher {
                     tracing::warn!(%error, "redis does not answer: not ready");
                 }
                 metrics::REDIS_UP.set(0);
-            }
-        }
-    }
-}
-
-#[async_trait]
-impl BackgroundService for RoomWatcher {
-    async fn start(&self, mut shutdown: ShutdownWatch) {
-        let mut every = tokio::time::interval(PROBE_EVERY);
-        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = every.tick() => self.probe().await,
-                _ = shutdown.changed() => return,
             }
         }
     }

@@ -22,6 +22,7 @@ pub mod logging;
 pub mod metrics;
 pub mod page;
 pub mod paths;
+pub mod periodic;
 pub mod policy;
 pub mod proxy;
 pub mod rules;

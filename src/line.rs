@@ -44,6 +44,7 @@ use futures_util::StreamExt;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 
+use crate::periodic::every_beside;
 use crate::state::RoomState;
 use crate::store::{LineReading, Room};
 
@@ -345,18 +346,10 @@ impl LineWatcher {
 
 #[async_trait]
 impl BackgroundService for LineWatcher {
-    async fn start(&self, mut shutdown: ShutdownWatch) {
-        let mut tick = tokio::time::interval(REFRESH_EVERY);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let canary = self.subscription();
-        tokio::pin!(canary);
-        loop {
-            tokio::select! {
-                _ = tick.tick() => self.read().await,
-                _ = &mut canary => {}
-                _ = shutdown.changed() => return,
-            }
-        }
+    async fn start(&self, shutdown: ShutdownWatch) {
+        // The subscription (the canary, and spends announced by other proxies) is read between
+        // the readings.
+        every_beside(REFRESH_EVERY, shutdown, self.subscription(), || self.read()).await
     }
 }
 

@@ -14,8 +14,10 @@
 //!
 //! The language is chosen here, on the server, from `Accept-Language`, which is why the proxy
 //! answers with `Vary: Accept-Language`.
+//!
+//! The page takes the few settings it shows ([`PageSettings`]), not the configuration: the
+//! configuration checks `page.texts` against the page's texts, so it depends on this module.
 
-use crate::config::Config;
 use serde_json::{Map, Value};
 use std::sync::OnceLock;
 
@@ -160,16 +162,27 @@ fn parse_qvalue(text: &str) -> Option<u16> {
     Some(thousandths)
 }
 
-/// Renders the page for this configuration, in the language `Accept-Language` asks for.
-pub fn render(config: &Config, accept_language: Option<&[u8]>) -> Vec<u8> {
-    render_lang(config, choose_language(accept_language)).into_bytes()
+/// What the page shows of the room's configuration.
+#[derive(Debug, Clone, Copy)]
+pub struct PageSettings<'a> {
+    /// `endpoints.prefix`: where the page's script sends its calls.
+    pub prefix: &'a str,
+    /// `page.ready_url`.
+    pub ready_url: &'a str,
+    /// `page.texts`.
+    pub texts: &'a TextOverrides,
+}
+
+/// Renders the page with these settings, in the language `Accept-Language` asks for.
+pub fn render(settings: PageSettings<'_>, accept_language: Option<&[u8]>) -> Vec<u8> {
+    render_lang(settings, choose_language(accept_language)).into_bytes()
 }
 
 /// Fills the template's placeholders in one pass (text put in is never scanned again):
 /// `{{lang}}`, `{{t:key}}` (a text, HTML-escaped), `{{settings}}` (JSON for the script) and
 /// `{{script}}` (poll.mjs then page.js).
-fn render_lang(config: &Config, lang: Lang) -> String {
-    let texts = config.page.texts.texts(lang);
+fn render_lang(settings: PageSettings<'_>, lang: Lang) -> String {
+    let texts = settings.texts.texts(lang);
     let mut out = String::with_capacity(TEMPLATE.len() + POLL_JS.len() + PAGE_JS.len() + 4096);
     let mut rest = TEMPLATE;
     while let Some(start) = rest.find("{{") {
@@ -181,7 +194,7 @@ fn render_lang(config: &Config, lang: Lang) -> String {
         };
         match &after[..end] {
             "lang" => out.push_str(lang.code()),
-            "settings" => out.push_str(&settings_json(config, lang, &texts)),
+            "settings" => out.push_str(&settings_json(settings, lang, &texts)),
             "script" => {
                 out.push_str(POLL_JS);
                 out.push('\n');
@@ -201,10 +214,10 @@ fn render_lang(config: &Config, lang: Lang) -> String {
 
 /// What the page's script needs, as JSON that is safe inside `<script type="application/json">`:
 /// every `<` is escaped, so no text can close the element.
-fn settings_json(config: &Config, lang: Lang, texts: &Map<String, Value>) -> String {
+fn settings_json(settings: PageSettings<'_>, lang: Lang, texts: &Map<String, Value>) -> String {
     let settings = serde_json::json!({
-        "prefix": config.endpoints.prefix,
-        "readyUrl": config.page.ready_url,
+        "prefix": settings.prefix,
+        "readyUrl": settings.ready_url,
         "lang": lang.code(),
         "texts": texts,
     });
@@ -233,6 +246,11 @@ fn push_html_escaped(out: &mut String, text: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Config;
+
+    fn page_settings(config: &Config) -> PageSettings<'_> {
+        PageSettings { prefix: &config.endpoints.prefix, ready_url: &config.page.ready_url, texts: &config.page.texts }
+    }
 
     fn choose(header: &str) -> Lang {
         choose_language(Some(header.as_bytes()))
@@ -335,7 +353,7 @@ mod tests {
     #[test]
     fn renders_every_placeholder_in_every_language() {
         for lang in Lang::ALL {
-            let page = render_lang(&config(), lang);
+            let page = render_lang(page_settings(&config()), lang);
             assert!(!page.contains("{{"), "{lang:?}: placeholder left:\n{page}");
             assert!(page.contains(&format!("<html lang=\"{}\">", lang.code())));
             let title = lang.texts()["title"].as_str().unwrap();
@@ -348,7 +366,7 @@ mod tests {
 
     #[test]
     fn settings_reach_the_script_and_cannot_close_it() {
-        let page = render_lang(&config(), Lang::Ko);
+        let page = render_lang(page_settings(&config()), Lang::Ko);
         let start = page
             .find("<script type=\"application/json\" id=\"waitroom-settings\">")
             .unwrap();
@@ -378,10 +396,10 @@ mod tests {
     fn page_texts_override_the_page_own_in_their_language_only() {
         let yaml = "upstream: 127.0.0.1:1\npage: {texts: {ko: {heading_PREQUEUED: \"<b>곧 시작</b>\"}, EN: {title: Drop}}}\n";
         let config = Config::parse(yaml).unwrap();
-        let ko = render_lang(&config, Lang::Ko);
+        let ko = render_lang(page_settings(&config), Lang::Ko);
         assert!(ko.contains(r"\u003cb>곧 시작\u003c/b>"), "in the script's texts, script-safe");
         assert!(ko.contains(Lang::Ko.texts()["title"].as_str().unwrap()), "the rest stays");
-        let en = render_lang(&config, Lang::En);
+        let en = render_lang(page_settings(&config), Lang::En);
         assert!(en.contains("<title>Drop</title>"));
         let problems = Config::parse("upstream: 127.0.0.1:1\npage: {texts: {fr: {title: x}, ko: {nope: y}}}\n")
             .unwrap_err()

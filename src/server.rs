@@ -20,6 +20,7 @@ use crate::lifecycle::{Drain, Reloader, StopSignals};
 use crate::limits::{AtCapacity, Connections, Guarded};
 use crate::line::LineWatcher;
 use crate::metrics;
+use crate::periodic::Watching;
 use crate::proxy::Waitroom;
 use crate::rules;
 use crate::state::RoomState;
@@ -118,13 +119,13 @@ pub fn run(config: Config, config_path: PathBuf) -> Result<(), StartError> {
     // runtime that made it, and pingora gives every service its own runtime.
     let mut admitter = background_service("admission", Admitter::new(state.clone(), Room::new(&redis)?));
     admitter.threads = Some(1);
-    let mut watcher = background_service("room watcher", RoomWatcher::new(state.clone(), Room::new(&redis)?));
+    let mut watcher = background_service("room watcher", Watching(RoomWatcher::new(state.clone(), Room::new(&redis)?)));
     watcher.threads = Some(1);
     let mut line_watcher = background_service("line watcher", LineWatcher::new(state.clone(), Room::new(&redis)?));
     line_watcher.threads = Some(1);
-    let mut mode_watcher = background_service("room state", ModeWatcher::new(state.clone(), Room::new(&redis)?));
+    let mut mode_watcher = background_service("room state", Watching(ModeWatcher::new(state.clone(), Room::new(&redis)?)));
     mode_watcher.threads = Some(1);
-    let mut event_watcher = background_service("event watcher", EventWatcher::new(state.clone(), Room::new(&redis)?));
+    let mut event_watcher = background_service("event watcher", Watching(EventWatcher::new(state.clone(), Room::new(&redis)?)));
     event_watcher.threads = Some(1);
     let mut reloader = background_service("reloader", Reloader::new(state.clone(), config_path));
     reloader.threads = Some(1);

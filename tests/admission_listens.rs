@@ -531,7 +531,7 @@ async fn the_tick_skips_stale_users_it_pops() {
             .await
             .unwrap();
     }
-    let outcome = room.admit(&rules).await.unwrap();
+    let outcome = room.admit_within(&rules, None, None).await.unwrap();
     assert_eq!((outcome.admitted, outcome.abandoned), (2, 2), "{outcome:?}");
     for (u, admitted) in [("u0", false), ("u1", true), ("u2", false), ("u3", true)] {
         assert_eq!(

@@ -395,13 +395,11 @@ async fn read_only_calls_through_the_connector(cluster: &Cluster) {
         .unwrap_or(0);
     cluster.reset_stats();
 
+    async fn get_k<C: redis::aio::ConnectionLike>(conn: &mut C) -> Option<String> {
+        redis::cmd("GET").arg("{conn}:k").query_async(conn).await.expect("GET")
+    }
     let mut ro = connector.get().await.expect("connected").read_only();
-    let got: Option<String> = redis::cmd("GET")
-        .arg("{conn}:k")
-        .query_async(&mut ro)
-        .await
-        .expect("GET");
-    assert_eq!(got.as_deref(), Some("v"));
+    assert_eq!(get_k(&mut ro).await.as_deref(), Some("v"));
     let reads = redis::Script::new("return redis.call('GET', KEYS[1])");
     let got: Option<String> = reads
         .key("{conn}:k")
@@ -416,12 +414,7 @@ async fn read_only_calls_through_the_connector(cluster: &Cluster) {
         .await
         .expect("a writing script still runs");
     assert_eq!(n, 1);
-    let got: Option<String> = redis::cmd("GET")
-        .arg("{conn}:k")
-        .query_async(&mut conn)
-        .await
-        .expect("GET");
-    assert_eq!(got.as_deref(), Some("v"));
+    assert_eq!(get_k(&mut conn).await.as_deref(), Some("v"), "an unmarked read");
 
     let (get_p, get_r) = cluster.command_calls("get");
     let (incr_p, incr_r) = cluster.command_calls("incr");

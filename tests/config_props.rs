@@ -78,14 +78,7 @@ async fn try_configuration(redis: &RedisServer, api: &DemoApi, overlay: String) 
     if entered.status != 200 {
         return Err(format!("enter: {} {}", entered.status, entered.body));
     }
-    let token = keys(&proxy).token("someone");
-    let mut conn = redis.conn().await;
-    let admitted = wait_until(Duration::from_secs(5), Duration::from_millis(20), || {
-        let (mut conn, token) = (conn.clone(), token.clone());
-        async move { redis::cmd("EXISTS").arg(&token).query_async::<i64>(&mut conn).await == Ok(1) }
-    })
-    .await;
-    let _ = &mut conn;
+    let admitted = key_appears(redis, &keys(&proxy).token("someone"), Duration::from_secs(5)).await;
     let logs = proxy.logs();
     if logs.contains("panicked") || !proxy.is_running() {
         return Err(format!("the proxy panicked or died:\n{logs}"));

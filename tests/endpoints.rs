@@ -191,11 +191,7 @@ async fn enter_numbers_arrivals_and_status_agrees() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admitted_users_get_ready_from_status_and_enter() {
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&[]);
-    let builder = Proxy::builder(&redis.url(), api.addr())
-        .yaml("admission: {interval: 100ms, batch_size: 10}\ntoken: {ttl: 60s}");
-    let proxy = builder.start().await;
+    let (redis, api, proxy) = room(&[], "admission: {interval: 100ms, batch_size: 10}\ntoken: {ttl: 60s}").await;
 
     let token = proxy.until_ready("reader", Duration::from_secs(10)).await;
     let status_token = assert_ready(
@@ -677,13 +673,7 @@ async fn room_with_early(redis: &RedisServer, api: &DemoApi, yaml: &str) -> Prox
         .yaml(yaml);
     let proxy = start_settled(redis, &builder).await;
     assert_eq!(healthz(&proxy).await, 200);
-    let ready = wait_until(
-        Duration::from_secs(3),
-        Duration::from_millis(20),
-        || async { proxy.readyz().await == 200 },
-    )
-    .await;
-    assert!(ready, "readyz 200 with Redis up");
+    assert!(proxy.until_readyz(200, Duration::from_secs(3)).await, "readyz 200 with Redis up");
     assert_answers(&proxy, &[("before", "enter", "early", waiting(1, 0, 2))]).await;
     proxy
 }

@@ -28,6 +28,17 @@ fn far_event(now_ms: i64) -> String {
     format!("event: {{opens_at: \"{}\", prequeue: 1m}}", at(now_ms, 3_600_000))
 }
 
+/// A fresh Redis and demo API, and a builder for a room whose event opens in an hour: it is in
+/// its two-hour pre-queue from the start.
+async fn prequeue_room() -> (RedisServer, DemoApi, ProxyBuilder) {
+    let redis = RedisServer::start();
+    let api = DemoApi::start(&[]);
+    let now = redis_now_ms(&mut redis.conn().await).await;
+    let builder = Proxy::builder(&redis.url(), api.addr())
+        .yaml(&format!("event: {{opens_at: \"{}\", prequeue: 2h}}", at(now, 3_600_000)));
+    (redis, api, builder)
+}
+
 async fn event_of(proxy: &Proxy) -> Value {
     let r = proxy.get("/queue/event").await;
     assert_eq!(r.status, 200, "GET /queue/event: {}", r.body);
@@ -169,12 +180,8 @@ async fn every_phase_answers_as_the_contract_says() {
 
 #[tokio::test]
 async fn the_draw_is_the_hmac_order_of_the_seed_committed_before_anyone_entered_and_happens_once() {
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&[]);
-    let now = redis_now_ms(&mut redis.conn().await).await;
-    let builder = Proxy::builder(&redis.url(), api.addr())
-        .yaml(NO_ADMISSION)
-        .yaml(&format!("event: {{opens_at: \"{}\", prequeue: 2h}}", at(now, 3_600_000)));
+    let (redis, _api, builder) = prequeue_room().await;
+    let builder = builder.yaml(NO_ADMISSION);
     let proxies = [builder.start().await, builder.start().await];
 
     // Already in the pre-queue: the commitment is public before the first enter.
@@ -237,19 +244,16 @@ async fn the_draw_is_the_hmac_order_of_the_seed_committed_before_anyone_entered_
     assert_waiting_at(&proxies[1].enter("late-1").await, users.len() as u64);
     assert_waiting_at(&proxies[0].enter("late-0").await, users.len() as u64 + 1);
 
-    let draws: usize = proxies.iter().map(|p| p.logs().matches("the pre-queue was drawn").count()).sum();
-    assert_eq!(draws, 1, "one draw for the room:\n{}\n{}", proxies[0].logs(), proxies[1].logs());
+    // Log lines leave a proxy in blocks, at most 100 ms after they were written.
+    let draws = || proxies.iter().map(|p| p.logs().matches("the pre-queue was drawn").count()).sum::<usize>();
+    wait_until(Duration::from_secs(2), Duration::from_millis(20), || async { draws() > 0 }).await;
+    assert_eq!(draws(), 1, "one draw for the room:\n{}\n{}", proxies[0].logs(), proxies[1].logs());
 }
 
 #[tokio::test]
 async fn prequeued_places_survive_restarts_re_enters_and_reloads_and_the_cap_applies() {
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&[]);
-    let now = redis_now_ms(&mut redis.conn().await).await;
-    let builder = Proxy::builder(&redis.url(), api.addr())
-        .yaml(NO_ADMISSION)
-        .yaml("queue: {capacity: 3}")
-        .yaml(&format!("event: {{opens_at: \"{}\", prequeue: 2h, shuffle: false}}", at(now, 3_600_000)));
+    let (redis, _api, builder) = prequeue_room().await;
+    let builder = builder.yaml(NO_ADMISSION).yaml("queue: {capacity: 3}\nevent: {shuffle: false}");
     let proxy = builder.start().await;
     let committed = event_of(&proxy).await["seedSha256"].clone();
     for user in ["u1", "u2", "u3"] {
@@ -388,14 +392,8 @@ async fn the_readmes_draw_check_runs_as_written() {
 
 #[tokio::test]
 async fn admission_waits_for_the_opening() {
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&[]);
-    let now = redis_now_ms(&mut redis.conn().await).await;
-    let proxy = Proxy::builder(&redis.url(), api.addr())
-        .yaml("admission: {interval: 20ms, batch_size: 10}")
-        .yaml(&format!("event: {{opens_at: \"{}\", prequeue: 2h}}", at(now, 3_600_000)))
-        .start()
-        .await;
+    let (redis, _api, builder) = prequeue_room().await;
+    let proxy = builder.yaml("admission: {interval: 20ms, batch_size: 10}").start().await;
     for user in ["p1", "p2"] {
         assert_status_is(&proxy.enter(user).await, 200, "PREQUEUED");
     }
@@ -420,16 +418,10 @@ async fn admission_waits_for_the_opening() {
 
 #[tokio::test]
 async fn the_per_address_limit_holds_the_pre_queue_too() {
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&[]);
-    let now = redis_now_ms(&mut redis.conn().await).await;
+    let (redis, _api, builder) = prequeue_room().await;
     // One address (the test's), one new identity a minute: the window must not turn mid-test.
     minute_left(&mut redis.conn().await, 20).await;
-    let proxy = Proxy::builder(&redis.url(), api.addr())
-        .yaml("abuse: {identities_per_address: 1}")
-        .yaml(&format!("event: {{opens_at: \"{}\", prequeue: 2h}}", at(now, 3_600_000)))
-        .start()
-        .await;
+    let proxy = builder.yaml("abuse: {identities_per_address: 1}").start().await;
     assert_status_is(&proxy.enter("first").await, 200, "PREQUEUED");
     let second = proxy.enter("second").await;
     assert_status_is(&second, 429, "LIMITED");

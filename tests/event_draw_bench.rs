@@ -89,7 +89,7 @@ async fn measure(users: usize) {
     let now = redis_now_ms(&mut conn).await;
     let event = event_at(now, 3_600_000);
     let seed = Seed::fresh();
-    room.event_tick(&event, &seed).await.unwrap();
+    room.event_tick(event.times(), seed.sent()).await.unwrap();
 
     // The pre-queue fills: every enter is one script call; 200 in flight on one connection. Only
     // enters over 100 µs are logged (all of them would be too long a log to read back).
@@ -102,7 +102,7 @@ async fn measure(users: usize) {
             async move {
                 let user = format!("user-{i:06}");
                 let entering = Entering { user: &user, capacity: 10_000_000, per_address: None };
-                room.event_enter(&event, &entering, &seed).await
+                room.event_enter(event.times(), &entering, seed.sent(), &seed.draw_key(&user)).await
             }
         })
         .buffer_unordered(200)
@@ -126,7 +126,7 @@ async fn measure(users: usize) {
     let opened = event_at(redis_now_ms(&mut conn).await, 0);
     slowlog(&mut conn, 0).await;
     let started = Instant::now();
-    let tick = room.event_tick(&opened, &Seed::fresh()).await.unwrap();
+    let tick = room.event_tick(opened.times(), Seed::fresh().sent()).await.unwrap();
     let draw_call = started.elapsed();
     assert!(tick.did_draw && tick.drawn == Some(users as u64));
     let (_, draw_us) = longest(&slowest(&mut conn).await, "EVALSHA");

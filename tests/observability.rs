@@ -962,13 +962,24 @@ async fn dashboard_uses_only_metrics_the_proxy_exports() {
     let d = dashboard();
     let queries = dashboard_queries(&d);
     assert!(queries.len() >= 15, "too few queries found: {queries:?}");
+    let (problems, exported) = unexported_in(&queries).await;
+    assert!(
+        problems.is_empty(),
+        "dashboard problems:\n  {}\n\nexported families: {exported:?}",
+        problems.join("\n  "),
+    );
+}
+
+/// What is wrong with the metrics that `exprs` (each after where it stands) name, against a busy
+/// proxy's scrape: an expression naming no waitroom_ metric, or a metric not exported (see
+/// [`unexported`]). Also the families the scrape had, for the failure message.
+async fn unexported_in(exprs: &[(String, String)]) -> (Vec<String>, Vec<String>) {
     let (_redis, _api, _proxy, text) = busy_proxy().await;
     let fams = families(&text);
     let source = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/src/metrics.rs"))
         .unwrap_or_default();
-
     let mut problems = Vec::new();
-    for (place, expr) in &queries {
+    for (place, expr) in exprs {
         let names = metric_names(expr);
         if names.is_empty() {
             problems.push(format!("{place}: names no waitroom_ metric: {expr}"));
@@ -979,12 +990,7 @@ async fn dashboard_uses_only_metrics_the_proxy_exports() {
             }
         }
     }
-    assert!(
-        problems.is_empty(),
-        "dashboard problems:\n  {}\n\nexported families: {:?}",
-        problems.join("\n  "),
-        fams.keys().collect::<Vec<_>>()
-    );
+    (problems, fams.into_keys().collect())
 }
 
 /// What is wrong with querying `name`, given the families of a busy proxy's scrape (`fams`) and
@@ -1163,28 +1169,11 @@ fn alert_rules_pass_promtool_and_their_unit_tests() {
 /// fires): every metric their expressions name is exported by a running proxy.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn alert_rules_use_only_metrics_the_proxy_exports() {
-    let alerts = alert_rules();
-    let (_redis, _api, _proxy, text) = busy_proxy().await;
-    let fams = families(&text);
-    let source = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/src/metrics.rs"))
-        .unwrap_or_default();
-    let mut problems = Vec::new();
-    for (alert, expr) in &alerts {
-        let names = metric_names(expr);
-        if names.is_empty() {
-            problems.push(format!("{alert}: names no waitroom_ metric"));
-        }
-        for name in names {
-            if let Some(p) = unexported(&name, &fams, &source) {
-                problems.push(format!("{alert}: {name} {p}"));
-            }
-        }
-    }
+    let (problems, exported) = unexported_in(&alert_rules()).await;
     assert!(
         problems.is_empty(),
-        "alert rule problems:\n  {}\n\nexported families: {:?}",
+        "alert rule problems:\n  {}\n\nexported families: {exported:?}",
         problems.join("\n  "),
-        fams.keys().collect::<Vec<_>>()
     );
 }
 

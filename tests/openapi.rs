@@ -342,6 +342,17 @@ fn with<'a>(a: &[&'a str], b: &[&'a str]) -> Vec<&'a str> {
     a.iter().chain(b).copied().collect()
 }
 
+/// A proxy on `redis` and `api` with `yaml` merged in and the admin API on (its token
+/// `ADMIN_TOKEN`), so the run covers `/admin` too.
+async fn with_admin(redis: &RedisServer, api: &DemoApi, yaml: &str) -> Proxy {
+    Proxy::builder(&redis.url(), api.addr())
+        .yaml(yaml)
+        .yaml(&format!("admin: {{token_env: {ADMIN_TOKEN_ENV}}}"))
+        .env(ADMIN_TOKEN_ENV, ADMIN_TOKEN)
+        .start()
+        .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn schemathesis_finds_the_proxy_true_to_the_spec() {
     let started = Instant::now();
@@ -350,12 +361,7 @@ async fn schemathesis_finds_the_proxy_true_to_the_spec() {
 
     // A room that admits at once: enter answers READY, so the links (enter -> status -> order)
     // carry real tokens to the upstream, which spends them; reusing one gets 403.
-    let flowing = Proxy::builder(&redis.url(), api.addr())
-        .yaml("admission: {interval: 10ms, batch_size: 100, instant: true}")
-        .yaml(&format!("admin: {{token_env: {ADMIN_TOKEN_ENV}}}"))
-        .env(ADMIN_TOKEN_ENV, ADMIN_TOKEN)
-        .start()
-        .await;
+    let flowing = with_admin(&redis, &api, "admission: {interval: 10ms, batch_size: 100, instant: true}").await;
     schemathesis(
         "a room that admits at once (listen)",
         flowing.url(""),
@@ -445,19 +451,9 @@ async fn schemathesis_finds_the_proxy_true_to_the_spec() {
     // Retry-After, /readyz answers 503. Here 503 is the contract's answer, so not_a_server_error
     // is left out; the status, headers and body are still checked.
     let mut lost = RedisServer::start();
-    let orphan = Proxy::builder(&lost.url(), api.addr())
-        .yaml("redis: {timeout: 200ms}")
-        .yaml(&format!("admin: {{token_env: {ADMIN_TOKEN_ENV}}}"))
-        .env(ADMIN_TOKEN_ENV, ADMIN_TOKEN)
-        .start()
-        .await;
+    let orphan = with_admin(&lost, &api, "redis: {timeout: 200ms}").await;
     lost.crash();
-    let noticed = wait_until(
-        Duration::from_secs(5),
-        Duration::from_millis(50),
-        || async { orphan.readyz().await == 503 },
-    )
-    .await;
+    let noticed = orphan.until_readyz(503, Duration::from_secs(5)).await;
     assert!(noticed, "the proxy did not notice its Redis was gone");
     let no_5xx_check = ["--exclude-checks", "not_a_server_error"];
     schemathesis(

@@ -25,6 +25,14 @@ fn admin_room(redis: &RedisServer, upstream: impl std::fmt::Display, yaml: &str)
         .env(TOKEN_ENV, TOKEN)
 }
 
+/// A fresh Redis and demo API, and an admin room on them with `yaml` merged in.
+fn fresh_admin_room(yaml: &str) -> (RedisServer, DemoApi, ProxyBuilder) {
+    let redis = RedisServer::start();
+    let api = DemoApi::start(&[]);
+    let room = admin_room(&redis, api.addr(), yaml);
+    (redis, api, room)
+}
+
 async fn admin_call(proxy: &Proxy, method: &str, path: &str, token: Option<&str>) -> Resp {
     let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
     let mut request = proxy.client().request(method, proxy.metrics_url(path));
@@ -112,9 +120,8 @@ async fn without_admin_token_env_there_is_no_admin_api() {
 
 #[tokio::test]
 async fn the_admin_api_wants_the_bearer_token_a_known_path_and_the_right_method() {
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&[]);
-    let proxy = admin_room(&redis, api.addr(), "admission: {batch_size: 7}").start().await;
+    let (_redis, _api, room) = fresh_admin_room("admission: {batch_size: 7}");
+    let proxy = room.start().await;
 
     for (token, ctx) in [(None, "no token"), (Some("op-3f1c-secreT"), "wrong token"), (Some(""), "empty token")] {
         for (method, path) in [("GET", "/admin/room"), ("POST", "/admin/room/close"), ("GET", "/admin/unknown")] {
@@ -150,9 +157,7 @@ async fn the_admin_api_wants_the_bearer_token_a_known_path_and_the_right_method(
 /// interval.
 #[tokio::test]
 async fn pause_stops_admission_at_once_and_resume_restarts_it() {
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&[]);
-    let room = admin_room(&redis, api.addr(), "admission: {interval: 100ms, batch_size: 1, instant: true}");
+    let (_redis, _api, room) = fresh_admin_room("admission: {interval: 100ms, batch_size: 1, instant: true}");
     let (a, b) = (room.start().await, room.start().await);
 
     let paused = command(&a, "pause").await;
@@ -246,9 +251,7 @@ async fn close_reaches_waiting_users_within_a_second_and_open_starts_a_new_line(
 /// restarted) keep it.
 #[tokio::test]
 async fn the_state_survives_a_restart_of_every_proxy() {
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&[]);
-    let room = admin_room(&redis, api.addr(), "admission: {interval: 100ms, batch_size: 5}");
+    let (_redis, _api, room) = fresh_admin_room("admission: {interval: 100ms, batch_size: 5}");
     let (a, b) = (room.start().await, room.start().await);
     assert_eq!(command(&a, "pause").await["state"], "paused");
     drop((a, b));
@@ -290,11 +293,12 @@ async fn the_origin_header_steers_the_room_and_never_reaches_the_client() {
     assert_eq!(b.status("bob").await.json()["status"], "CLOSED");
     assert_eq!(look(&b).await["state"], "closed");
     assert!(gauge_reaches(&b, "closed", FOLLOW).await);
-    let audit = a.logs();
-    assert!(
-        audit.lines().any(|l| l.contains("room state changed") && l.contains("origin") && l.contains("closed")),
-        "an audit line names the origin:\n{audit}"
-    );
+    // Log lines leave the proxy in blocks, at most 100 ms after they were written.
+    let audited = wait_until(Duration::from_secs(2), Duration::from_millis(20), || async {
+        a.logs().lines().any(|l| l.contains("room state changed") && l.contains("origin") && l.contains("closed"))
+    })
+    .await;
+    assert!(audited, "an audit line names the origin:\n{}", a.logs());
     // A pass-through response is the origin's own business: not a command.
     assert_eq!(a.get("/anything").await.status, 200);
 

@@ -13,30 +13,42 @@ use common::*;
 async fn a_spent_token_stays_refused_after_redis_restarts_from_an_older_snapshot() {
     let (mut redis, api, proxy) = room(&[], "admission: {interval: 20ms, batch_size: 50}").await;
     let token = proxy.until_ready("alice", Duration::from_secs(10)).await;
-    let mut conn = redis.conn().await;
-    let _: () = redis::cmd("SAVE").query_async(&mut conn).await.unwrap();
-    assert_eq!(proxy.order("alice", Some(&token)).await.status, 201);
-    assert_eq!(proxy.order("alice", Some(&token)).await.status, 403, "spent");
+    let back = spend_then_lose_the_spend(&mut redis, &[&proxy], &token).await;
+    assert_eq!(back.as_deref(), Some(token.as_str()), "the snapshot brought the token back");
+    assert_still_spent(&proxy, &api, &token).await;
+}
 
-    // Paused, the proxy cannot make the spend again before the token is seen back.
-    proxy.signal("STOP");
+/// Saves a snapshot, spends `alice`'s `token` through the first of `proxies`, then, with all of
+/// them paused (none can make the spend again before the token is seen back), restarts Redis
+/// from that snapshot. Returns what Redis holds under the token's key before they resume.
+async fn spend_then_lose_the_spend(redis: &mut RedisServer, proxies: &[&Proxy], token: &str) -> Option<String> {
+    let spender = proxies[0];
+    let _: () = redis::cmd("SAVE").query_async(&mut redis.conn().await).await.unwrap();
+    assert_eq!(spender.order("alice", Some(token)).await.status, 201);
+    assert_eq!(spender.order("alice", Some(token)).await.status, 403, "spent");
+    for proxy in proxies {
+        proxy.signal("STOP");
+    }
     redis.crash();
     redis.restart();
-    let mut conn = redis.conn().await;
-    let back: Option<String> = redis::cmd("GET")
-        .arg(waitroom::store::Keys::new(&proxy.key_prefix()).token("alice"))
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    proxy.signal("CONT");
-    assert_eq!(back.as_deref(), Some(token.as_str()), "the snapshot brought the token back");
+    let back: Option<String> =
+        redis::cmd("GET").arg(keys(spender).token("alice")).query_async(&mut redis.conn().await).await.unwrap();
+    for proxy in proxies {
+        proxy.signal("CONT");
+    }
+    back
+}
+
+/// Once `proxy` reaches the restarted Redis, `token` is still refused as used, and the API saw
+/// the one order.
+async fn assert_still_spent(proxy: &Proxy, api: &DemoApi, token: &str) {
     // A user who never entered asks Redis on every poll: 200 once the proxy is reconnected.
     let answered = wait_until(Duration::from_secs(10), Duration::from_millis(50), || async {
         proxy.status("nobody").await.status == 200
     })
     .await;
     assert!(answered, "the proxy reaches the restarted Redis");
-    let again = proxy.order("alice", Some(&token)).await;
+    let again = proxy.order("alice", Some(token)).await;
     assert_eq!(again.status, 403, "{}", again.body);
     assert_eq!(again.json(), serde_json::json!({"error": "the entry token has already been used"}));
     assert_eq!(api.stats().await["completed"], 1, "one order for one admission");
@@ -144,15 +156,8 @@ const SWEEPING_ROOM: &str = "admission: {interval: 100ms, batch_size: 1, max_act
 async fn sweeping_room(redis: &RedisServer, api: &DemoApi, yaml: &str) -> Proxy {
     let proxy = Proxy::builder(&redis.url(), api.addr()).yaml(SWEEPING_ROOM).yaml(yaml).start().await;
     assert_eq!(proxy.enter("holder").await.status, 200);
-    let token_key = keys(&proxy).token("holder");
-    let mut conn = redis.conn().await;
-    let admitted = wait_until(Duration::from_secs(10), Duration::from_millis(20), || {
-        let (mut conn, key) = (conn.clone(), token_key.clone());
-        async move { redis::cmd("EXISTS").arg(&key).query_async::<i64>(&mut conn).await == Ok(1) }
-    })
-    .await;
+    let admitted = key_appears(redis, &keys(&proxy).token("holder"), Duration::from_secs(10)).await;
     assert!(admitted, "the holder is admitted");
-    let _ = &mut conn;
     proxy
 }
 
@@ -254,7 +259,7 @@ async fn a_token_spent_through_one_proxy_is_refused_by_the_others_after_redis_lo
     let builder = Proxy::builder(&redis.url(), api.addr()).yaml("admission: {interval: 20ms, batch_size: 50}");
     let (a, b) = (builder.start().await, builder.start().await);
     let spent_channel = keys(&a).spent;
-    let mut conn = redis.conn().await;
+    let conn = redis.conn().await;
     let subscribed = wait_until(Duration::from_secs(10), Duration::from_millis(20), || {
         let (mut conn, channel) = (conn.clone(), spent_channel.clone());
         async move {
@@ -266,31 +271,9 @@ async fn a_token_spent_through_one_proxy_is_refused_by_the_others_after_redis_lo
     .await;
     assert!(subscribed, "both proxies listen for spent tokens");
     let token = a.until_ready("alice", Duration::from_secs(10)).await;
-    let _: () = redis::cmd("SAVE").query_async(&mut conn).await.unwrap();
-    assert_eq!(a.order("alice", Some(&token)).await.status, 201);
-
-    // Paused, neither proxy can make the spend again before the token is seen back.
-    a.signal("STOP");
-    b.signal("STOP");
-    redis.crash();
-    redis.restart();
-    let back: Option<String> = redis::cmd("GET")
-        .arg(keys(&a).token("alice"))
-        .query_async(&mut redis.conn().await)
-        .await
-        .unwrap();
-    a.signal("CONT");
-    b.signal("CONT");
+    let back = spend_then_lose_the_spend(&mut redis, &[&a, &b], &token).await;
     assert_eq!(back.as_deref(), Some(token.as_str()), "the snapshot brought the token back");
-    let answered = wait_until(Duration::from_secs(10), Duration::from_millis(50), || async {
-        b.status("nobody").await.status == 200
-    })
-    .await;
-    assert!(answered, "b reaches the restarted Redis");
-    let again = b.order("alice", Some(&token)).await;
-    assert_eq!(again.status, 403, "{}", again.body);
-    assert_eq!(again.json(), serde_json::json!({"error": "the entry token has already been used"}));
-    assert_eq!(api.stats().await["completed"], 1, "one order for one admission");
+    assert_still_spent(&b, &api, &token).await;
 }
 
 
@@ -301,20 +284,13 @@ async fn a_token_spent_through_one_proxy_is_refused_by_the_others_after_redis_lo
 async fn a_spend_redis_lost_is_made_again_when_the_proxies_notice_the_restart() {
     let (mut redis, api, a) = room(&[], "admission: {interval: 20ms, batch_size: 50}").await;
     let token = a.until_ready("alice", Duration::from_secs(10)).await;
-    let _: () = redis::cmd("SAVE").query_async(&mut redis.conn().await).await.unwrap();
-    assert_eq!(a.order("alice", Some(&token)).await.status, 201);
-
-    a.signal("STOP");
-    redis.crash();
-    redis.restart();
+    let back = spend_then_lose_the_spend(&mut redis, &[&a], &token).await;
     let token_key = keys(&a).token("alice");
     let get = || async {
         let value: Option<String> =
             redis::cmd("GET").arg(&token_key).query_async(&mut redis.conn().await).await.unwrap();
         value
     };
-    let back = get().await;
-    a.signal("CONT");
     assert_eq!(back.as_deref(), Some(token.as_str()), "the snapshot brought the token back");
     let deleted_again = wait_until(Duration::from_secs(5), Duration::from_millis(20), || async { get().await.is_none() }).await;
     assert!(deleted_again, "the token the snapshot brought back is deleted again");

@@ -83,7 +83,7 @@ async fn admit(
     batch: u32,
     ttl: Duration,
 ) -> Result<AdmitOutcome, StoreError> {
-    room.admit(&RoomRules::fixed(interval, batch, ttl)).await
+    room.admit_within(&RoomRules::fixed(interval, batch, ttl), None, None).await
 }
 
 /// The room's numbers at the fixed rate: (users waiting, live tokens).
@@ -1113,4 +1113,42 @@ async fn an_unreachable_redis_is_an_error_within_the_timeout() {
         "{:?}",
         started.elapsed()
     );
+}
+
+/// The batch clamp is written twice: in `lua/admission.lua`, where admit and enter apply it in
+/// the same call as the admission, and in `Policy::batch_in_force`, for the gauges, the pace and
+/// the admin view, which read the stored batch through other scripts. The two must agree.
+#[tokio::test]
+async fn the_policy_clamps_a_stored_batch_as_the_scripts_do() {
+    let redis = RedisServer::start();
+    let mut conn = redis.conn().await;
+    let library = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/lua/admission.lua")).unwrap();
+    let clamp = redis::Script::new(&format!(
+        "{library}\nreturn batch_in_force(KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]))"
+    ));
+    let adaptive = Keys::new(&unique_prefix()).adaptive;
+    for admission in [
+        "batch_size: 8",
+        "batch_size: 8, adaptive: {min_batch: 2}",
+        "batch_size: 3, adaptive: {min_batch: 3}",
+        "batch_size: 1, adaptive: {min_batch: 1}",
+    ] {
+        let config = Config::parse(&format!("upstream: 127.0.0.1:1\nadmission: {{{admission}}}")).unwrap();
+        let policy = waitroom::policy::Policy::compile(&config);
+        for stored in [None, Some(0), Some(1), Some(2), Some(5), Some(20)] {
+            let _: () = match stored {
+                Some(batch) => redis::cmd("HSET").arg(&adaptive).arg("batch").arg(batch).query_async(&mut conn).await,
+                None => redis::cmd("DEL").arg(&adaptive).query_async(&mut conn).await,
+            }
+            .unwrap();
+            let in_lua: u32 = clamp
+                .key(&adaptive)
+                .arg(policy.rules.batch_size)
+                .arg(policy.rules.min_batch.unwrap_or(0))
+                .invoke_async(&mut conn)
+                .await
+                .unwrap();
+            assert_eq!(policy.batch_in_force(stored), in_lua, "{admission}, stored {stored:?}");
+        }
+    }
 }

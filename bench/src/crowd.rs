@@ -40,6 +40,7 @@ use waitroom_tools::demo_api::StatsSnapshot;
 use waitroom_tools::numbers::percentile;
 use waitroom_tools::room::{url, QueueAnswer, Room, RoomSettings};
 
+use crate::keys::Keys;
 use crate::resp::{Redis, Reply as RedisReply};
 use crate::stats::inversions;
 use crate::{ctx, Result};
@@ -344,10 +345,11 @@ pub async fn run(a: CrowdArgs) -> Result<()> {
         max_conns: Some(a.conns),
     })?;
     let start = Instant::now() + Duration::from_millis(100);
+    let keys = Keys::new(&a.prefix);
     let watch = Watch {
         start,
         redis: a.redis.clone().map(|addr| RedisPool::new(addr, 8)),
-        queue_key: format!("{{{}}}:queue", a.prefix),
+        queue_key: keys.queue,
         tickets: (0..a.users).map(|_| AtomicU64::new(0)).collect(),
         tickets_missing: AtomicU64::new(0),
         recent_orders: Mutex::new(VecDeque::new()),
@@ -363,8 +365,8 @@ pub async fn run(a: CrowdArgs) -> Result<()> {
         crowd: Arc::new(crowd),
         mode: a.mode,
         backend_stats: backend("/admin/stats")?,
-        seq_key: format!("{{{}}}:seq", a.prefix),
-        adaptive_key: format!("{{{}}}:admission:adaptive", a.prefix),
+        seq_key: keys.seq,
+        adaptive_key: keys.adaptive,
         batch_size: a.batch_size,
     };
 

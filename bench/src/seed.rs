@@ -1,9 +1,9 @@
 //! RESP streams for `redis-cli --pipe`: a line of waiting users, and minted entry tokens.
 //!
-//! The layout is the one `lua/enter.lua` and `lua/admit.lua` use (see `src/store/keys.rs`):
-//! `{prefix}:queue` is a sorted set, member = user, score = the arrival number taken from
-//! `{prefix}:seq`; a token is `{prefix}:token:<user>` (a UUID, with a PX ttl) and is also listed
-//! in `{prefix}:tokens` with its expiry in ms as the score.
+//! The layout is the one `lua/enter.lua` and `lua/admit.lua` use, with the proxy's key names
+//! (`src/store/keys.rs`): the queue is a sorted set, member = user, score = the arrival number
+//! taken from the counter `seq`; a token is a UUID under the user's token key, with a PX ttl, and
+//! is also listed in `tokens` with its expiry in ms as the score.
 
 use std::io::Write;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -11,6 +11,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use clap::Args;
 use waitroom_tools::numbers::SplitMix64;
 
+use crate::keys::Keys;
 use crate::resp::encode;
 use crate::{ctx, Result};
 
@@ -33,8 +34,7 @@ pub struct SeedArgs {
 }
 
 pub fn seed_queue(a: SeedArgs) -> Result<()> {
-    let queue = format!("{{{}}}:queue", a.prefix);
-    let seq = format!("{{{}}}:seq", a.prefix);
+    let Keys { queue, seq, .. } = Keys::new(&a.prefix);
     let stdout = std::io::stdout();
     let mut w = std::io::BufWriter::with_capacity(1 << 20, stdout.lock());
     let mut buf = Vec::with_capacity(1 << 16);
@@ -82,7 +82,7 @@ pub struct MintArgs {
 pub fn mint_tokens(a: MintArgs) -> Result<()> {
     let now = SystemTime::now().duration_since(UNIX_EPOCH).map_err(ctx("clock"))?;
     let mut rng = SplitMix64::new(now.as_nanos() as u64 ^ 0xA5A5_5A5A);
-    let tokens_key = format!("{{{}}}:tokens", a.prefix);
+    let keys = Keys::new(&a.prefix);
     let expires = (now.as_millis() as u64 + a.ttl_ms).to_string();
     let ttl = a.ttl_ms.to_string();
     let stdout = std::io::stdout();
@@ -94,14 +94,14 @@ pub fn mint_tokens(a: MintArgs) -> Result<()> {
     for n in 0..a.count {
         let user = format!("t{}-{n}", a.tag);
         let token = uuid_v4(&mut rng);
-        let key = format!("{{{}}}:token:{user}", a.prefix);
+        let key = keys.token(&user);
         buf.clear();
         encode(&mut buf, &[b"SET", key.as_bytes(), token.as_bytes(), b"PX", ttl.as_bytes()]);
         w.write_all(&buf).map_err(ctx("stdout"))?;
         writeln!(pairs, "{user} {token}").map_err(ctx("pairs file"))?;
         zadd.push(user);
         if zadd.len() == 1000 || n + 1 == a.count {
-            let mut args: Vec<&[u8]> = vec![b"ZADD", tokens_key.as_bytes()];
+            let mut args: Vec<&[u8]> = vec![b"ZADD", keys.tokens.as_bytes()];
             for user in &zadd {
                 args.push(expires.as_bytes());
                 args.push(user.as_bytes());

@@ -68,13 +68,18 @@ async fn prequeue_enter(
     entering: &Entering<'_>,
 ) -> Result<EventEnter, StoreError> {
     let mut seed = state.event().snapshot().and_then(|s| s.seed.clone()).unwrap_or_else(Seed::fresh);
-    let mut outcome = room.event_enter(event, entering, &seed).await?;
-    if let EventEnter::OtherSeed(room_seed) = outcome {
-        state.event().learn_seed(room_seed.clone());
-        seed = room_seed;
-        outcome = room.event_enter(event, entering, &seed).await?;
+    let mut outcome = enter_with(room, event, entering, &seed).await?;
+    if let EventEnter::OtherSeed(bytes) = outcome {
+        seed = Seed::from_bytes(bytes);
+        state.event().learn_seed(seed.clone());
+        outcome = enter_with(room, event, entering, &seed).await?;
     }
     Ok(outcome)
+}
+
+/// One call of the event script's enter, the user's place drawn with `seed`.
+async fn enter_with(room: &Room, event: &EventConfig, entering: &Entering<'_>, seed: &Seed) -> Result<EventEnter, StoreError> {
+    room.event_enter(event.times(), entering, seed.sent(), &seed.draw_key(entering.user)).await
 }
 
 /// Status while an event is configured: `None` when it is open or not yet in its pre-queue

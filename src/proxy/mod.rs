@@ -320,7 +320,12 @@ impl ProxyHttp for Waitroom {
             Endpoint::Passthrough => return Ok(false),
             Endpoint::Page => {
                 let accept_language = header.headers.get(http::header::ACCEPT_LANGUAGE);
-                let page = crate::page::render(config, accept_language.map(|v| v.as_bytes()));
+                let settings = crate::page::PageSettings {
+                    prefix: &config.endpoints.prefix,
+                    ready_url: &config.page.ready_url,
+                    texts: &config.page.texts,
+                };
+                let page = crate::page::render(settings, accept_language.map(|v| v.as_bytes()));
                 write_page(session, page).await?;
                 return Ok(true);
             }

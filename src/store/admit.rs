@@ -46,13 +46,9 @@ pub struct AdmitOutcome {
 
 impl Room {
     /// One admission tick under `rules`: sweeps abandoned places, then admits the batch in
-    /// force (less what max_active leaves no room for) if the room's schedule says one is due.
-    pub async fn admit(&self, rules: &RoomRules) -> Result<AdmitOutcome, StoreError> {
-        self.admit_within(rules, None, None).await
-    }
-
-    /// [`Room::admit`], admitting nobody before `opens_at_ms` of Redis's clock (a scheduled
-    /// event's opening: its pre-queue waits for the draw) nor from `closes_at_ms` (its close).
+    /// force (less what max_active leaves no room for) if the room's schedule says one is due,
+    /// admitting nobody before `opens_at_ms` of Redis's clock (a scheduled event's opening: its
+    /// pre-queue waits for the draw) nor from `closes_at_ms` (its close). `None`: no such bound.
     pub async fn admit_within(
         &self,
         rules: &RoomRules,

@@ -1,9 +1,11 @@
 //! A scheduled event in Redis (contract section 14): `lua/event.lua` (the phase by Redis's
 //! clock, the pre-queue, and the seed, draw and close that happen once), the standing of a user
 //! outside the open phase, and the public draw list, read in pages.
+//!
+//! It takes the event and its seed as plain values ([`EventTimes`], [`SeedRef`]): `crate::event`
+//! owns their types and reads and writes the event through this module.
 
 use super::{Room, StoreError};
-use crate::event::{EventConfig, Seed};
 
 script! {
     static SCRIPT = [] "lua/event.lua";
@@ -42,6 +44,24 @@ script! {
     }
 }
 
+/// What the script needs of the configured event: its times by Redis's clock (Unix ms) and
+/// whether the pre-queue is drawn in HMAC order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EventTimes {
+    pub opens_ms: i64,
+    /// When the pre-queue opens.
+    pub prequeue_ms: i64,
+    pub closes_ms: Option<i64>,
+    pub shuffle: bool,
+}
+
+/// A seed as the script takes it: its 32 bytes and their SHA-256 (hex), the commitment.
+#[derive(Debug, Clone, Copy)]
+pub struct SeedRef<'a> {
+    pub bytes: &'a [u8; 32],
+    pub sha256: &'a str,
+}
+
 /// What a tick read (and did) in Redis.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EventTick {
@@ -71,8 +91,8 @@ pub enum EventEnter {
     Closed,
     Ready { token: String, remaining_ms: u64 },
     Open,
-    /// The room's seed is not the one the HMAC was computed with.
-    OtherSeed(Seed),
+    /// The room's seed (its bytes) is not the one the HMAC was computed with.
+    OtherSeed([u8; 32]),
 }
 
 /// Who enters an event's pre-queue, under which limits (as [`super::EnterRequest`]).
@@ -99,21 +119,21 @@ pub const DRAW_PAGE: u64 = 1000;
 
 impl Room {
     /// One call of the script; a tick reads no user, capacity or address, but the layout is one.
-    fn event_call(&self, op: &str, event: &EventConfig, entering: &Entering<'_>, seed: &Seed, hmac: &str) -> redis::ScriptInvocation<'static> {
+    fn event_call(&self, op: &str, event: EventTimes, entering: &Entering<'_>, seed: SeedRef<'_>, hmac: &str) -> redis::ScriptInvocation<'static> {
         let user = entering.user;
         let (address, per_address) = entering.per_address.unwrap_or(("-", 0));
         let (seed_hex, user_token, address_counter) =
-            (seed.hex(), self.keys.token(user), self.keys.abuse_counter(address));
+            (hex::encode(seed.bytes), self.keys.token(user), self.keys.abuse_counter(address));
         let args = EventArgs {
             op,
             user,
             // Times before 1970 are refused by nobody but mean nothing here: as 0 they are past.
-            opens_ms: event.opens_ms().max(0) as u64,
-            prequeue_ms: event.prequeue_ms().max(0) as u64,
-            closes_ms: event.closes_ms().map_or(0, |c| c.max(1) as u64),
+            opens_ms: event.opens_ms.max(0) as u64,
+            prequeue_ms: event.prequeue_ms.max(0) as u64,
+            closes_ms: event.closes_ms.map_or(0, |c| c.max(1) as u64),
             shuffle: event.shuffle,
             seed: &seed_hex,
-            seed_sha: &seed.sha256,
+            seed_sha: seed.sha256,
             hmac,
             per_address,
             capacity: entering.capacity,
@@ -123,7 +143,7 @@ impl Room {
 
     /// Reads the event, choosing the seed (`candidate`, if the room has none and the pre-queue
     /// is open), drawing or closing when their time has come.
-    pub async fn event_tick(&self, event: &EventConfig, candidate: &Seed) -> Result<EventTick, StoreError> {
+    pub async fn event_tick(&self, event: EventTimes, candidate: SeedRef<'_>) -> Result<EventTick, StoreError> {
         let nobody = Entering { user: "", capacity: 0, per_address: None };
         let call = self.event_call("tick", event, &nobody, candidate, "");
         match EventReply::decode(self.run(&call).await?)? {
@@ -141,9 +161,16 @@ impl Room {
     }
 
     /// Enters `user` while an event is configured: refused before the pre-queue and after the
-    /// close, into the pre-queue (its place drawn with `seed`) before the opening, else `Open`.
-    pub async fn event_enter(&self, event: &EventConfig, entering: &Entering<'_>, seed: &Seed) -> Result<EventEnter, StoreError> {
-        let call = self.event_call("enter", event, entering, seed, &seed.draw_key(entering.user));
+    /// close, into the pre-queue (its place `hmac`, the user's draw key under `seed`) before the
+    /// opening, else `Open`.
+    pub async fn event_enter(
+        &self,
+        event: EventTimes,
+        entering: &Entering<'_>,
+        seed: SeedRef<'_>,
+        hmac: &str,
+    ) -> Result<EventEnter, StoreError> {
+        let call = self.event_call("enter", event, entering, seed, hmac);
         Ok(match EventReply::decode(self.run(&call).await?)? {
             EventReply::NotOpen { opens_in_ms } => EventEnter::NotOpen { opens_in_ms },
             EventReply::Prequeued { opens_in_ms, already } => EventEnter::Prequeued { opens_in_ms, already },
@@ -154,8 +181,8 @@ impl Room {
                 EventEnter::Ready { token, remaining_ms: remaining_ms.max(0) as u64 }
             }
             EventReply::Open {} => EventEnter::Open,
-            EventReply::Seed { seed } => match seed.as_deref().and_then(Seed::from_hex) {
-                Some(seed) => EventEnter::OtherSeed(seed),
+            EventReply::Seed { seed } => match seed.as_deref().and_then(seed_bytes) {
+                Some(bytes) => EventEnter::OtherSeed(bytes),
                 None => return Err(StoreError::Reply(format!("{FILE}: the room's seed is not 32 bytes of hex"))),
             },
             EventReply::Tick { .. } => return Err(StoreError::Reply(format!("{FILE}: an enter answered TICK"))),
@@ -202,4 +229,11 @@ impl Room {
         })
         .await
     }
+}
+
+/// A seed as Redis stores it (hex) as its bytes; `None` for anything that is not 32 bytes of hex.
+pub fn seed_bytes(text: &str) -> Option<[u8; 32]> {
+    let mut bytes = [0u8; 32];
+    hex::decode_to_slice(text, &mut bytes).ok()?;
+    Some(bytes)
 }

@@ -53,7 +53,7 @@ pub use admit::AdmitOutcome;
 pub use conn::{Connector, RedisConn};
 pub use consume::Claim;
 pub use enter::{EnterOutcome, EnterRequest, Entered};
-pub use event::{Entering, EventEnter, EventTick, Standing, DRAW_PAGE};
+pub use event::{seed_bytes, Entering, EventEnter, EventTick, EventTimes, SeedRef, Standing, DRAW_PAGE};
 pub use keys::Keys;
 pub use line::LineReading;
 pub use room::{RoomReport, RoomStateReading, ROOM_STATE_EVERY};

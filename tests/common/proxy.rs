@@ -515,6 +515,11 @@ impl Proxy {
             .status
     }
 
+    /// Whether `GET /readyz` answers `status` within `timeout`, asked every 20 ms.
+    pub async fn until_readyz(&self, status: u16, timeout: Duration) -> bool {
+        super::wait_until(timeout, Duration::from_millis(20), || async { self.readyz().await == status }).await
+    }
+
     fn config_str(&self, path: &[&str]) -> Option<String> {
         let cfg = self.config.lock().unwrap();
         let mut v: &Value = &cfg;

@@ -29,6 +29,17 @@ pub async fn queue_len(redis: &RedisServer, proxy: &Proxy) -> u64 {
     zcard(&mut redis.conn().await, &keys(proxy).queue).await
 }
 
+/// Whether `key` exists in Redis within `timeout` (a token the ticker writes, say), checked every
+/// 20 ms.
+pub async fn key_appears(redis: &RedisServer, key: &str, timeout: std::time::Duration) -> bool {
+    let conn = redis.conn().await;
+    super::wait_until(timeout, std::time::Duration::from_millis(20), || {
+        let mut conn = conn.clone();
+        async move { redis::cmd("EXISTS").arg(key).query_async::<i64>(&mut conn).await == Ok(1) }
+    })
+    .await
+}
+
 /// Redis's clock in milliseconds: admission, abuse windows and poll clocks follow it, not ours.
 pub async fn redis_now_ms<C: ConnectionLike>(conn: &mut C) -> i64 {
     let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(conn).await.expect("TIME");
