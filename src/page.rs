@@ -422,7 +422,7 @@ mod tests {
             assert!(lang.has_text("heading_SIGN_IN") && lang.has_text("message_SIGN_IN"), "{lang:?}");
         }
         let yaml = "upstream: 127.0.0.1:1\npage: {texts: {en: {heading_SIGN_IN: Log in at the shop first}}}\n";
-        let page = render_lang(&Config::parse(yaml).unwrap(), Lang::En);
+        let page = render_lang(page_settings(&Config::parse(yaml).unwrap()), Lang::En);
         assert!(page.contains(r#""heading_SIGN_IN":"Log in at the shop first""#));
     }
 
