@@ -209,7 +209,9 @@ mod tests {
     async fn a_stop_wakes_every_poll_and_holds_no_new_one() {
         let held = HeldPolls::default();
         let mut poll = held.hold(9.0, 10).unwrap();
+        assert!(!held.stopping());
         held.stop();
+        assert!(held.stopping());
         assert!(is_woken(&mut poll).await);
         assert!(held.hold(10.0, 10).is_none());
     }
