@@ -94,17 +94,11 @@ impl HeldPolls {
         self.stopping.load(Ordering::Acquire)
     }
 
-    pub fn len(&self) -> usize {
-        self.count.load(Ordering::Acquire)
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }
 
 /// The bits of a non-negative score, ordered as the scores are. A negative one (never stored
-/// by waitroom) sorts first, so its poll is woken early and asks Redis: harmless.
+/// by waitroom) sorts first, so its poll is woken early and asks Redis: harmless. (`>` or `>=`:
+/// 0.0's bits are 0 either way.)
 fn bits(score: f64) -> u64 {
     if score > 0.0 { score.to_bits() } else { 0 }
 }
@@ -200,9 +194,13 @@ mod tests {
         let _second = held.hold(2.0, 2).unwrap();
         assert!(held.hold(3.0, 2).is_none());
         drop(first);
-        assert_eq!(held.len(), 1);
+        assert_eq!(held.count.load(Ordering::Acquire), 1);
         assert!(held.inner.lock().unwrap().waiting.len() == 1, "the dropped poll left the map");
-        assert!(held.hold(3.0, 2).is_some());
+        let third = held.hold(3.0, 2);
+        assert!(third.is_some());
+        drop(third);
+        drop(_second);
+        assert_eq!(held.count.load(Ordering::Acquire), 0, "every slot given back");
     }
 
     #[tokio::test]
