@@ -250,23 +250,6 @@ async fn assert_places(proxies: &[&Proxy], places: &[(String, u64)]) {
     }
 }
 
-/// Known product gap (contract section 5: a user whose place a failover lost "is told
-/// NOT_IN_QUEUE at their next status, within 1 s"): after the failover to the lagging spare,
-/// the proxies' local answers (src/line.rs: positions answered from learned arrival numbers and
-/// the line watcher's readings) go on telling the lost users their old place, which on the new
-/// primary is a newcomer's: up to 1.7 s after the proxy's first write to the new primary in some
-/// runs, for more than 3 s (every lost user, both proxies) in others, 6 of 12 runs in all, and
-/// sometimes again after a status that Redis answered NOT_IN_QUEUE. The same runs with local
-/// answers off (`queue: {abandon_after: 1h}`) told every lost user within 35 ms of the switch.
-/// Likely cause, not proven: each service of a proxy has its own sentinel connection, one was
-/// seen reconnecting to the old primary while a sentinel still named it, and the demoted primary
-/// keeps its run_id, epoch and counter (and its stale data until its resync, 5 s later here),
-/// so a line watcher reading it never forgets the numbers. Only that is excused, and printed:
-/// another user's number, an answer outside the contract, or an enter lost by the demoted
-/// primary still not told, fails. Set to false once the line's readings follow the proxy's own
-/// primary.
-const EXCUSE_LATE_NOTICE_AFTER_FAILOVER: bool = true;
-
 /// The user the spare replica authenticates as to its primary: switching it off (and killing
 /// its connection) cuts replication while the spare stays up, answering the sentinels, a replica
 /// that lags from then on.
@@ -558,16 +541,7 @@ async fn proxies_follow_the_sentinels_through_failovers() {
     }
     assert_eq!(lost_gone.len(), gone.len(), "the lagging spare lost every user entered after the cut");
     let (mut wrong, late, told_in, timelines) = judge_lost(&heard, &gone, &follow);
-    if EXCUSE_LATE_NOTICE_AFTER_FAILOVER {
-        for l in &late {
-            println!("sentinel: KNOWN GAP (contract section 5, see EXCUSE_LATE_NOTICE_AFTER_FAILOVER): {l}");
-        }
-        if !late.is_empty() {
-            println!("sentinel: KNOWN GAP, one lost user's answers per proxy (ms from the switch, code, status, position): {timelines:?}");
-        }
-    } else {
-        wrong.extend(late);
-    }
+    wrong.extend(late);
     println!(
         "sentinel, lagged replica promoted: {} users lost by the cut, polled {} times on both proxies; told \
          NOT_IN_QUEUE at the latest {told_in:?} after each proxy's first write to the new primary",
@@ -595,7 +569,6 @@ async fn proxies_follow_the_sentinels_through_failovers() {
     // none in some runs): asked now, long after both proxies followed, each of them and of the
     // users lost by the cut is told NOT_IN_QUEUE by both at their first status that Redis
     // answers, within 1 s.
-    let mut still_waiting = Vec::new();
     for user in lost_users.iter().chain(gone.keys()) {
         for (i, proxy) in proxies.iter().enumerate() {
             let asked = Instant::now();
@@ -606,24 +579,14 @@ async fn proxies_follow_the_sentinels_through_failovers() {
                 }
                 tokio::time::sleep(Duration::from_millis(20)).await;
             };
-            let own_old_place = gone.get(user).is_some_and(|p| r.json()["position"].as_u64() == Some(*p));
-            if EXCUSE_LATE_NOTICE_AFTER_FAILOVER && r.status == 200 && status_of(&r) == "WAITING" && own_old_place {
-                still_waiting.push(format!("proxy {i}: {user} {}", r.body));
-                continue;
-            }
             assert_answer(&format!("proxy {i}: {user}, lost by the failover"), &r, 200, not_in_queue());
             assert!(asked.elapsed() <= Duration::from_secs(1), "proxy {i}: {user} told only after {:?}", asked.elapsed());
         }
     }
-    for w in &still_waiting {
-        println!("sentinel: KNOWN GAP (see EXCUSE_LATE_NOTICE_AFTER_FAILOVER): 3 s after both proxies followed, still shown the old place: {w}");
-    }
     println!(
-        "sentinel: {} enters lost by the demoted primary, each told NOT_IN_QUEUE by both proxies; of the {} users \
-         lost by the cut, {} answers still showed the old place 3 s after both proxies followed",
+        "sentinel: {} enters lost by the demoted primary and the {} lost by the cut, each told NOT_IN_QUEUE by both proxies",
         lost_users.len(),
-        gone.len(),
-        still_waiting.len()
+        gone.len()
     );
     let moved: Vec<Option<Duration>> = follow
         .iter()
