@@ -25,7 +25,9 @@
 //!   replica that lagged): the epoch survives, but the counter may have rolled back and be
 //!   handing the lost numbers to newcomers. Numbers are learned from one server (its `run_id`)
 //!   and forgotten when another answers, or when the counter goes down; an answer read before
-//!   that (see [`LocalLine::ticket`]) is not learned. The users whose places were lost then get
+//!   that (see [`LocalLine::ticket`]) is not learned, nor one read in the [`RELEARN_AFTER`] that
+//!   follow another server's answer (the proxy's other connections may still reach the old
+//!   one). The users whose places were lost then get
 //!   Redis's own answer, NOT_IN_QUEUE, at their next poll;
 //! - a user whose number is at or below `left` (admitted, or gone): READY or NOT_IN_QUEUE
 //!   always comes from Redis;
@@ -56,6 +58,13 @@ pub const FRESH_FOR: Duration = Duration::from_millis(50);
 /// under a millisecond): local answers stop at once rather than when the mark has aged, so a
 /// frozen Redis is met by the polls themselves within about 30 ms of its last answer.
 pub const SUSPECT_AFTER: Duration = Duration::from_millis(20);
+/// After another server answered the line's readings, answers to learn from are not learned for
+/// this long. Each service of a proxy has its own connection, and after a failover they reach the
+/// new primary one by one (each asks the sentinels twice a second): the status that follows the
+/// readings' switch may still be answered by the old primary, which holds places the new one
+/// lost and whose numbers it hands to newcomers. Learned then, such a number would be answered
+/// locally for as long as it stays in the new line's range: another user's place.
+pub const RELEARN_AFTER: Duration = Duration::from_secs(2);
 /// How long the canary's subscription may take to set up before it is tried again.
 const CANARY_CONNECT: Duration = Duration::from_secs(1);
 /// At most this many learned numbers are kept; past it, new users are answered by Redis until
@@ -112,6 +121,8 @@ struct State {
     /// When the reading in flight was sent.
     reading_since: Option<Instant>,
     pruned_at: Option<Instant>,
+    /// When the numbers were last forgotten because another server answered (see `RELEARN_AFTER`).
+    switched_at: Option<Instant>,
 }
 
 /// This proxy's view of the line: the mark and the arrival numbers it has learned. Whether a
@@ -169,6 +180,11 @@ impl<C: Clock> LocalLine<C> {
         if state.epoch.as_deref() != Some(epoch) || state.generation != ticket.0 {
             return;
         }
+        // Perhaps read on the server the readings just left (see `RELEARN_AFTER`).
+        let now = self.clock.now();
+        if state.switched_at.is_some_and(|at| now.saturating_duration_since(at) < RELEARN_AFTER) {
+            return;
+        }
         if state.users.len() >= MAX_USERS && !state.users.contains_key(user) {
             return;
         }
@@ -188,6 +204,9 @@ impl<C: Clock> LocalLine<C> {
         let rolled_back = reading.last < state.last;
         let forgotten = state.epoch != reading.epoch || state.server != reading.server || rolled_back;
         if forgotten {
+            if !state.server.is_empty() && state.server != reading.server {
+                state.switched_at = Some(self.clock.now());
+            }
             state.users.clear();
             state.generation += 1;
             state.epoch = reading.epoch.clone();
@@ -446,7 +465,8 @@ mod tests {
 
     #[test]
     fn numbers_from_another_server_or_a_rolled_back_counter_are_forgotten() {
-        let line: LocalLine = LocalLine::default();
+        let clock = FakeClock::new();
+        let line = LocalLine::with_clock(clock.clone());
         line.refresh(&reading(5, 5, Some(1), "e"));
         line.learn("u4", 4, "e", line.ticket());
         assert_eq!(line.position("u4"), Some(4));
@@ -454,12 +474,34 @@ mod tests {
         // and the counter look the same, the server does not.
         line.refresh(&LineReading { server: "s2".to_owned(), ..reading(5, 5, Some(1), "e") });
         assert_eq!(line.position("u4"), None, "4 is someone else's number now");
+        clock.advance(RELEARN_AFTER);
+        line.refresh(&LineReading { server: "s2".to_owned(), ..reading(5, 5, Some(1), "e") });
         line.learn("u4", 4, "e", line.ticket());
         assert_eq!(line.position("u4"), Some(4), "learned again from the new server");
         // The same server's counter went down (a replica promoted behind our back).
         line.refresh(&LineReading { server: "s2".to_owned(), ..reading(3, 3, Some(1), "e") });
         line.refresh(&LineReading { server: "s2".to_owned(), ..reading(5, 5, Some(1), "e") });
         assert_eq!(line.position("u4"), None);
+    }
+
+    #[test]
+    fn answers_are_not_learned_for_a_while_after_another_server_answered() {
+        let clock = FakeClock::new();
+        let line = LocalLine::with_clock(clock.clone());
+        line.refresh(&reading(5, 5, Some(1), "e"));
+        line.learn("u1", 1, "e", line.ticket());
+        assert_eq!(line.position("u1"), Some(1), "the first server's numbers are learned at once");
+        line.refresh(&LineReading { server: "s2".to_owned(), ..reading(5, 5, Some(1), "e") });
+        // Asked after the switch, but perhaps of the old server through another connection:
+        // its 4 may be a newcomer's on the new one.
+        clock.advance(RELEARN_AFTER - Duration::from_millis(1));
+        line.refresh(&LineReading { server: "s2".to_owned(), ..reading(5, 5, Some(1), "e") });
+        line.learn("u4", 4, "e", line.ticket());
+        assert_eq!(line.position("u4"), None, "not learned so soon after the switch");
+        clock.advance(Duration::from_millis(1));
+        line.refresh(&LineReading { server: "s2".to_owned(), ..reading(5, 5, Some(1), "e") });
+        line.learn("u4", 4, "e", line.ticket());
+        assert_eq!(line.position("u4"), Some(4));
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //! `--check`. Over generated configurations (proptest's strategies, drawn afresh each run; the
 //! failing overlay is printed): every one that `--check` accepts starts against a real Redis
 //! and admits a user within a few intervals, and none panics; every one it refuses is refused
-//! with exit code 2.
+//! with exit code 2. The bound of `admission.interval` (1 ms served, 200 us refused) is tried in
+//! every run, and every run must have seen both a served and a refused configuration.
 
 mod common;
 
@@ -89,22 +90,45 @@ async fn try_configuration(redis: &RedisServer, api: &DemoApi, overlay: String) 
     Ok("served")
 }
 
+/// The interval's bound (contract section 16: "an `interval` of 1 ms is the smallest"), tried
+/// in every run next to the random cases, which draw `200us` only one time in ten: just past the
+/// bound is refused by `--check`, the bound itself is served and admits.
+const BOUNDARY: [(&str, &str); 2] = [
+    ("admission: {interval: 200us, batch_size: 1}\n", "refused"),
+    ("admission: {interval: 1ms, batch_size: 1}\n", "served"),
+];
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_configuration_check_accepts_starts_and_admits() {
     let (redis, api) = (RedisServer::start(), DemoApi::start(&[]));
     let mut runner = TestRunner::new(Cases::default());
     let strategy = overlay();
-    let overlays: Vec<String> =
-        (0..CASES).map(|_| strategy.new_tree(&mut runner).expect("a case").current()).collect();
+    let mut overlays: Vec<(String, Option<&str>)> =
+        BOUNDARY.iter().map(|(o, want)| (o.to_string(), Some(*want))).collect();
+    overlays.extend(
+        (0..CASES).map(|_| (strategy.new_tree(&mut runner).expect("a case").current(), None)),
+    );
     let mut outcomes = Vec::new();
     for group in overlays.chunks(4) {
-        let tried = futures::future::join_all(group.iter().map(|o| try_configuration(&redis, &api, o.clone()))).await;
-        for (overlay, outcome) in group.iter().zip(tried) {
+        let tried = futures::future::join_all(
+            group.iter().map(|(o, _)| try_configuration(&redis, &api, o.clone())),
+        )
+        .await;
+        for ((overlay, want), outcome) in group.iter().zip(tried) {
             match outcome {
-                Ok(what) => outcomes.push(what),
+                Ok(what) => {
+                    if let Some(want) = want {
+                        assert_eq!(what, *want, "the boundary case\n{overlay}");
+                    }
+                    outcomes.push(what)
+                }
                 Err(problem) => panic!("configuration\n{overlay}\n{problem}"),
             }
         }
     }
-    println!("configurations: {outcomes:?}");
+    println!("configurations (the {} boundary cases first): {outcomes:?}", BOUNDARY.len());
+    // Both sides of the property were exercised, whatever the random cases drew.
+    for side in ["served", "refused"] {
+        assert!(outcomes.contains(&side), "no configuration was {side}: {outcomes:?}");
+    }
 }

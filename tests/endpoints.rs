@@ -580,11 +580,13 @@ async fn concurrent_enters_by_one_user_make_one_place() {
 // ---- Redis unavailable, health ----------------------------------------------------------------
 
 /// Enter and status of `user` while Redis is unreachable: 503, `{"error"}`, `Retry-After: R`, and
-/// within `redis.timeout` + 100 ms (section 3). Five calls of each: the median must meet the
-/// contract's bound; each single call only "never a hang" (timeout + 1 s), because on this
-/// 2-core machine, shared with the other tests of the binary (a 1000-request burst among them), one
-/// sample now and then loses a few hundred ms to CPU starvation of the test process itself (seen:
-/// 568 ms against 303 ms alone). A proxy that is slow on every call still fails the median.
+/// within `redis.timeout` + 100 ms (section 3). Five calls of each: all but the slowest must meet
+/// the contract's bound, the slowest only "never a hang" (timeout + 1 s). Measured on this shared
+/// 2-core machine (10 runs of this file and 10 of the frozen test alone, load average about 3):
+/// stopped Redis 55-62 ms, frozen Redis (300 ms timeout) 302-364 ms, and once 407 ms. While
+/// another engineer's benchmark ran beside it (load average 18) single calls took up to 983 ms,
+/// mostly one of five, and this file's burst tests met 503s too: the test process and the
+/// proxy were starved of CPU, not slow by themselves. A proxy slow on two calls of five fails.
 async fn assert_unavailable(
     proxy: &Proxy,
     user: &str,
@@ -610,13 +612,15 @@ async fn assert_unavailable(
             );
         }
         println!("{what}: {name} answered 503 in {took:?}");
-        took.sort();
+        let mut sorted = took.clone();
+        sorted.sort();
         assert!(
-            took[2] <= timeout + Duration::from_millis(100),
-            "{what}: {name} took {took:?} (median over contract: redis.timeout {timeout:?} + 100 ms)"
+            sorted[3] <= timeout + Duration::from_millis(100),
+            "{what}: {name} took {took:?} (contract: a 503 within redis.timeout {timeout:?} + 100 ms; \
+             only the slowest call of five may miss it)"
         );
         assert!(
-            took[4] <= timeout + Duration::from_secs(1),
+            sorted[4] <= timeout + Duration::from_secs(1),
             "{what}: {name} took {took:?}: a hang"
         );
     }

@@ -32,6 +32,21 @@ fn free_port_is_bindable() {
     TcpListener::bind(("127.0.0.1", port)).expect("port from free_port binds");
 }
 
+/// `closed_port()` refuses connections at once, stays the same for the binary's run, and nobody
+/// can bind it meanwhile (it is held, not merely free).
+#[test]
+fn closed_port_refuses_and_cannot_be_taken() {
+    let port = closed_port();
+    assert_eq!(port, closed_port(), "one port per binary");
+    assert_eq!(refused_addr().port(), port);
+    let refused = std::net::TcpStream::connect_timeout(&refused_addr(), Duration::from_secs(1));
+    assert_eq!(
+        refused.map(|_| ()).map_err(|e| e.kind()),
+        Err(std::io::ErrorKind::ConnectionRefused)
+    );
+    assert!(TcpListener::bind(("127.0.0.1", port)).is_err(), "the port is held");
+}
+
 #[tokio::test]
 async fn redis_answers_and_restart_without_aof_forgets() {
     let mut redis = RedisServer::start();

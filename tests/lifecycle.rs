@@ -13,7 +13,7 @@ use std::collections::{BTreeSet, HashSet};
 use std::net::{SocketAddr, TcpListener};
 use std::process::{ExitStatus, Output};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -36,22 +36,6 @@ async fn lifecycle_room(yaml: &str) -> (RedisServer, DemoApi, Proxy) {
     let api = DemoApi::start(&[]);
     let proxy = room_builder(&redis, &api).yaml(yaml).start().await;
     (redis, api, proxy)
-}
-
-/// A port held closed for the whole run of this test binary: a socket bound to it that never
-/// listens, so a connection is refused at once and no other process can take the port meanwhile.
-/// (A `free_port()` is only free until a neighbour's server binds it, and then "nobody listens
-/// here" quietly becomes false.) Kept here until tests/common has such a helper.
-fn closed_port() -> u16 {
-    static HELD: OnceLock<(tokio::net::TcpSocket, u16)> = OnceLock::new();
-    HELD.get_or_init(|| {
-        // No SO_REUSEADDR: nobody else may bind the port while we hold it.
-        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
-        socket.bind(local(0)).expect("bind 127.0.0.1:0");
-        let port = socket.local_addr().expect("local_addr").port();
-        (socket, port)
-    })
-    .1
 }
 
 /// A Redis URL that refuses every connection: `--check` and start-up failures must not need

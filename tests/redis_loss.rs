@@ -3,7 +3,10 @@
 
 mod common;
 
-use std::time::Duration;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use common::*;
 
@@ -103,7 +106,7 @@ async fn places_lost_by_a_restart_from_an_older_snapshot_are_told_not_in_queue()
 
     redis.crash();
     redis.restart();
-    let back = std::time::Instant::now();
+    let back = Instant::now();
     // Another proxy of the room (here: the library) queues two newcomers at once, before this
     // proxy has even reconnected: the counter hands them u1's and u2's old numbers.
     let other = library_room(&redis, &proxy.key_prefix());
@@ -170,9 +173,9 @@ async fn poll_as_told(proxy: &Proxy, users: &[&str], time: Duration) -> Vec<Stri
 
 async fn poll_as_told_after(proxy: &Proxy, users: &[&str], time: Duration, since_answer: Duration) -> Vec<String> {
     let mut wrong = Vec::new();
-    let until = std::time::Instant::now() + time;
+    let until = Instant::now() + time;
     let mut pause = Duration::from_secs(1) - since_answer;
-    while std::time::Instant::now() < until {
+    while Instant::now() < until {
         tokio::time::sleep(pause).await;
         pause = Duration::from_secs(1);
         let answers = futures::future::join_all(users.iter().map(|u| proxy.status(u))).await;
@@ -298,4 +301,256 @@ async fn a_spend_redis_lost_is_made_again_when_the_proxies_notice_the_restart() 
     let again = later.order("alice", Some(&token)).await;
     assert_eq!(again.status, 403, "{}", again.body);
     assert_eq!(api.stats().await["completed"], 1, "one order for one admission");
+}
+
+// ---- a restart from an older snapshot, under load ------------------------------------------------
+
+/// One answer a rider got: when the call was sent and answered, which call, and what came back.
+#[derive(Debug, Clone)]
+struct Heard {
+    user: String,
+    sent: Instant,
+    got: Instant,
+    enter: bool,
+    code: u16,
+    body: serde_json::Value,
+}
+
+impl Heard {
+    fn status(&self) -> &str {
+        self.body["status"].as_str().unwrap_or("-")
+    }
+}
+
+type Journal = Arc<Mutex<Vec<Heard>>>;
+
+/// One call through the proxy at `base`, written in the journal (a transport error as code 0).
+async fn call(client: &reqwest::Client, base: &str, user: &str, enter: bool, journal: &Journal) -> Heard {
+    let sent = Instant::now();
+    let req = if enter {
+        client.post(format!("{base}/queue/enter"))
+    } else {
+        client.get(format!("{base}/queue/status"))
+    };
+    let (code, body) = match try_send(req.header("X-User-Id", user)).await {
+        Ok(r) => (r.status, serde_json::from_str(&r.body).unwrap_or(serde_json::Value::Null)),
+        Err(_) => (0, serde_json::Value::Null),
+    };
+    let heard = Heard { user: user.to_owned(), sent, got: Instant::now(), enter, code, body };
+    journal.lock().unwrap().push(heard.clone());
+    heard
+}
+
+/// A user of the loaded room: enters (again after a 503), then polls every 80-120 ms through
+/// the proxies in turn until `stop`; told NOT_IN_QUEUE, enters again once, at the back. A user
+/// whose enter was made by another proxy of the room (`entered`) only polls.
+async fn rider(bases: Arc<Vec<String>>, user: String, entered: bool, journal: Journal, stop: Arc<AtomicBool>) {
+    let client = http_client();
+    // Which proxy, and the jitter: a count that starts somewhere different for each rider.
+    let mut n = user.bytes().fold(0usize, |h, b| h.wrapping_mul(31).wrapping_add(b as usize));
+    let enter_until_200 = async |n: &mut usize| {
+        while !stop.load(Ordering::Relaxed) {
+            *n += 1;
+            if call(&client, &bases[*n % bases.len()], &user, true, &journal).await.code == 200 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    if !entered {
+        enter_until_200(&mut n).await;
+    }
+    let mut reentered = false;
+    while !stop.load(Ordering::Relaxed) {
+        tokio::time::sleep(Duration::from_millis(80 + (n % 41) as u64)).await;
+        n += 1;
+        let heard = call(&client, &bases[n % bases.len()], &user, false, &journal).await;
+        if heard.status() == "NOT_IN_QUEUE" && !reentered {
+            reentered = true;
+            enter_until_200(&mut n).await;
+        }
+    }
+}
+
+/// Contract section 5 under load: two proxies, riders entering and polling through them; Redis
+/// `SAVE`s, more riders enter, and Redis is SIGKILLed and restarted from that older snapshot
+/// while newcomers keep coming (the rolled-back counter hands them the lost riders' numbers).
+/// Nobody is ever shown a position that is not their own place in the line (ZRANK + 1, in the
+/// line before the crash or in the restored one after it; nobody is admitted in this room, so
+/// places never move), every rider whose place was lost is told NOT_IN_QUEUE within 1 s of
+/// Redis answering again and may enter again at the back, and nobody is admitted, let alone twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_load_a_restart_from_an_older_snapshot_shows_nobody_a_wrong_position() {
+    const WAVE: usize = 20;
+
+    let mut redis = RedisServer::start();
+    let api = DemoApi::start(&[]);
+    let builder = Proxy::builder(&redis.url(), api.addr()).yaml(NO_ADMISSION);
+    let a = start_settled(&redis, &builder).await;
+    let b = builder.start().await;
+    let bases = Arc::new(vec![a.url(""), b.url("")]);
+    let journal: Journal = Arc::new(Mutex::new(Vec::new()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut riders = Vec::new();
+    let mut ride = |user: String, entered: bool| {
+        riders.push(tokio::spawn(rider(bases.clone(), user, entered, journal.clone(), stop.clone())));
+    };
+    let line_holds = |n: u64| {
+        let (redis, a) = (&redis, &a);
+        async move {
+            let held = wait_until(Duration::from_secs(10), Duration::from_millis(20), || async {
+                queue_len(redis, a).await == n
+            })
+            .await;
+            assert!(held, "the line holds {n}");
+        }
+    };
+
+    // Kept: the first wave, in the snapshot.
+    let kept: Vec<String> = (0..WAVE).map(|i| format!("kept-{i:02}")).collect();
+    kept.iter().for_each(|u| ride(u.clone(), false));
+    line_holds(WAVE as u64).await;
+    let _: () = redis::cmd("SAVE").query_async(&mut redis.conn().await).await.unwrap();
+    // Lost: entered after the snapshot, polled long enough for both proxies to learn their numbers.
+    let lost: Vec<String> = (0..WAVE).map(|i| format!("lost-{i:02}")).collect();
+    lost.iter().for_each(|u| ride(u.clone(), false));
+    line_holds(2 * WAVE as u64).await;
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let before: Vec<String> = redis::cmd("ZRANGE")
+        .arg(keys(&a).queue)
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut redis.conn().await)
+        .await
+        .unwrap();
+
+    let crashed = Instant::now();
+    tokio::task::block_in_place(|| {
+        redis.crash();
+        redis.restart();
+    });
+    let back = Instant::now();
+    // Newcomers at once: a few through another proxy of the room (the library) before these
+    // two have even reconnected, the rest through them. They take the lost riders' numbers.
+    let other = library_room(&redis, &a.key_prefix());
+    let new: Vec<String> = (0..WAVE).map(|i| format!("new-{i:02}")).collect();
+    for (i, user) in new.iter().enumerate() {
+        let by_library = i < 5;
+        if by_library {
+            let sent = Instant::now();
+            let entered = enter_room(&other, user, 100_000).await.expect("the library enters");
+            let waitroom::store::EnterOutcome::Waiting { position, .. } = entered else {
+                panic!("{user}: {entered:?}")
+            };
+            // The restored counter hands out the lost riders' numbers again (to these, or to lost
+            // riders already told and back in line).
+            assert!((WAVE as u64 + 1..=3 * WAVE as u64).contains(&position), "{user} at {position}");
+            journal.lock().unwrap().push(Heard {
+                user: user.clone(),
+                sent,
+                got: Instant::now(),
+                enter: true,
+                code: 200,
+                body: serde_json::json!({"status": "WAITING", "position": position}),
+            });
+        }
+        ride(user.clone(), by_library);
+    }
+    // Everybody polls on for 2.5 s after Redis came back: the lost riders enter again meanwhile.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    stop.store(true, Ordering::Relaxed);
+    for r in riders {
+        r.await.expect("rider");
+    }
+
+    // Places never move in this room: before the crash each rider's place is their rank in the
+    // line then; after it, their rank in the line as it stands now (the restored line and
+    // whoever entered since, at the back). A lost rider has no place from the crash until they
+    // enter again.
+    let after: Vec<String> = redis::cmd("ZRANGE")
+        .arg(keys(&a).queue)
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut redis.conn().await)
+        .await
+        .unwrap();
+    let rank = |line: &[String]| -> HashMap<String, u64> {
+        line.iter().enumerate().map(|(i, u)| (u.clone(), i as u64 + 1)).collect()
+    };
+    let (place_before, place_after) = (rank(&before), rank(&after));
+    let journal = journal.lock().unwrap().clone();
+    let reentered_at: HashMap<&str, Instant> = journal
+        .iter()
+        .filter(|h| h.enter && h.code == 200 && h.sent >= crashed && h.user.starts_with("lost-"))
+        .map(|h| (h.user.as_str(), h.sent))
+        .collect();
+    let mut wrong = Vec::new();
+    let mut codes: HashMap<String, usize> = HashMap::new();
+    for h in &journal {
+        *codes.entry(format!("{} {} {}", if h.enter { "enter" } else { "status" }, h.code, h.status())).or_default() += 1;
+        let at = |t: Instant| t.saturating_duration_since(crashed);
+        match (h.code, h.status()) {
+            (200, "WAITING") => {
+                let shown = h.body["position"].as_u64();
+                let own = if h.got < crashed {
+                    place_before.get(&h.user)
+                } else if h.sent < back && place_before.get(&h.user).copied() == shown {
+                    // Sent before Redis answered again: perhaps answered from the line as it
+                    // was before the crash (a local answer from the proxy's last reading, given
+                    // before it noticed the crash). Nobody had taken the place yet.
+                    place_before.get(&h.user)
+                } else if h.user.starts_with("lost-") && reentered_at.get(h.user.as_str()).is_none_or(|t| h.sent < *t) {
+                    None
+                } else {
+                    place_after.get(&h.user)
+                };
+                if shown != own.copied() {
+                    wrong.push(format!(
+                        "{} shown {shown:?}, own place {own:?} (before the crash {:?}), sent {:?} after the crash",
+                        h.user,
+                        place_before.get(&h.user),
+                        at(h.sent)
+                    ));
+                }
+            }
+            (200, "NOT_IN_QUEUE") if h.sent >= crashed && h.user.starts_with("lost-") => {}
+            (200, other) => wrong.push(format!("{}: {other} {} (sent {:?} after the crash)", h.user, h.body, at(h.sent))),
+            // Redis away: answered after the crash, asked before the proxies are due to reach
+            // it again (a second, like readiness).
+            (503, _) if h.got >= crashed && h.sent < back + Duration::from_secs(1) => {}
+            (code, _) => wrong.push(format!("{}: {code} {} (sent {:?} after the crash)", h.user, h.body, at(h.sent))),
+        }
+    }
+    let mut codes: Vec<_> = codes.into_iter().collect();
+    codes.sort();
+    println!("restart from an older snapshot under load: Redis back {:?} after the crash; answers {codes:?}", back - crashed);
+    assert!(wrong.is_empty(), "{} answers outside the contract, e.g. {:#?}", wrong.len(), &wrong[..wrong.len().min(20)]);
+
+    // Every lost rider told NOT_IN_QUEUE within 1 s of Redis answering again, then back in line.
+    let mut told_after = Vec::new();
+    for user in &lost {
+        let told = journal
+            .iter()
+            .filter(|h| &h.user == user && !h.enter && h.status() == "NOT_IN_QUEUE" && h.sent >= crashed)
+            .map(|h| h.got.saturating_duration_since(back))
+            .min();
+        assert!(
+            told.is_some_and(|t| t <= Duration::from_secs(1)),
+            "{user}: told NOT_IN_QUEUE {told:?} after Redis came back (contract: within 1 s)"
+        );
+        told_after.push(told.unwrap());
+        assert!(place_after.get(user).is_some_and(|p| *p > WAVE as u64), "{user} entered again, at the back");
+    }
+    println!("lost riders told NOT_IN_QUEUE {:?} after Redis came back at the latest", told_after.iter().max());
+    assert_eq!(&after[..WAVE], &before[..WAVE], "the snapshot kept the first wave, in order");
+    let everyone: HashSet<&String> = kept.iter().chain(&lost).chain(&new).collect();
+    assert_eq!(after.len(), everyone.len(), "one place per rider: {after:?}");
+
+    // Nobody admitted, so nobody twice: no READY answer, no token, the counter one place a rider.
+    assert!(journal.iter().all(|h| h.status() != "READY"), "a READY in a room that admits nobody");
+    assert_eq!(zcard(&mut redis.conn().await, &keys(&a).tokens).await, 0, "no live token");
+    let seq: u64 = redis::cmd("GET").arg(keys(&a).seq).query_async(&mut redis.conn().await).await.unwrap();
+    // The snapshot's WAVE numbers, then one for each newcomer and each lost rider back in line
+    // (4 x WAVE had the counter not rolled back with the snapshot).
+    assert_eq!(seq, 3 * WAVE as u64, "the counter rolled back, then one number per place");
 }

@@ -43,6 +43,7 @@ pub use store::*;
 
 use std::future::Future;
 use std::net::TcpListener;
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 /// A port that was free a moment ago. Another process may take it before the caller binds it;
@@ -73,18 +74,27 @@ where
     }
 }
 
-/// An address where a connection is refused right now: a port that was just free, checked by
-/// connecting to it (a refused connect), not merely assumed. For "the upstream is unreachable".
-/// Another process could still bind it later; the check makes that a rare race, not the norm.
+/// A port held closed for the whole run of this test binary: a socket bound to it that never
+/// listens, so a connection is refused at once and no other process can take the port meanwhile.
+/// (A `free_port()` is only free until a neighbour's server binds it, and then "nobody listens
+/// here" quietly becomes false.) One port per test binary, shared by its tests: it refuses them all.
+pub fn closed_port() -> u16 {
+    static HELD: OnceLock<(tokio::net::TcpSocket, u16)> = OnceLock::new();
+    HELD.get_or_init(|| {
+        // No SO_REUSEADDR: nobody else may bind the port while we hold it.
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket
+            .bind(std::net::SocketAddr::from(([127, 0, 0, 1], 0)))
+            .expect("bind 127.0.0.1:0");
+        let port = socket.local_addr().expect("local_addr").port();
+        (socket, port)
+    })
+    .1
+}
+
+/// `127.0.0.1:closed_port()`: where a connection is refused, for "the upstream is unreachable".
 pub fn refused_addr() -> std::net::SocketAddr {
-    for _ in 0..20 {
-        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], free_port()));
-        match std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)) {
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => return addr,
-            _ => continue, // someone listens there now, or it did not answer: try another
-        }
-    }
-    panic!("no refused port found on 127.0.0.1 in 20 tries");
+    std::net::SocketAddr::from(([127, 0, 0, 1], closed_port()))
 }
 
 /// Awaits `f` and says how long it took.
