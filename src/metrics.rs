@@ -136,6 +136,7 @@ pub fn init() {
     LazyLock::force(&REDIS_ERRORS_TOTAL);
     LazyLock::force(&CONFIG_RELOADS_TOTAL);
     LazyLock::force(&REDIS_UP);
+    LazyLock::force(&OPEN_CONNECTIONS);
     LazyLock::force(&HELD_POLLS);
     LazyLock::force(&HELD_READY_DELAY);
 }

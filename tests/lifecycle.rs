@@ -9,7 +9,6 @@ mod common;
 
 use common::*;
 use serde_yaml::Value;
-use std::collections::{BTreeSet, HashSet};
 use std::net::{SocketAddr, TcpListener};
 use std::process::{ExitStatus, Output};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -44,38 +43,6 @@ fn closed_redis_url() -> String {
     format!("redis://127.0.0.1:{}", closed_port())
 }
 
-/// The TCP addresses process `pid` listens on, read from the kernel (its socket fds matched
-/// with the LISTEN entries of /proc/net/tcp): what it serves, whoever else might hold a port.
-fn listening_addrs(pid: u32) -> BTreeSet<SocketAddr> {
-    let inodes: HashSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .expect("read the proxy's fds")
-        .flatten()
-        .filter_map(|e| std::fs::read_link(e.path()).ok())
-        .filter_map(|l| {
-            l.to_str()?
-                .strip_prefix("socket:[")?
-                .strip_suffix(']')
-                .map(str::to_owned)
-        })
-        .collect();
-    let table = std::fs::read_to_string(format!("/proc/{pid}/net/tcp")).expect("/proc/net/tcp");
-    table
-        .lines()
-        .skip(1)
-        .filter_map(|line| {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            // sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
-            if f.len() < 10 || f[3] != "0A" || !inodes.contains(f[9]) {
-                return None;
-            }
-            let (ip, port) = f[1].split_once(':')?;
-            let ip = u32::from_str_radix(ip, 16).ok()?;
-            let port = u16::from_str_radix(port, 16).ok()?;
-            // The kernel prints the address in host (little-endian) byte order.
-            Some(SocketAddr::from((ip.to_le_bytes(), port)))
-        })
-        .collect()
-}
 
 fn stderr_lines(out: &Output) -> Vec<String> {
     String::from_utf8_lossy(&out.stderr)

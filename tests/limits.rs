@@ -27,7 +27,7 @@ async fn room(yaml: &str) -> (RedisServer, DemoApi, Proxy) {
     (redis, api, proxy)
 }
 
-/// Waits until the readiness probe's connection has been noticed gone, so counts start at 0.
+/// Waits until the proxy counts no open connection, so counts start at 0.
 async fn settle(proxy: &Proxy) {
     let idle = wait_until(Duration::from_secs(5), Duration::from_millis(20), || async {
         proxy.metric("waitroom_open_connections").await == Some(0.0)

@@ -32,7 +32,7 @@ pub use api_tools::api_tool;
 pub use client::{http_client, raw_request, send, try_send, Resp};
 pub use demo_api::DemoApi;
 pub use identity_front::IdentityFront;
-pub use process::tools_binary;
+pub use process::{listening_addrs, tools_binary};
 pub use proxy::{
     base_config, merge_yaml, merged_config_yaml, parse_metric, run_check, run_check_env,
     unique_prefix, Proxy, ProxyBuilder,

@@ -1,7 +1,9 @@
 //! Child processes whose output goes to files, so a failing test can show what the process said,
 //! and signals sent through `kill(1)` (the tests have no libc dependency).
 
+use std::collections::{BTreeSet, HashSet};
 use std::fs::File;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
@@ -63,4 +65,50 @@ pub fn tools_binary(name: &str) -> PathBuf {
                 exe.display()
             )
         })
+}
+
+/// The TCP addresses process `pid` listens on, read from the kernel (its socket fds matched
+/// with the LISTEN entries of /proc/net/tcp and tcp6): what it serves, whoever else might hold a
+/// port. Empty once the process is gone.
+pub fn listening_addrs(pid: u32) -> BTreeSet<SocketAddr> {
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else { return BTreeSet::new() };
+    let inodes: HashSet<String> = fds
+        .flatten()
+        .filter_map(|e| std::fs::read_link(e.path()).ok())
+        .filter_map(|l| l.to_str()?.strip_prefix("socket:[")?.strip_suffix(']').map(str::to_owned))
+        .collect();
+    let mut out = BTreeSet::new();
+    for table in ["tcp", "tcp6"] {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/net/{table}")).unwrap_or_default();
+        for line in text.lines().skip(1) {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            // sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
+            if f.len() < 10 || f[3] != "0A" || !inodes.contains(f[9]) {
+                continue;
+            }
+            let Some((ip, port)) = f[1].split_once(':') else { continue };
+            let (Some(ip), Ok(port)) = (kernel_ip(ip), u16::from_str_radix(port, 16)) else { continue };
+            out.insert(SocketAddr::new(ip, port));
+        }
+    }
+    out
+}
+
+/// An address as /proc/net/tcp{,6} prints it: hex of 32-bit words in host (little-endian) order.
+fn kernel_ip(hex: &str) -> Option<IpAddr> {
+    let words: Vec<u32> = (0..hex.len() / 8)
+        .map(|i| u32::from_str_radix(&hex[i * 8..i * 8 + 8], 16))
+        .collect::<Result<_, _>>()
+        .ok()?;
+    match words.as_slice() {
+        [v4] => Some(IpAddr::V4(Ipv4Addr::from(v4.to_le_bytes()))),
+        [a, b, c, d] => {
+            let mut bytes = [0u8; 16];
+            for (i, w) in [a, b, c, d].iter().enumerate() {
+                bytes[i * 4..i * 4 + 4].copy_from_slice(&w.to_le_bytes());
+            }
+            Some(IpAddr::V6(Ipv6Addr::from(bytes)))
+        }
+        _ => None,
+    }
 }
