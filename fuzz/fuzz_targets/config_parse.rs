@@ -22,7 +22,8 @@ fuzz_target!(|data: &[u8]| {
             assert!((0.0..1.0).contains(&c.polling.grace));
             // Compiling the accepted configuration's policy must not panic either.
             let policy = Policy::compile(&c);
-            assert_eq!(policy.poll_thresholds.len(), c.poll_after.len());
+            // One threshold a tier, and one more (pollAfter 0) in front of them with a hold.
+            assert_eq!(policy.poll_thresholds.len(), c.poll_after.len() + usize::from(policy.hold_secs > 0));
             assert!(policy.configured_rate() > 0.0);
         }
         Err(e) => {
