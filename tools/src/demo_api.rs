@@ -37,6 +37,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, SemaphorePermit};
 use tracing::{debug, info, warn};
 
+use crate::service::accept_forever;
+
 /// Request bodies are buffered whole (the echo returns them), so cap them to keep a stray upload
 /// from eating the benchmark machine's memory.
 const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
@@ -49,19 +51,12 @@ pub const MAX_DELAY_MS: u64 = 60 * 60 * 1000;
 /// `service_time_ms` unless a request or `PUT /admin/service-time` says otherwise.
 pub async fn serve(listener: TcpListener, slots: u32, service_time_ms: u64) {
     let app = Arc::new(App::new(slots, service_time_ms));
-    loop {
-        match listener.accept().await {
-            Ok((stream, peer)) => {
-                tokio::spawn(serve_connection(Arc::clone(&app), stream, peer));
-            }
-            Err(e) => {
-                // Typically EMFILE under a connection flood. Accepting again at once would spin a
-                // core; a short pause lets in-flight connections close and free descriptors.
-                warn!(error = %e, "accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-    }
+    accept_forever(listener, app, serve_connection, accept_failed).await;
+}
+
+/// A failed accept is logged here, not in the loop, so that the line names this module.
+fn accept_failed(e: &std::io::Error) {
+    warn!(error = %e, "accept failed");
 }
 
 async fn serve_connection(app: Arc<App>, stream: TcpStream, peer: SocketAddr) {

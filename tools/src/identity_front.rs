@@ -34,6 +34,8 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, info, warn};
 
+use crate::service::accept_forever;
+
 /// The cookie that carries a browser's user id.
 pub const COOKIE_NAME: &str = "waitroom_dev_user";
 
@@ -144,18 +146,12 @@ pub async fn serve(listener: TcpListener, settings: FrontSettings) {
         .pool_idle_timeout(Duration::from_secs(30))
         .build(connector);
     let front = Arc::new(Front { settings, client });
-    loop {
-        match listener.accept().await {
-            Ok((stream, peer)) => {
-                tokio::spawn(serve_connection(Arc::clone(&front), stream, peer));
-            }
-            Err(e) => {
-                // EMFILE and the like: accepting again at once would spin a core.
-                warn!(error = %e, "accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-    }
+    accept_forever(listener, front, serve_connection, accept_failed).await;
+}
+
+/// A failed accept is logged here, not in the loop, so that the line names this module.
+fn accept_failed(e: &std::io::Error) {
+    warn!(error = %e, "accept failed");
 }
 
 async fn serve_connection(front: Arc<Front>, stream: TcpStream, peer: SocketAddr) {

@@ -7,10 +7,12 @@
 //! - [`room`]: a room's endpoints as a client calls them;
 //! - [`crowd`]: simulated users who enter, poll as told and order, used by the demo's `crowd`
 //!   binary and by the benchmark's `wrbench crowd`;
-//! - [`numbers`]: the seeded generator and percentiles both crowds use.
+//! - [`numbers`]: the seeded generator and percentiles both crowds use;
+//! - [`service`]: the process around the binaries (logging, runtime, exit code) and the accept loop.
 
 pub mod crowd;
 pub mod demo_api;
 pub mod identity_front;
 pub mod numbers;
 pub mod room;
+pub mod service;

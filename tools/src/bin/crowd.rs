@@ -306,17 +306,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     // Multi-thread: the crowd shares the machine with the proxy it measures, and a single thread
     // would make the crowd, not the room, the bottleneck during the arrival burst.
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("crowd: cannot start the tokio runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    runtime.block_on(run(cli))
+    waitroom_tools::service::block_on_main("crowd", None, run(cli))
 }
 
 async fn run(cli: Cli) -> ExitCode {

@@ -1,14 +1,13 @@
 //! `demo-order-api`: the command line of the demo order backend (`waitroom_tools::demo_api`).
 
-use std::io::IsTerminal;
 use std::net::SocketAddr;
 use std::process::ExitCode;
 
 use clap::Parser;
 use tokio::net::TcpListener;
 use tracing::info;
-use tracing_subscriber::EnvFilter;
 use waitroom_tools::demo_api::{self, MAX_DELAY_MS};
+use waitroom_tools::service;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -36,38 +35,9 @@ struct Cli {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging();
-
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(usize::from(cli.threads))
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(e) => {
-            eprintln!("demo-order-api: cannot start the tokio runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-
-    match runtime.block_on(listen_and_serve(cli)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("demo-order-api: {e}");
-            ExitCode::FAILURE
-        }
-    }
-}
-
-fn init_logging() {
-    // stderr, so that stdout carries only the "listening on" line a script may wait for.
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        // Colour codes only help a human at a terminal; in a test's captured log they are noise.
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
+    service::init_logging();
+    let threads = usize::from(cli.threads);
+    service::serve_main("demo-order-api", threads, listen_and_serve(cli))
 }
 
 async fn listen_and_serve(cli: Cli) -> std::io::Result<()> {

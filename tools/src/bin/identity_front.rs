@@ -1,14 +1,13 @@
 //! `identity-front`: the command line of the local identity front (`waitroom_tools::identity_front`).
 
-use std::io::IsTerminal;
 use std::net::SocketAddr;
 use std::process::ExitCode;
 
 use clap::Parser;
 use http::header::HeaderName;
 use tokio::net::TcpListener;
-use tracing_subscriber::EnvFilter;
 use waitroom_tools::identity_front::{self, FrontSettings};
+use waitroom_tools::service;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -41,31 +40,8 @@ fn main() -> ExitCode {
         eprintln!("identity-front: {e}");
         return ExitCode::from(2);
     }
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
-
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(e) => {
-            eprintln!("identity-front: cannot start the tokio runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(listen_and_serve(cli)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("identity-front: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    service::init_logging();
+    service::serve_main("identity-front", 1, listen_and_serve(cli))
 }
 
 async fn listen_and_serve(cli: Cli) -> std::io::Result<()> {
