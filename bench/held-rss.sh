@@ -35,30 +35,6 @@ $WRB seed-queue --prefix held --count 10000 | redis-cli -p $RP --pipe >/dev/null
 sleep 0.5
 rss() { awk '/VmRSS/ {print $2}' /proc/$P/status; }
 echo "rss at start: $(rss) kB"
-P=$P IDLE=${IDLE:-0} LP=$LP MP=$MP python3 - <<'PY'
-import asyncio, re, urllib.request, time, os
-P=int(os.environ["P"]); IDLE=os.environ.get("IDLE")=="1"; LP=int(os.environ["LP"]); MP=int(os.environ["MP"])
-def rss(): return int(re.search(r"VmRSS:\s+(\d+)", open(f"/proc/{P}/status").read()).group(1))
-def held():
-    t=urllib.request.urlopen(f"http://127.0.0.1:{MP}/metrics").read().decode()
-    m=re.search(r"^waitroom_held_polls (\S+)$", t, re.M); return float(m.group(1))
-async def main():
-    socks=[]
-    sem=asyncio.Semaphore(500)
-    async def one(i):
-        async with sem:
-            r,w=await asyncio.open_connection("127.0.0.1",LP)
-            who = f"nobody{i}" if IDLE else f"u{i}"
-            w.write(f"GET /queue/status HTTP/1.1\r\nHost: b\r\nX-User-Id: {who}\r\n\r\n".encode()); await w.drain()
-            if IDLE:
-                await r.readuntil(b"\r\n\r\n")
-            socks.append((r,w))
-    await asyncio.gather(*(one(i) for i in range(1,10001)))
-    for _ in range(100):
-        if IDLE or held()>=10000: break
-        await asyncio.sleep(0.2)
-    print(f"held polls: {held():.0f}, rss: {rss()} kB")
-    for r,w in socks: w.close()
-asyncio.run(main())
-PY
+# shellcheck disable=SC2046
+python3 "$ROOT/bench/open_polls.py" --port "$LP" --metrics-port "$MP" --count 10000 --pid "$P" $([ "${IDLE:-0}" = 1 ] || echo --held)
 kill $P; redis-cli -p $RP shutdown nosave >/dev/null 2>&1 || true

@@ -11,7 +11,10 @@
 //! - the [`ServerApp`] a listening service runs: [`Guarded`] wraps pingora's `HttpProxy` app and
 //!   drives its HTTP/1 keep-alive loop itself (the same dozen lines as pingora's blanket
 //!   `ServerApp for HttpServerApp`), so it knows when a connection starts waiting for a head,
-//!   on the first request and on every later one;
+//!   on the first request and on every later one. It reads each head itself and hands it to
+//!   pingora's new session as the session's pipelined prefix, so an idle or trickling connection
+//!   holds no pingora session, request future or head buffer (BENCHMARKS.md, "Memory per
+//!   connection");
 //! - the accepted stream: each one is wrapped in a [`LimitedStream`] that implements pingora's
 //!   IO traits by delegation. While a head is awaited it holds the bytes itself and hands them to
 //!   pingora only once the blank line that ends the head has arrived. So pingora parses each head
@@ -43,6 +46,7 @@ use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use bytes::BytesMut;
 use pingora::apps::{HttpPersistentSettings, HttpServerApp, ServerApp};
 use pingora::listeners::ConnectionFilter;
 use pingora::protocols::http::ServerSession;
@@ -64,6 +68,13 @@ use crate::state::RoomState;
 const LINGER: Duration = Duration::from_secs(1);
 
 const TOO_LARGE_BODY: &str = r#"{"error":"request header too large"}"#;
+
+thread_local! {
+    /// What a worker thread reads request heads into before they are copied out at their own
+    /// size: no connection keeps a read buffer between reads. Bytes never stay here across a
+    /// wait (the head phase moves an unfinished head into its own `held`).
+    static READ_BUFFER: std::cell::RefCell<Box<[u8]>> = std::cell::RefCell::new(vec![0; 8192].into_boxed_slice());
+}
 
 /// The answer to a head over `max_request_head`: written by the stream itself, since pingora
 /// never sees that request.
@@ -178,10 +189,24 @@ where
             return None; // dropping the stream closes it at once
         };
         let limits = self.connections.state.settings().config.limits.clone();
-        let mut stream: Stream = Box::new(LimitedStream::new(stream, slot, &limits));
+        let mut limited = Box::new(LimitedStream::new(stream, slot, &limits));
         let mut persistent: Option<HttpPersistentSettings> = None;
+        let mut stopping = shutdown.clone();
         loop {
-            let mut session = ServerSession::new_http1(stream);
+            // Between requests a connection waits here, before pingora's session exists, and
+            // reads the next head itself: pingora's request future (9 kB) and its 4 KiB head
+            // buffer are made only once a head is there, so an idle keep-alive connection costs
+            // little more than its socket, and a request's head costs its own size. (pingora's
+            // pipelining is off: no bytes of a next request are ever carried over by
+            // `persistent`, the socket is the only place a head comes from.)
+            // A head already there is served even when the server is stopping, as pingora does.
+            let head = tokio::select! {
+                biased;
+                head = limited.read_head() => head.ok()??,
+                _ = stopping.wait_for(|stop| *stop) => return None,
+            };
+            let mut session = ServerSession::new_http1(limited);
+            session.set_pipelined_prefix(head);
             match persistent {
                 Some(settings) => settings.apply_to_session(&mut session),
                 None => {
@@ -197,9 +222,8 @@ where
             }
             let reused = self.app.process_new_http(session, shutdown).await?;
             let (next, settings) = reused.consume();
-            let mut limited = next.into_any().downcast::<LimitedStream>().ok()?;
+            limited = next.into_any().downcast::<LimitedStream>().ok()?;
             limited.expect_head(&self.connections.state.settings().config.limits, false);
-            stream = limited;
             persistent = settings;
         }
     }
@@ -355,6 +379,33 @@ impl LimitedStream {
             }
             self.timer.as_mut().reset(self.deadline);
         }
+    }
+
+    /// The next request head and whatever came with it (`None`: the client closed first), read
+    /// through the head phase's deadlines and size limit into a per-thread buffer and kept in one
+    /// allocation of its own size (see [`Guarded`]).
+    async fn read_head(&mut self) -> io::Result<Option<BytesMut>> {
+        let mut head = BytesMut::new();
+        std::future::poll_fn(|cx| self.poll_next_head(cx, &mut head)).await?;
+        Ok((!head.is_empty()).then_some(head))
+    }
+
+    fn poll_next_head(&mut self, cx: &mut Context<'_>, head: &mut BytesMut) -> Poll<io::Result<()>> {
+        READ_BUFFER.with(|scratch| {
+            let mut scratch = scratch.borrow_mut();
+            loop {
+                let mut buf = ReadBuf::new(&mut scratch[..]);
+                ready!(self.poll_phase(cx, &mut buf))?;
+                if buf.filled().is_empty() {
+                    return Poll::Ready(Ok(()));
+                }
+                head.extend_from_slice(buf.filled());
+                // A head gathered over several reads is released in pieces of the buffer's size.
+                if matches!(self.phase, Phase::Serving) {
+                    return Poll::Ready(Ok(()));
+                }
+            }
+        })
     }
 
     /// Reading while a head is due. Returns only with the whole head (or nothing, or an error).

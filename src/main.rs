@@ -5,34 +5,40 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 use waitroom::config::Config;
 
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+/// mimalloc as the allocator (the default feature). Built without it (`--no-default-features`),
+/// the proxy uses the system's malloc, which heap profilers such as heaptrack can follow
+/// (bench/heap-profile.sh).
+#[cfg(feature = "mimalloc")]
+mod allocator {
+    #[global_allocator]
+    static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// `mi_option_arena_eager_commit` in mimalloc.h (v3, the version libmimalloc-sys builds); the
-/// sys crate has the setter but not this constant.
-const MI_OPTION_ARENA_EAGER_COMMIT: libmimalloc_sys::mi_option_t = 4;
+    /// `mi_option_arena_eager_commit` in mimalloc.h (v3, the version libmimalloc-sys builds); the
+    /// sys crate has the setter but not this constant.
+    const MI_OPTION_ARENA_EAGER_COMMIT: libmimalloc_sys::mi_option_t = 4;
 
-/// mimalloc commits its arenas eagerly on Linux by default, and memory in an eagerly committed
-/// arena is never given back: with 10,000 idle keep-alive connections that measured 889-912 MB
-/// resident against 298 MB without (glibc: 320 MB). The option must be set before the first
-/// arena is reserved, i.e. before the first allocation, which happens before `main`: so this
-/// runs as an ELF constructor. An operator's own `MIMALLOC_ARENA_EAGER_COMMIT` wins.
-extern "C" fn lazy_arenas() {
-    extern "C" {
-        fn getenv(name: *const std::ffi::c_char) -> *mut std::ffi::c_char;
-    }
-    // SAFETY: a NUL-terminated name; getenv allocates nothing. mi_option_set is not thread safe,
-    // and constructors run before any thread of ours exists.
-    unsafe {
-        if getenv(c"MIMALLOC_ARENA_EAGER_COMMIT".as_ptr()).is_null() {
-            libmimalloc_sys::mi_option_set(MI_OPTION_ARENA_EAGER_COMMIT, 0);
+    /// mimalloc commits its arenas eagerly on Linux by default, and memory in an eagerly committed
+    /// arena is never given back: with 10,000 idle keep-alive connections that measured 889-912 MB
+    /// resident against 298 MB without (glibc: 320 MB). The option must be set before the first
+    /// arena is reserved, i.e. before the first allocation, which happens before `main`: so this
+    /// runs as an ELF constructor. An operator's own `MIMALLOC_ARENA_EAGER_COMMIT` wins.
+    extern "C" fn lazy_arenas() {
+        extern "C" {
+            fn getenv(name: *const std::ffi::c_char) -> *mut std::ffi::c_char;
+        }
+        // SAFETY: a NUL-terminated name; getenv allocates nothing. mi_option_set is not thread safe,
+        // and constructors run before any thread of ours exists.
+        unsafe {
+            if getenv(c"MIMALLOC_ARENA_EAGER_COMMIT".as_ptr()).is_null() {
+                libmimalloc_sys::mi_option_set(MI_OPTION_ARENA_EAGER_COMMIT, 0);
+            }
         }
     }
-}
 
-#[used]
-#[link_section = ".init_array"]
-static LAZY_ARENAS: extern "C" fn() = lazy_arenas;
+    #[used]
+    #[link_section = ".init_array"]
+    static LAZY_ARENAS: extern "C" fn() = lazy_arenas;
+}
 
 /// A waiting room in front of an order API: a fair, capped line in Redis.
 #[derive(Parser)]

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use pingora::server::configuration::ServerConf;
 use pingora::server::{RunArgs, Server};
 use pingora::services::background::background_service;
+use pingora::listeners::{L4BufferSettings, ListenerConfig};
 use pingora::services::listening::Service;
 
 use crate::admission::Admitter;
@@ -109,7 +110,12 @@ pub fn run(config: Config, config_path: PathBuf) -> Result<(), StartError> {
     );
     let mut proxy = Service::new("waitroom".to_string(), Guarded::new(app, connections.clone()));
     proxy.set_connection_filter(Arc::new(AtCapacity(connections)));
-    proxy.add_tcp(&listen);
+    // No read buffer under pingora's parser (its default is 64 KiB a connection, kept for the
+    // connection's life): the connection loop reads each head into a per-thread buffer
+    // (crate::limits) and pingora reads bodies into buffers of its own. The write buffer keeps a
+    // response's head and a small body in one send.
+    let unbuffered_reads = L4BufferSettings::default().read(0);
+    proxy.add_listener(ListenerConfig::tcp(listen.clone()).l4_buffer(unbuffered_reads));
 
     let mut ops = Service::new("ops".to_string(), OpsEndpoints::new(state.clone(), Room::new(&redis)?));
     ops.add_tcp(&metrics_listen);
