@@ -3,10 +3,13 @@
 # machine, where wall-clock numbers are not (and `perf` records nothing in these VMs).
 #
 #   bench/callgrind.sh [--waitroom-bin PATH] [--n 2000] [--paths status,pass,enter,protected]
-#                      [--out DIR (default bench/out/callgrind)] [--redis]
+#                      [--out DIR (default bench/out/callgrind)] [--redis] [--rust-log FILTER]
 #
 # --redis runs redis-server under callgrind too, and counts its instructions per waitroom
 # request (Redis shares the proxy's cores: its work is part of a request's cost).
+#
+# --rust-log sets the proxy's RUST_LOG (default `warn`: the access log off); `--rust-log info`
+# counts what the access log costs a request.
 #
 # Runs waitroom (WAITROOM_THREADS=1, access log off) and nginx (one worker) under callgrind, sends
 # a fixed number of requests per path on one keep-alive connection (`wrbench fire`), after a
@@ -26,6 +29,7 @@ ROOT=$(cd "$BENCH/.." && pwd)
 N=2000 WARM=300 PATHS=status,pass,enter,protected OUT="" REDIS_CG=0
 WR_BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release/waitroom
 TOP=20
+RUST_LOG_WR=warn
 while [ $# -gt 0 ]; do
   case "$1" in
     --waitroom-bin) WR_BIN=$2; shift ;;
@@ -34,6 +38,7 @@ while [ $# -gt 0 ]; do
     --top) TOP=$2; shift ;;
     --out) OUT=$2; shift ;;
     --redis) REDIS_CG=1 ;;
+    --rust-log) RUST_LOG_WR=$2; shift ;;
     -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown option $1" ;;
   esac
@@ -113,7 +118,7 @@ EOF
 
 # Under callgrind both programs run some 50x slower: give them time.
 say "waitroom under callgrind (threads=1)"
-(cd "$OUT" && exec env RUST_LOG="warn" WAITROOM_THREADS=1 valgrind --tool=callgrind \
+(cd "$OUT" && exec env RUST_LOG="$RUST_LOG_WR" WAITROOM_THREADS=1 valgrind --tool=callgrind \
   --callgrind-out-file="$OUT/waitroom.start.out" "$WR_BIN" --config "$OUT/waitroom.yaml") 2>"$OUT/waitroom.valgrind.log" &
 WR_PID=$!
 PIDS+=("$WR_PID")

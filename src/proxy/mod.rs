@@ -32,6 +32,7 @@ pub use answer::Answer;
 
 use crate::config::{Config, IdentityConfig};
 use crate::identity::Refusal;
+use crate::logging;
 use crate::metrics;
 use crate::paths::{self, PathRefusal, Verdict};
 use crate::rules;
@@ -481,15 +482,14 @@ impl ProxyHttp for Waitroom {
         }
         let status = session.response_written().map(|r| r.status.as_u16()).unwrap_or(0);
         let header = session.req_header();
-        tracing::info!(
-            target: "waitroom::access",
-            method = %header.method,
-            path = header.uri.path(),
+        logging::access(&logging::Access {
+            method: header.method.as_str(),
+            path: header.uri.path(),
             status,
             endpoint,
-            duration_ms = elapsed.as_secs_f64() * 1000.0,
-            user = ctx.user.as_deref().unwrap_or("-"),
-            error = error.map(|e| e.to_string()),
-        );
+            duration_ms: elapsed.as_secs_f64() * 1000.0,
+            user: ctx.user.as_deref().unwrap_or("-"),
+            error: error.map(|e| e.to_string()),
+        });
     }
 }
