@@ -215,6 +215,18 @@ async fn page_follows_prefix_and_ready_url_and_can_be_switched_off() {
     assert_eq!(echo["path"], "/queue/", "{echo}");
 }
 
+/// `node tests/page/<script> <url> <artifacts>` with Chromium named, run from the page tests'
+/// folder; the caller adds the script's own flags.
+fn browser_script(script: &str, url: &str, artifacts: &Path, chromium: &Path) -> Command {
+    let mut cmd = Command::new("node");
+    cmd.arg(page_tests_dir().join(script))
+        .arg(url)
+        .arg(artifacts)
+        .env("WAITROOM_CHROMIUM", chromium)
+        .current_dir(page_tests_dir());
+    cmd
+}
+
 /// Runs one of the browser scripts (90 s at most) and returns the JSON summary it prints last.
 async fn run_browser_script(what: &str, cmd: &mut Command) -> serde_json::Value {
     let out = run_to_success(what, cmd, Duration::from_secs(90)).await;
@@ -224,6 +236,11 @@ async fn run_browser_script(what: &str, cmd: &mut Command) -> serde_json::Value 
         .and_then(|l| serde_json::from_str(l).ok())
         .unwrap_or_else(|| panic!("no JSON summary from {what}:\n{out}"))
 }
+
+/// The browser tests share the machine, except the one that times the page's calls: it has it
+/// alone: Chromiums starting cold beside it (font cache, first compile) are the likeliest cause
+/// of the page's first re-poll coming 330 ms late in a full suite on CI.
+static BROWSERS: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
 
 /// Node, npm, Chromium and playwright-core in place (`npm ci` when missing); Chromium's path.
 async fn browser_ready() -> PathBuf {
@@ -264,8 +281,8 @@ async fn browser_ready() -> PathBuf {
 /// READY with the token in the continue link and sessionStorage, and the order accepted with it.
 #[tokio::test]
 async fn shopper_waits_and_orders_in_headless_chromium() {
+    let _turn = BROWSERS.read().await;
     let chromium = browser_ready().await;
-    let page_dir = page_tests_dir();
 
     // One admission a second, so the page sees its position fall before its turn; the script
     // fills the line with a few others right before the page loads. The contract's default hold
@@ -274,10 +291,7 @@ async fn shopper_waits_and_orders_in_headless_chromium() {
     let artifacts = artifact_dir("shopper");
     let summary = run_browser_script(
         "node tests/page/e2e.mjs",
-        Command::new("node")
-            .arg(page_dir.join("e2e.mjs"))
-            .arg(proxy.url(""))
-            .arg(&artifacts)
+        browser_script("e2e.mjs", &proxy.url(""), &artifacts, &chromium)
             .args([
                 "--prefix",
                 "/queue",
@@ -286,9 +300,7 @@ async fn shopper_waits_and_orders_in_headless_chromium() {
                 "--ready-url",
                 "/checkout",
             ])
-            .args(["--token-header", "X-Entry-Token", "--user", "page-user"])
-            .env("WAITROOM_CHROMIUM", &chromium)
-            .current_dir(&page_dir),
+            .args(["--token-header", "X-Entry-Token", "--user", "page-user"]),
     )
     .await;
 
@@ -340,18 +352,14 @@ async fn shopper_waits_and_orders_in_headless_chromium() {
 /// cookie named.
 #[tokio::test]
 async fn page_through_the_identity_front_waits_then_is_ready() {
+    let _turn = BROWSERS.read().await;
     let chromium = browser_ready().await;
     let (_redis, api, proxy) = start_room("admission: {interval: 1s, batch_size: 1}").await;
     let front = IdentityFront::start(proxy.addr(), &[]);
     let summary = run_browser_script(
         "node tests/page/e2e.mjs through identity-front",
-        Command::new("node")
-            .arg(page_tests_dir().join("e2e.mjs"))
-            .arg(front.url(""))
-            .arg(artifact_dir("front"))
-            .args(["--no-identity", "--fill", "3", "--fill-base", &proxy.url("")])
-            .env("WAITROOM_CHROMIUM", &chromium)
-            .current_dir(page_tests_dir()),
+        browser_script("e2e.mjs", &front.url(""), &artifact_dir("front"), &chromium)
+            .args(["--no-identity", "--fill", "3", "--fill-base", &proxy.url("")]),
     )
     .await;
     let ctx = format!("{summary}
@@ -375,18 +383,14 @@ async fn page_through_the_identity_front_waits_then_is_ready() {
 /// and makes no further calls.
 #[tokio::test]
 async fn page_without_an_identity_asks_to_sign_in() {
+    let _turn = BROWSERS.read().await;
     let chromium = browser_ready().await;
     let (_redis, _api, proxy) = quiet_room("{}").await;
     let summary = run_browser_script(
         "node tests/page/states.mjs --expect SIGN_IN --no-identity",
-        Command::new("node")
-            .arg(page_tests_dir().join("states.mjs"))
-            .arg(proxy.url(""))
-            .arg(artifact_dir("sign-in"))
+        browser_script("states.mjs", &proxy.url(""), &artifact_dir("sign-in"), &chromium)
             // Past the 5 s an unexpected answer waits before the page tries again.
-            .args(["--expect", "SIGN_IN", "--calls", "1", "--no-identity", "--linger", "6000"])
-            .env("WAITROOM_CHROMIUM", &chromium)
-            .current_dir(page_tests_dir()),
+            .args(["--expect", "SIGN_IN", "--calls", "1", "--no-identity", "--linger", "6000"]),
     )
     .await;
     assert_eq!(summary["states"], serde_json::json!(["SIGN_IN"]), "{summary}");
@@ -415,13 +419,8 @@ fn visit(
     artifacts: &Path,
     v: &Visit,
 ) -> impl std::future::Future<Output = (Vec<String>, Vec<(String, u16, f64, f64)>)> {
-    let mut cmd = Command::new("node");
-    cmd.arg(page_tests_dir().join("states.mjs"))
-        .arg(proxy.url(""))
-        .arg(artifacts)
-        .args(["--expect", v.expect, "--calls", &v.calls.to_string()])
-        .env("WAITROOM_CHROMIUM", chromium)
-        .current_dir(page_tests_dir());
+    let mut cmd = browser_script("states.mjs", &proxy.url(""), artifacts, chromium);
+    cmd.args(["--expect", v.expect, "--calls", &v.calls.to_string()]);
     if let Some(ms) = v.steal_clock_after {
         cmd.args(["--steal-clock-after", &ms.to_string()]);
     }
@@ -462,6 +461,7 @@ fn visit(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn live_page_repolls_on_time_and_shows_each_state() {
     const LATE: f64 = 150.0;
+    let _alone = BROWSERS.write().await;
     let chromium = browser_ready().await;
     let artifacts = artifact_dir("states");
 

@@ -97,7 +97,6 @@ async function run(context) {
     { timeout: 20_000 },
   );
   log(`page shows ${opts.expect}`);
-  await page.screenshot({ path: join(artifacts, `${opts.expect.toLowerCase()}.png`), animations: "disabled" });
 
   const want = Number(opts.calls);
   const deadline = Date.now() + 40_000;
@@ -108,6 +107,9 @@ async function run(context) {
   }
   await new Promise((r) => setTimeout(r, Number(opts.linger)));
   calls = await roomCalls(page);
+  // Only after the calls of the summary are read: a screenshot can stall the page's renderer on
+  // a busy machine, and a timer due meanwhile would fire late into a gap the test times.
+  await page.screenshot({ path: join(artifacts, `${opts.expect.toLowerCase()}.png`), animations: "disabled" });
   if (pageErrors.length) throw new Error(`errors in the page: ${pageErrors.join("; ")}`);
   const heading = await page.evaluate(() => document.querySelector('[data-waitroom="heading"]').textContent);
   return { states, calls, heading };
