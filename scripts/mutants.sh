@@ -1,20 +1,26 @@
 #!/usr/bin/env bash
 # A mutation pass (cargo-mutants) over the room's pure and stateful cores: the queue's rules, the
-# local line, the spent-token memory, the canonical path and protection decision. Each mutant is
-# one small change to the code (a `<` turned `<=`, a function returning a default); a test suite
-# that still passes with it in place does not check that line.
+# local line, the held polls, the spent-token memory, the canonical path and protection decision.
+# Each mutant is one small change to the code (a `<` turned `<=`, a function returning a
+# default); a test suite that still passes with it in place does not check that line.
 #
 #   scripts/mutants.sh                      # every core file below
 #   scripts/mutants.sh src/rules/wait.rs    # only these files
 #   MUTANTS_JOBS=2 scripts/mutants.sh       # parallel builds (each needs its own copy of target/)
 #
-# The tests run per mutant are the ones that need no Redis and no network, so a mutant takes one
-# incremental build and a few seconds of tests: the library's unit tests and the property tests
-# (tests/rules_props.rs, tests/path_props.rs). A mutant those miss may still be caught by the
-# integration tests; the summary says which mutants to look at, not that the suite misses them.
+# The tests built and run per mutant are the ones that need no Redis and no network, so a mutant
+# takes one incremental build and a few seconds of tests: the library's unit tests, plus the property tests
+# that cover the file (tests/rules_props.rs for the queue's arithmetic and the address rules,
+# tests/path_props.rs for paths). Files are grouped by the tests they need, so a file checked by
+# unit tests alone builds one test binary per mutant, not three. A mutant these miss may still be
+# caught by the integration tests; the summary says which mutants to look at, not that the suite
+# misses them.
 #
-# Results land in target/mutants/mutants.out (caught.txt, missed.txt, unviable.txt, timeout.txt);
-# the last lines are cargo-mutants' own summary. Installs cargo-mutants when it is missing.
+# Builds share target/mutants-build across groups and runs (cargo-mutants builds a copy of the
+# tree; without a kept target directory every run would first rebuild every dependency).
+# Results land in target/mutants/<group>/mutants.out (caught.txt, missed.txt, unviable.txt,
+# timeout.txt); each group ends with cargo-mutants' own summary line. Installs cargo-mutants when
+# it is missing.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -25,15 +31,45 @@ fi
 
 files=("$@")
 if [ ${#files[@]} -eq 0 ]; then
-  files=(src/rules/wait.rs src/rules/token.rs src/rules/address.rs src/rules/adaptive.rs
-    src/line.rs src/spent.rs src/paths.rs)
+  files=(src/spent.rs src/rules/address.rs src/rules/token.rs src/rules/wait.rs src/hold.rs
+    src/line.rs src/rules/adaptive.rs src/paths.rs)
 fi
-globs=()
-for f in "${files[@]}"; do globs+=(--file "$f"); done
 
-mkdir -p target/mutants
-# Debug info off: most of a mutant's time is the incremental build and link.
-CARGO_PROFILE_DEV_DEBUG=0 CARGO_PROFILE_TEST_DEBUG=0 \
-  cargo mutants --package waitroom "${globs[@]}" --jobs "${MUTANTS_JOBS:-1}" \
-  --output target/mutants --timeout-multiplier 3 --minimum-test-timeout 30 \
-  -- --lib --test rules_props --test path_props
+# The tests a file's mutants are checked against.
+group_of() {
+  case "$1" in
+    src/paths.rs) echo paths ;;
+    src/rules/wait.rs | src/rules/address.rs | src/rules/token.rs) echo rules ;;
+    *) echo unit ;;
+  esac
+}
+# As cargo-mutants' --cargo-test-arg, so that they also limit its build step (`cargo test
+# --no-run`): after `--` they would only reach the test run, and every mutant would first link
+# all thirty-odd integration test binaries.
+tests_of() {
+  case "$1" in
+    paths) echo "--cargo-test-arg=--lib --cargo-test-arg=--test=path_props" ;;
+    rules) echo "--cargo-test-arg=--lib --cargo-test-arg=--test=rules_props" ;;
+    unit) echo "--cargo-test-arg=--lib" ;;
+  esac
+}
+
+export CARGO_TARGET_DIR=$PWD/target/mutants-build
+status=0
+for group in unit rules paths; do
+  globs=()
+  for f in "${files[@]}"; do
+    [ "$(group_of "$f")" = "$group" ] && globs+=(--file "$f")
+  done
+  [ ${#globs[@]} -eq 0 ] && continue
+  mkdir -p "target/mutants/$group"
+  read -r -a tests <<<"$(tests_of "$group")"
+  echo "==> $group: ${globs[*]} (${tests[*]})" >&2
+  # Debug info off: most of a mutant's time is the incremental build and link.
+  CARGO_PROFILE_DEV_DEBUG=0 CARGO_PROFILE_TEST_DEBUG=0 \
+    cargo mutants --package waitroom "${globs[@]}" "${tests[@]}" --jobs "${MUTANTS_JOBS:-1}" \
+    --no-shuffle --output "target/mutants/$group" --timeout-multiplier 3 --minimum-test-timeout 30 \
+    || status=$?
+done
+# cargo-mutants exits 2 when mutants were missed, 3 on timeouts: the summaries say which.
+exit "$status"

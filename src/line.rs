@@ -68,8 +68,8 @@ pub const RELEARN_AFTER: Duration = Duration::from_secs(2);
 /// How long the canary's subscription may take to set up before it is tried again.
 const CANARY_CONNECT: Duration = Duration::from_secs(1);
 /// At most this many learned numbers are kept; past it, new users are answered by Redis until
-/// admission frees room.
-const MAX_USERS: usize = 1_000_000;
+/// admission frees room. (A thousand in the unit tests, so that one can reach it.)
+const MAX_USERS: usize = if cfg!(test) { 1_000 } else { 1_000_000 };
 
 /// Where the line's guards read the time: the real clock in the proxy, a fake one in tests, so
 /// the freshness rules are tested without sleeping.
@@ -436,6 +436,31 @@ mod tests {
         // Admitted: Redis tells READY.
         line.refresh(&reading(12, 5, Some(8), "e"));
         assert_eq!(line.position("u7"), None);
+    }
+
+    #[test]
+    fn an_answer_from_redis_teaches_the_number_it_read() {
+        let line: LocalLine = LocalLine::default();
+        line.refresh(&reading(10, 10, Some(1), "e"));
+        // An answer that read no number (READY, not in the line) teaches nothing.
+        line.learn_arrival("u3", None, line.ticket());
+        assert_eq!(line.position("u3"), None);
+        line.learn_arrival("u3", Some(&(3, "e".to_owned())), line.ticket());
+        assert_eq!(line.position("u3"), Some(3));
+    }
+
+    #[test]
+    fn at_its_cap_the_line_learns_no_new_user_but_still_a_known_one() {
+        let line: LocalLine = LocalLine::default();
+        let full = MAX_USERS as u64;
+        line.refresh(&reading(full + 10, full + 10, Some(1), "e"));
+        for n in 1..=full {
+            line.learn(&format!("u{n}"), n, "e", line.ticket());
+        }
+        line.learn("late", full + 1, "e", line.ticket());
+        assert_eq!(line.position("late"), None, "a new user beyond the cap");
+        line.learn("u1", 5, "e", line.ticket());
+        assert_eq!(line.position("u1"), Some(5), "a known user's new number");
     }
 
     #[test]

@@ -122,14 +122,10 @@ impl<'a> Canonical<'a> {
         if let Some(target) = self.unchanged {
             return Cow::Borrowed(target);
         }
-        let query_len = self.query.map_or(0, |q| q.len() + 1);
-        let mut out = Vec::with_capacity(self.path.len() + query_len);
-        out.extend_from_slice(self.path.as_bytes());
-        if let Some(q) = self.query {
-            out.push(b'?');
-            out.extend_from_slice(q);
-        }
-        Cow::Owned(out)
+        Cow::Owned(match self.query {
+            Some(query) => [self.path.as_bytes(), b"?", query].concat(),
+            None => self.path.as_bytes().to_vec(),
+        })
     }
 }
 
@@ -669,6 +665,28 @@ mod tests {
             Verdict::PassThrough => None,
             Verdict::Protected(c) => Some(String::from_utf8(c.forward_target().into_owned()).unwrap()),
         })
+    }
+
+    #[test]
+    fn each_refusal_is_a_400_that_says_why() {
+        // The wording is what a shop's support reads back from a user's screenshot: pinned here
+        // because the end-to-end tests only see that an error is there.
+        for (refusal, message) in [
+            (PathRefusal::MalformedPercent, "the path has a malformed percent-encoding"),
+            (PathRefusal::AboveRoot, "the path climbs above the root"),
+            (PathRefusal::Ambiguous, "the path is ambiguous: it could name a protected path"),
+            (PathRefusal::NoPath, "the request target names no path"),
+        ] {
+            assert_eq!(refusal.status(), 400, "{refusal:?}");
+            assert_eq!(refusal.message(), message, "{refusal:?}");
+        }
+    }
+
+    #[test]
+    fn a_canonical_path_debugs_as_what_was_decided() {
+        // Failing property tests print this: it has to show the path and the query.
+        let c = canonical_path("/a//b?x=1").unwrap();
+        assert_eq!(format!("{c:?}"), r#"Canonical { path: "/a/b", query: Some("x=1"), unchanged: false }"#);
     }
 
     #[test]

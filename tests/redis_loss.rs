@@ -416,13 +416,7 @@ async fn under_load_a_restart_from_an_older_snapshot_shows_nobody_a_wrong_positi
     lost.iter().for_each(|u| ride(u.clone(), false));
     line_holds(2 * WAVE as u64).await;
     tokio::time::sleep(Duration::from_millis(600)).await;
-    let before: Vec<String> = redis::cmd("ZRANGE")
-        .arg(keys(&a).queue)
-        .arg(0)
-        .arg(-1)
-        .query_async(&mut redis.conn().await)
-        .await
-        .unwrap();
+    let before = zrange_all(&mut redis.conn().await, &keys(&a).queue).await;
 
     let crashed = Instant::now();
     tokio::task::block_in_place(|| {
@@ -467,13 +461,7 @@ async fn under_load_a_restart_from_an_older_snapshot_shows_nobody_a_wrong_positi
     // line then; after it, their rank in the line as it stands now (the restored line and
     // whoever entered since, at the back). A lost rider has no place from the crash until they
     // enter again.
-    let after: Vec<String> = redis::cmd("ZRANGE")
-        .arg(keys(&a).queue)
-        .arg(0)
-        .arg(-1)
-        .query_async(&mut redis.conn().await)
-        .await
-        .unwrap();
+    let after = zrange_all(&mut redis.conn().await, &keys(&a).queue).await;
     let rank = |line: &[String]| -> HashMap<String, u64> {
         line.iter().enumerate().map(|(i, u)| (u.clone(), i as u64 + 1)).collect()
     };

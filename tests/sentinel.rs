@@ -644,14 +644,8 @@ async fn passwords_for_the_primary_and_for_the_sentinels() {
             .env(NODE_PASSWORD_ENV, &passwords.node)
     };
     let proxy = room(&set.yaml()).start().await;
-    assert!(
-        wait_until(Duration::from_secs(10), Duration::from_millis(50), || async {
-            proxy.readyz().await == 200
-        })
-        .await,
-        "ready through the sentinels:\n{}",
-        proxy.logs()
-    );
+    let ready = proxy.until_readyz(200, Duration::from_secs(10)).await;
+    assert!(ready, "ready through the sentinels:\n{}", proxy.logs());
     let token = proxy.until_ready("pw-user", Duration::from_secs(10)).await;
     let order = proxy.order("pw-user", Some(&token)).await;
     assert_eq!(order.status, 201, "the token admitted through the primary buys: {}", order.body);
@@ -710,14 +704,7 @@ async fn statuses_read_from_the_replica_and_fall_back_to_the_primary() {
         .yaml("redis: {read_from_replicas: true}\nadmission: {interval: 1h, batch_size: 1}")
         .start_settled(&set.servers[0].conn().await)
         .await;
-    assert!(
-        wait_until(Duration::from_secs(10), Duration::from_millis(50), || async {
-            proxy.readyz().await == 200
-        })
-        .await,
-        "{}",
-        proxy.logs()
-    );
+    assert!(proxy.until_readyz(200, Duration::from_secs(10)).await, "{}", proxy.logs());
     let users: Vec<String> = (0..10).map(|i| format!("ro-{i}")).collect();
     for (i, user) in users.iter().enumerate() {
         let r = proxy.enter(user).await;

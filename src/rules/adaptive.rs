@@ -264,38 +264,37 @@ mod tests {
         assert_eq!(control_step(c, batch(10), Some(ms(5000)), 500), cut(9, 500));
     }
 
+    /// The states the controller goes through from `start`, one step per `(p95 ms, served)`.
+    fn walk(c: Controller, start: ControlState, readings: &[(u64, u64)]) -> Vec<ControlState> {
+        let mut s = start;
+        readings
+            .iter()
+            .map(|&(p95, served)| {
+                s = control_step(c, s, Some(ms(p95)), served);
+                s
+            })
+            .collect()
+    }
+
     #[test]
     fn the_controller_lets_a_cut_settle_before_the_next() {
-        let c = controller();
-        let after_cut = control_step(c, batch(10), Some(ms(600)), 0);
-        assert_eq!((after_cut.batch, after_cut.settle), (5, 2));
-        // The latency keeps rising for a while: two steps hold, the third cuts again.
-        let s1 = control_step(c, after_cut, Some(ms(800)), 0);
-        assert_eq!((s1.batch, s1.settle), (5, 1));
-        let s2 = control_step(c, s1, Some(ms(900)), 0);
-        assert_eq!((s2.batch, s2.settle), (5, 0));
-        let s3 = control_step(c, s2, Some(ms(900)), 0);
-        assert_eq!((s3.batch, s3.settle), (2, 2));
+        // Halved at 600 ms; the latency keeps rising for a while: two steps hold, the third cuts
+        // again.
+        let states = walk(controller(), batch(10), &[(600, 0), (800, 0), (900, 0), (900, 0)]);
+        let seen: Vec<(u32, u32)> = states.iter().map(|s| (s.batch, s.settle)).collect();
+        assert_eq!(seen, [(5, 2), (5, 1), (5, 0), (2, 2)]);
     }
 
     #[test]
     fn the_controller_probes_slowly_near_the_capacity_it_saw() {
-        let c = controller();
-        // The last cut saw the backend serve 60/s: 6 per interval.
-        let s = ControlState { batch: 5, settle: 0, served_at_cut: Some(60), probe_wait: 0 };
-        // Below that: one a step.
-        let s = control_step(c, s, Some(ms(250)), 50);
-        assert_eq!(s.batch, 6);
-        // At it, with the p95 past half the target: one every third step.
-        let s = control_step(c, s, Some(ms(250)), 60);
-        assert_eq!((s.batch, s.probe_wait), (6, 1));
-        let s = control_step(c, s, Some(ms(250)), 60);
-        assert_eq!((s.batch, s.probe_wait), (6, 2));
-        let s = control_step(c, s, Some(ms(250)), 60);
-        assert_eq!((s.batch, s.probe_wait), (7, 0));
-        // A p95 far under the target (the backend got faster): full speed again.
-        let s = control_step(c, s, Some(ms(60)), 70);
-        assert_eq!(s.batch, 8);
+        // The last cut saw the backend serve 60/s: 6 per interval. Below that: one a step (50/s);
+        // at it, with the p95 past half the target: one every third step; a p95 far under the
+        // target (the backend got faster, 70/s): full speed again.
+        let start = ControlState { batch: 5, settle: 0, served_at_cut: Some(60), probe_wait: 0 };
+        let readings = [(250, 50), (250, 60), (250, 60), (250, 60), (60, 70)];
+        let states = walk(controller(), start, &readings);
+        let seen: Vec<(u32, u32)> = states.iter().map(|s| (s.batch, s.probe_wait)).collect();
+        assert_eq!(seen, [(6, 0), (6, 1), (6, 2), (7, 0), (8, 0)]);
     }
 
     #[test]

@@ -24,6 +24,17 @@ pub async fn zcard<C: ConnectionLike>(conn: &mut C, key: &str) -> u64 {
         .expect("ZCARD")
 }
 
+/// `ZRANGE key 0 -1`: a sorted set's members, lowest score first (the line front to back).
+pub async fn zrange_all<C: ConnectionLike>(conn: &mut C, key: &str) -> Vec<String> {
+    redis::cmd("ZRANGE")
+        .arg(key)
+        .arg(0)
+        .arg(-1)
+        .query_async(conn)
+        .await
+        .expect("ZRANGE")
+}
+
 /// How many users wait in `proxy`'s room, read straight from Redis.
 pub async fn queue_len(redis: &RedisServer, proxy: &Proxy) -> u64 {
     zcard(&mut redis.conn().await, &keys(proxy).queue).await
