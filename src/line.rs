@@ -118,6 +118,10 @@ struct State {
     users: HashMap<String, u64>,
     /// `(left, last)` and when it was read; `None` when the last reading failed or showed a gap.
     mark: Option<(u64, u64, Instant)>,
+    /// How many users have left the front at least, by an answer from Redis given since the
+    /// reading in hand was sent, and when: no local answer may be older than an exact one this
+    /// proxy already gave (see `passed`).
+    floor: Option<(u64, Instant)>,
     /// When the reading in flight was sent.
     reading_since: Option<Instant>,
     pruned_at: Option<Instant>,
@@ -154,6 +158,7 @@ impl<C: Clock> LocalLine<C> {
         if stale || suspect {
             return None;
         }
+        let left = state.floor.map_or(left, |(floor, _)| floor.max(left));
         let number = *state.users.get(user)?;
         (number > left && number <= last).then(|| (number - left, number))
     }
@@ -164,10 +169,38 @@ impl<C: Clock> LocalLine<C> {
         Ticket(self.state.lock().unwrap_or_else(|e| e.into_inner()).generation)
     }
 
-    /// Remembers the arrival number an answer from Redis read of a waiting user, if it read one.
-    pub fn learn_arrival(&self, user: &str, arrival: Option<&(u64, String)>, ticket: Ticket) {
-        if let Some((number, epoch)) = arrival {
-            self.learn(user, *number, epoch, ticket);
+    /// Remembers the arrival number an answer from Redis read of a waiting user, if it read one,
+    /// and, with the `position` it answered, how many users have left the front.
+    pub fn learn_arrival(&self, user: &str, arrival: Option<&(u64, String)>, position: Option<u64>, ticket: Ticket) {
+        let Some((number, epoch)) = arrival else { return };
+        self.learn(user, *number, epoch, ticket);
+        // Places ahead that are not numbers of the line (a draw's, below 1) only lower this.
+        if let Some(left) = position.and_then(|p| number.checked_sub(p)) {
+            self.passed(left, Some(epoch), ticket);
+        }
+    }
+
+    /// Redis answered that `user` was admitted: everyone who arrived before them has left the
+    /// front too (admission pops in order), if the line knows their number.
+    pub fn learn_admitted(&self, user: &str, ticket: Ticket) {
+        let number = self.state.lock().unwrap_or_else(|e| e.into_inner()).users.get(user).copied();
+        if let Some(number) = number {
+            self.passed(number, None, ticket);
+        }
+    }
+
+    /// At least `left` users have left the front, by an answer from Redis. A reading sent
+    /// before that answer was read may come back after it, older: without this, a poll answered
+    /// here just after another answered by Redis could show the line as it was before a batch
+    /// left (a later arrival ahead of an earlier one, or still waiting behind someone READY).
+    fn passed(&self, left: u64, epoch: Option<&str>, ticket: Ticket) {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let now = self.clock.now();
+        let comparable = state.generation == ticket.0
+            && epoch.is_none_or(|epoch| state.epoch.as_deref() == Some(epoch))
+            && !state.switched_at.is_some_and(|at| now.saturating_duration_since(at) < RELEARN_AFTER);
+        if comparable && state.floor.is_none_or(|(floor, _)| left > floor) {
+            state.floor = Some((left, now));
         }
     }
 
@@ -200,7 +233,11 @@ impl<C: Clock> LocalLine<C> {
     /// learned so far were forgotten (another epoch, another server, or a counter gone down).
     pub fn refresh(&self, reading: &LineReading) -> bool {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        state.reading_since = None;
+        let sent = state.reading_since.take();
+        // A reading sent after the floor was raised has seen what raised it.
+        if state.floor.is_some_and(|(_, at)| sent.is_none_or(|sent| sent >= at)) {
+            state.floor = None;
+        }
         let rolled_back = reading.last < state.last;
         let forgotten = state.epoch != reading.epoch || state.server != reading.server || rolled_back;
         if forgotten {
@@ -208,6 +245,7 @@ impl<C: Clock> LocalLine<C> {
                 state.switched_at = Some(self.clock.now());
             }
             state.users.clear();
+            state.floor = None;
             state.generation += 1;
             state.epoch = reading.epoch.clone();
             state.server = reading.server.clone();
@@ -443,10 +481,73 @@ mod tests {
         let line: LocalLine = LocalLine::default();
         line.refresh(&reading(10, 10, Some(1), "e"));
         // An answer that read no number (READY, not in the line) teaches nothing.
-        line.learn_arrival("u3", None, line.ticket());
+        line.learn_arrival("u3", None, None, line.ticket());
         assert_eq!(line.position("u3"), None);
-        line.learn_arrival("u3", Some(&(3, "e".to_owned())), line.ticket());
+        line.learn_arrival("u3", Some(&(3, "e".to_owned())), Some(3), line.ticket());
         assert_eq!(line.position("u3"), Some(3));
+    }
+
+    /// The sweep of tests/admission_tokens.rs once saw this: a reading sent before a batch left
+    /// came back after a poll answered by Redis (the reading was slow enough to be suspect), and
+    /// the next poll, answered here from it, put an earlier arrival behind a later one.
+    #[test]
+    fn no_local_answer_is_older_than_an_answer_redis_gave() {
+        let clock = FakeClock::new();
+        let line = LocalLine::with_clock(clock.clone());
+        let e = |n: u64| Some((n, "e".to_owned()));
+        line.refresh(&reading(60, 60, Some(1), "e"));
+        for n in 1..=60 {
+            line.learn(&format!("u{n}"), n, "e", line.ticket());
+        }
+        line.reading();
+        clock.advance(Duration::from_millis(1));
+        // Five have left since that reading was sent; Redis tells u57 so.
+        line.learn_arrival("u57", e(57).as_ref(), Some(52), line.ticket());
+        assert_eq!(line.position("u56"), Some(51));
+        assert_eq!(line.position("u5"), None, "gone: Redis answers");
+        // The reading sent before comes back with the line as it was: the floor stands.
+        clock.advance(Duration::from_millis(1));
+        line.refresh(&reading(60, 60, Some(1), "e"));
+        assert_eq!(line.position("u56"), Some(51));
+        // A reading sent after it is the line itself again, whatever it says.
+        line.reading();
+        clock.advance(Duration::from_millis(1));
+        line.refresh(&reading(60, 57, Some(4), "e"));
+        assert_eq!(line.position("u56"), Some(53));
+    }
+
+    #[test]
+    fn a_user_redis_answers_ready_takes_everyone_ahead_of_them_along() {
+        let clock = FakeClock::new();
+        let line = LocalLine::with_clock(clock.clone());
+        line.refresh(&reading(20, 20, Some(1), "e"));
+        for n in 1..=20 {
+            line.learn(&format!("u{n}"), n, "e", line.ticket());
+        }
+        line.reading();
+        clock.advance(Duration::from_millis(1));
+        line.learn_admitted("u10", line.ticket());
+        assert_eq!(line.position("u9"), None, "READY or gone, as Redis says");
+        assert_eq!(line.position("u11"), Some(1));
+        // Not known here: nothing to learn from.
+        line.learn_admitted("stranger", line.ticket());
+        assert_eq!(line.position("u11"), Some(1));
+    }
+
+    #[test]
+    fn an_answer_asked_before_the_numbers_were_forgotten_raises_no_floor() {
+        let clock = FakeClock::new();
+        let line = LocalLine::with_clock(clock.clone());
+        line.refresh(&reading(20, 20, Some(1), "e"));
+        let before = line.ticket();
+        // Another epoch: everything learned is forgotten.
+        line.refresh(&reading(20, 20, Some(1), "f"));
+        line.learn("u15", 15, "f", line.ticket());
+        line.reading();
+        clock.advance(Duration::from_millis(1));
+        line.learn_arrival("u12", Some(&(12, "f".to_owned())), Some(2), before);
+        line.learn_arrival("u13", Some(&(13, "e".to_owned())), Some(2), line.ticket());
+        assert_eq!(line.position("u15"), Some(15));
     }
 
     #[test]

@@ -43,7 +43,11 @@ pub async fn handle(
         Ok(entered) => {
             metrics::ABANDONED_TOTAL.inc_by(entered.abandoned);
             if let Some(line) = local {
-                line.learn_arrival(user, entered.arrival.as_ref(), ticket);
+                let position = match entered.outcome {
+                    EnterOutcome::Waiting { position, .. } => Some(position),
+                    _ => None,
+                };
+                line.learn_arrival(user, entered.arrival.as_ref(), position, ticket);
             }
             match entered.outcome {
                 EnterOutcome::Waiting { position, already } => (

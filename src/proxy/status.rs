@@ -154,7 +154,13 @@ async fn read(state: &RoomState, settings: &Settings, room: &Room, user: &str, a
         Ok(status) => {
             metrics::ABANDONED_TOTAL.inc_by(status.abandoned);
             if let Some(line) = local {
-                line.learn_arrival(user, status.arrival.as_ref(), ticket);
+                match &status.outcome {
+                    StatusOutcome::Waiting { position } => {
+                        line.learn_arrival(user, status.arrival.as_ref(), Some(*position), ticket)
+                    }
+                    StatusOutcome::Ready { .. } => line.learn_admitted(user, ticket),
+                    _ => {}
+                }
             }
             match status.outcome {
                 StatusOutcome::Waiting { position } => waiting(position, status.score),
