@@ -17,12 +17,13 @@ use schemars::{json_schema, JsonSchema, Schema, SchemaGenerator};
 
 use super::raw;
 
-/// What `humantime::parse_duration` (which reads every duration) accepts: numbers, fractions
-/// allowed, each with a unit, whitespace anywhere between.
+/// What `humantime::parse_duration` (which reads every duration, trimmed) accepts: numbers,
+/// fractions allowed, each with a unit, whitespace anywhere between; and a bare `0`, the one
+/// number it takes without a unit.
 const DURATION_PATTERN: &str = concat!(
-    r"^\s*([0-9][0-9\s]*(\.[0-9\s]*[0-9][0-9\s]*)?\s*",
+    r"^\s*(0\s*|([0-9][0-9\s]*(\.[0-9\s]*[0-9][0-9\s]*)?\s*",
     r"(nanos|nsec|ns|usec|us|µs|millis|msec|ms|seconds|second|secs|sec|s|minutes|minute|mins|min|m",
-    r"|hours|hour|hrs|hr|h|days|day|d|weeks|week|wks|wk|w|months|month|M|years|year|yrs|yr|y)\s*)+$",
+    r"|hours|hour|hrs|hr|h|days|day|d|weeks|week|wks|wk|w|months|month|M|years|year|yrs|yr|y)\s*)+)$",
 );
 
 /// What [`super::parse_size`] accepts.
@@ -228,10 +229,11 @@ mod tests {
 
     #[test]
     fn the_patterns_take_the_contract_s_examples_and_refuse_unitless_numbers() {
-        for d in ["100ms", "2s", "5m", "1h", "0s", "1h 30m", "1h30m", "1.5s", " 2 s ", "3µs", "2 weeks"] {
+        for d in ["100ms", "2s", "5m", "1h", "0s", "1h 30m", "1h30m", "1.5s", " 2 s ", "3µs", "2 weeks", "0", " 0 "] {
             assert!(proxy_takes("shutdown", "grace", d) && matches(DURATION_PATTERN, d), "{d:?}");
         }
-        for d in ["300", "5x", "", "s", "1.s"] {
+        for d in ["300", "5x", "", "s", "1.s", "00", "0 0"] {
+            assert!(!proxy_takes("shutdown", "grace", d), "{d:?}");
             assert!(!matches(DURATION_PATTERN, d), "{d:?}");
         }
         assert!(matches(SIZE_PATTERN, "32KiB") && !matches(SIZE_PATTERN, "32KB"));
