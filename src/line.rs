@@ -33,6 +33,10 @@
 //!   always comes from Redis;
 //! - polls that Redis must see (enforced polling, abandonment): never answered here.
 //!
+//! No local answer is older than an exact one this proxy gave: each answer from Redis raises a
+//! floor under the mark (how many have left the front, by that answer) that a reading sent
+//! earlier and answered later cannot lower (see `LocalLine::passed`).
+//!
 //! What a local answer can get wrong is bounded by the reading's age: a user admitted by
 //! another proxy's tick in the last [`FRESH_FOR`] may be told WAITING at position 1..batch once
 //! more, and learns READY at the next poll.
