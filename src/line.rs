@@ -491,18 +491,24 @@ mod tests {
         assert_eq!(line.position("u3"), Some(3));
     }
 
+    /// A line of `n` users, `u1` to `un`, every number learned, on a clock that moves when told.
+    fn learned_line(n: u64) -> (FakeClock, LocalLine<FakeClock>) {
+        let clock = FakeClock::new();
+        let line = LocalLine::with_clock(clock.clone());
+        line.refresh(&reading(n, n, Some(1), "e"));
+        for k in 1..=n {
+            line.learn(&format!("u{k}"), k, "e", line.ticket());
+        }
+        (clock, line)
+    }
+
     /// The sweep of tests/admission_tokens.rs once saw this: a reading sent before a batch left
     /// came back after a poll answered by Redis (the reading was slow enough to be suspect), and
     /// the next poll, answered here from it, put an earlier arrival behind a later one.
     #[test]
     fn no_local_answer_is_older_than_an_answer_redis_gave() {
-        let clock = FakeClock::new();
-        let line = LocalLine::with_clock(clock.clone());
+        let (clock, line) = learned_line(60);
         let e = |n: u64| Some((n, "e".to_owned()));
-        line.refresh(&reading(60, 60, Some(1), "e"));
-        for n in 1..=60 {
-            line.learn(&format!("u{n}"), n, "e", line.ticket());
-        }
         line.reading();
         clock.advance(Duration::from_millis(1));
         // Five have left since that reading was sent; Redis tells u57 so.
@@ -522,12 +528,7 @@ mod tests {
 
     #[test]
     fn a_user_redis_answers_ready_takes_everyone_ahead_of_them_along() {
-        let clock = FakeClock::new();
-        let line = LocalLine::with_clock(clock.clone());
-        line.refresh(&reading(20, 20, Some(1), "e"));
-        for n in 1..=20 {
-            line.learn(&format!("u{n}"), n, "e", line.ticket());
-        }
+        let (clock, line) = learned_line(20);
         line.reading();
         clock.advance(Duration::from_millis(1));
         line.learn_admitted("u10", line.ticket());
