@@ -883,6 +883,15 @@ impl Config {
         let admin = v.admin(raw.admin);
         let event = raw.event.map(|e| v.event(e));
 
+        if let (Some(proxy), Some(operator)) = (listen, metrics_listen) {
+            // Never both served: one of the two binds waits for the other, and a wildcard
+            // address shares its port with every address of the machine.
+            let overlap = proxy.port() == operator.port()
+                && (proxy.ip() == operator.ip() || proxy.ip().is_unspecified() || operator.ip().is_unspecified());
+            if overlap {
+                v.fail::<()>("metrics_listen", format!("must not share its port with listen ({proxy})"));
+            }
+        }
         if let (Some(abandon), Some(tiers)) = (abandon_after, poll_after.as_ref()) {
             // What users are told: answers carry whole seconds, rounded up.
             let longest = tiers
@@ -1722,6 +1731,21 @@ mod tests {
     #[test]
     fn missing_upstream_is_an_error() {
         assert_eq!(problems(""), vec!["upstream: is required (host:port of the order API)"]);
+    }
+
+    #[test]
+    fn the_operator_endpoints_never_share_the_proxys_port() {
+        // A shared port would serve /metrics' 405s to users, or the room to Prometheus.
+        for (listen, metrics) in [("127.0.0.1:9000", "127.0.0.1:9000"), ("0.0.0.0:9000", "127.0.0.1:9000"), ("127.0.0.2:9000", "[::]:9000")] {
+            assert_eq!(
+                problems(&format!("upstream: a:1\nlisten: \"{listen}\"\nmetrics_listen: \"{metrics}\"")),
+                vec![format!("metrics_listen: must not share its port with listen ({listen})")],
+                "{listen} and {metrics}"
+            );
+        }
+        for (listen, metrics) in [("127.0.0.1:9000", "127.0.0.1:9001"), ("127.0.0.1:9000", "127.0.0.2:9000")] {
+            assert_eq!(problems(&format!("upstream: a:1\nlisten: \"{listen}\"\nmetrics_listen: \"{metrics}\"")), Vec::<String>::new());
+        }
     }
 
     #[test]
