@@ -60,8 +60,8 @@ fn overlay() -> impl Strategy<Value = String> {
 /// One configuration: refused with 2, or served (started, a user admitted, no panic).
 async fn try_configuration(redis: &RedisServer, api: &DemoApi, overlay: String) -> Result<&'static str, String> {
     let builder = Proxy::builder(&redis.url(), api.addr()).yaml(&overlay);
-    let ports = |_| std::net::SocketAddr::from(([127, 0, 0, 1], free_port()));
-    let full = serde_yaml::to_string(&builder.config(ports(()), ports(()))).expect("yaml");
+    let [listen, metrics] = free_ports().map(|port| std::net::SocketAddr::from(([127, 0, 0, 1], port)));
+    let full = serde_yaml::to_string(&builder.config(listen, metrics)).expect("yaml");
     let checked = run_check(&full);
     match checked.status.code() {
         Some(0) => {}

@@ -35,6 +35,15 @@ fn free_port_is_bindable() {
     assert!(tries.iter().any(Result::is_ok), "no port from free_port binds: {tries:?}");
 }
 
+/// Ports asked for together are distinct (a proxy's `listen` and `metrics_listen` come from one
+/// call; the same port for both refuses the config).
+#[test]
+fn free_ports_are_distinct() {
+    let ports = free_ports::<16>();
+    let distinct: std::collections::BTreeSet<u16> = ports.iter().copied().collect();
+    assert_eq!(distinct.len(), ports.len(), "{ports:?}");
+}
+
 /// `closed_port()` refuses connections at once, stays the same for the binary's run, and nobody
 /// can bind it meanwhile (it is held, not merely free).
 #[test]

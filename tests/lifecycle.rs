@@ -69,12 +69,13 @@ fn describe(out: &Output) -> String {
 
 /// A valid file for `--check`: every address parses, Redis is a closed port.
 fn valid_check_yaml() -> String {
+    let [listen, metrics, upstream] = free_ports();
     format!(
         "listen: \"127.0.0.1:{}\"\nmetrics_listen: \"127.0.0.1:{}\"\nupstream: \"127.0.0.1:{}\"\n\
          redis: {{url: \"{}\", key_prefix: checkroom}}\n",
-        free_port(),
-        free_port(),
-        free_port(),
+        listen,
+        metrics,
+        upstream,
         closed_redis_url()
     )
 }
@@ -1074,7 +1075,7 @@ async fn changing_addresses_or_redis_needs_a_restart_and_keeps_serving() {
     // New addresses that were free a moment ago: whoever takes them meanwhile, the kernel says
     // below whether this proxy listens there. The new Redis refuses every connection, so a proxy
     // that switched to it would answer 503.
-    let (new_listen, new_metrics) = (local(free_port()), local(free_port()));
+    let [new_listen, new_metrics] = free_ports().map(local);
     proxy.rewrite_config(&format!(
         "listen: \"{new_listen}\"\nmetrics_listen: \"{new_metrics}\"\nredis: {{url: \"{}\"}}\n\
          admission: {{batch_size: 7}}",

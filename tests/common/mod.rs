@@ -49,10 +49,15 @@ use std::time::{Duration, Instant};
 /// A port that was free a moment ago. Another process may take it before the caller binds it;
 /// the start-up helpers notice the failed bind and retry on a new port.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("bind 127.0.0.1:0")
-        .port()
+    free_ports::<1>()[0]
+}
+
+/// `N` ports that were free a moment ago, and distinct: each is held while the next is asked
+/// for (two `free_port()` calls in a row may hand out the same port, and a proxy given it for
+/// both `listen` and `metrics_listen` served its users the operator endpoints).
+pub fn free_ports<const N: usize>() -> [u16; N] {
+    let held: [TcpListener; N] = std::array::from_fn(|_| TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0"));
+    held.map(|l| l.local_addr().expect("local_addr").port())
 }
 
 /// Polls `cond` every `every` until it yields true (-> true) or `timeout` has passed (-> false).

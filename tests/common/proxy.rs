@@ -5,7 +5,7 @@
 //! the same `key_prefix`) starts proxies that share one room; separate builders never do.
 
 use super::client::{http_client, send, Resp};
-use super::free_port;
+use super::free_ports;
 use super::process::{has_exited, kill_and_reap, read_logs, signal, spawn_logged};
 use serde_yaml::Value;
 use std::net::SocketAddr;
@@ -180,8 +180,9 @@ impl ProxyBuilder {
             std::fs::create_dir_all(path.parent().unwrap()).expect("create file dir");
             std::fs::write(&path, contents).expect("write file");
         }
-        let listen = SocketAddr::new(self.listen_ip, free_port());
-        let metrics = SocketAddr::from(([127, 0, 0, 1], free_port()));
+        let [listen_port, metrics_port] = free_ports();
+        let listen = SocketAddr::new(self.listen_ip, listen_port);
+        let metrics = SocketAddr::from(([127, 0, 0, 1], metrics_port));
         let config = self.config(listen, metrics);
         // Report the addresses the proxy will really use, should the test have overridden them.
         let addr_at = |key: &str, default| {
