@@ -14,14 +14,15 @@ ROUNDS=${ROUNDS:-4} SECONDS_EACH=${SECONDS_EACH:-6}
 OUT=$(mktemp -d); cd "$OUT"
 PIDS=()
 trap 'kill "${PIDS[@]}" 2>/dev/null; redis-cli -p "$RP" shutdown nosave >/dev/null 2>&1; rm -rf "$OUT"' EXIT
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+# shellcheck source=../scripts/lib.sh
+. "$ROOT/scripts/lib.sh"
 RP=$(free_port)
 redis-server --port "$RP" --save '' --appendonly no --daemonize yes --logfile "$OUT/redis.log"
 sleep 0.5
 declare -A PORT
 start() { # NAME BIN RUST_LOG [extra yaml]
   local port metrics
-  port=$(free_port) metrics=$(free_port)
+  read -r port metrics <<<"$(free_ports 2)"
   printf 'listen: "127.0.0.1:%s"\nmetrics_listen: "127.0.0.1:%s"\nupstream: "127.0.0.1:9"\nredis: { url: "redis://127.0.0.1:%s", key_prefix: alog }\nadmission: { interval: 1h, batch_size: 1 }\n%s\n' \
     "$port" "$metrics" "$RP" "${4:-}" >"$1.yaml"
   RUST_LOG=$3 "$2" --config "$1.yaml" 2>"$1.log" &

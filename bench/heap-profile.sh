@@ -62,7 +62,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-RP=$(free_port) LP=$(free_port) MP=$(free_port)
+read -r RP LP MP <<<"$(free_ports 3)"
 redis-server --port "$RP" --save '' --appendonly no --dir "$WORK" --logfile "$WORK/redis.log" &
 PIDS+=($!)
 wait_until 5 "redis-server" redis-cli -p "$RP" PING || die "redis-server did not start"

@@ -14,8 +14,9 @@ OUT=$(mktemp -d); cd "$OUT"
 trap 'rm -rf "$OUT"' EXIT
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 [ "$(ulimit -n)" -ge 10100 ] || { echo "ulimit -n is $(ulimit -n): 10,000 connections need more" >&2; exit 1; }
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-RP=$(free_port) LP=$(free_port) MP=$(free_port)
+# shellcheck source=../scripts/lib.sh
+. "$ROOT/scripts/lib.sh"
+read -r RP LP MP <<<"$(free_ports 3)"
 redis-server --port $RP --save '' --appendonly no --daemonize yes --logfile $OUT/redis.log
 sleep 0.5
 cat > $OUT/w.yaml <<Y

@@ -131,6 +131,17 @@ free_port() {
   die "no free port found"
 }
 
+# free_ports N: prints N distinct free ports on one line (N free_port calls may repeat one, and a
+# proxy refuses one port for both listen and metrics_listen).
+free_ports() {
+  local picked=() port
+  while [ "${#picked[@]}" -lt "$1" ]; do
+    port=$(free_port)
+    [[ " ${picked[*]} " == *" $port "* ]] || picked+=("$port")
+  done
+  echo "${picked[*]}"
+}
+
 # wait_until SECONDS DESCRIPTION COMMAND...: retries COMMAND every 0.1 s until it succeeds.
 # A COMMAND that answers 99 means "this will never succeed" (the process died): stop at once.
 wait_until() {

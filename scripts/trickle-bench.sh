@@ -43,8 +43,6 @@ cleanup() {
 }
 trap cleanup EXIT
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-
 if [ -n "${WAITROOM_BIN:-}" ]; then
   BIN=$WAITROOM_BIN
 else
@@ -61,8 +59,7 @@ REDIS_PORT=$(free_port)
 redis-server --port "$REDIS_PORT" --save '' --appendonly no --dir "$WORKDIR" >"$WORKDIR/redis.log" 2>&1 &
 PIDS+=($!)
 
-PORT=$(free_port)
-METRICS_PORT=$(free_port)
+read -r PORT METRICS_PORT <<<"$(free_ports 2)"
 cat >"$WORKDIR/proxy.yaml" <<EOF
 listen: "127.0.0.1:$PORT"
 metrics_listen: "127.0.0.1:$METRICS_PORT"
