@@ -16,7 +16,7 @@ PIDS=()
 trap 'kill "${PIDS[@]}" 2>/dev/null; redis-cli -p "$RP" shutdown nosave >/dev/null 2>&1; rm -rf "$OUT"' EXIT
 # shellcheck source=../scripts/lib.sh
 . "$ROOT/scripts/lib.sh"
-RP=$(free_port)
+RP=$(free_ports 1)
 redis-server --port "$RP" --save '' --appendonly no --daemonize yes --logfile "$OUT/redis.log"
 sleep 0.5
 declare -A PORT

@@ -11,7 +11,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BIN=${BIN:-$ROOT/target/release/waitroom}
 WRB=${WRB:-$ROOT/target/release/wrbench}
 OUT=$(mktemp -d); cd "$OUT"
-trap 'rm -rf "$OUT"' EXIT
+trap '[ -n "${KEEP:-}" ] || rm -rf "$OUT"' EXIT
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 [ "$(ulimit -n)" -ge 10100 ] || { echo "ulimit -n is $(ulimit -n): 10,000 connections need more" >&2; exit 1; }
 # shellcheck source=../scripts/lib.sh

@@ -113,7 +113,7 @@ port_in_use() {
 }
 
 # free_port [PREFERRED]: prints PREFERRED when nothing listens there, else a free port picked at
-# random from 20000-59999 (below Linux's default ephemeral range, so outgoing connections do not
+# random from 20000-32767 (below Linux's default ephemeral range, 32768-60999, so outgoing connections do not
 # grab it in between).
 free_port() {
   local port
@@ -122,7 +122,7 @@ free_port() {
     return
   fi
   for _ in $(seq 1 100); do
-    port=$((20000 + (RANDOM * 32768 + RANDOM) % 40000))
+    port=$((20000 + (RANDOM * 32768 + RANDOM) % 12768))
     if ! port_in_use "$port"; then
       echo "$port"
       return
@@ -131,15 +131,15 @@ free_port() {
   die "no free port found"
 }
 
-# free_ports N: prints N distinct free ports on one line (N free_port calls may repeat one, and a
-# proxy refuses one port for both listen and metrics_listen).
+# free_ports N: prints N distinct ports the kernel has just handed out, on one line (all N are
+# held until each is known, so none repeats, and none is any socket's local port at that moment:
+# a random pick can land on a client connection's port in a benchmark with thousands of them).
 free_ports() {
-  local picked=() port
-  while [ "${#picked[@]}" -lt "$1" ]; do
-    port=$(free_port)
-    [[ " ${picked[*]} " == *" $port "* ]] || picked+=("$port")
-  done
-  echo "${picked[*]}"
+  python3 -c 'import socket, sys
+held = [socket.socket() for _ in range(int(sys.argv[1]))]
+for s in held:
+    s.bind(("127.0.0.1", 0))
+print(" ".join(str(s.getsockname()[1]) for s in held))' "$1"
 }
 
 # wait_until SECONDS DESCRIPTION COMMAND...: retries COMMAND every 0.1 s until it succeeds.

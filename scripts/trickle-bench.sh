@@ -55,7 +55,7 @@ else
   BIN="$ROOT/target/$PROFILE/waitroom"
 fi
 
-REDIS_PORT=$(free_port)
+REDIS_PORT=$(free_ports 1)
 redis-server --port "$REDIS_PORT" --save '' --appendonly no --dir "$WORKDIR" >"$WORKDIR/redis.log" 2>&1 &
 PIDS+=($!)
 
