@@ -321,6 +321,9 @@ pub struct LimitedStream {
     timer: Pin<Box<Sleep>>,
     header_timeout: Duration,
     max_head: usize,
+    /// A response's writes, gathered until pingora flushes them (see `poll_write`). Empty, with
+    /// no allocation, while the connection waits for a head.
+    pending: Vec<u8>,
     _slot: Slot,
 }
 
@@ -333,6 +336,7 @@ impl LimitedStream {
             timer: Box::pin(tokio::time::sleep(Duration::ZERO)),
             header_timeout: limits.header_timeout,
             max_head: limits.max_request_head,
+            pending: Vec::new(),
             _slot: slot,
         };
         stream.expect_head(limits, true);
@@ -484,6 +488,7 @@ impl LimitedStream {
                     return Poll::Ready(Ok(()));
                 }
                 Phase::Refusing { response, at } => {
+                    ready!(Self::poll_drain(&mut self.inner, &mut self.pending, cx))?;
                     while *at < response.len() {
                         match ready!(Pin::new(&mut self.inner).poll_write(cx, &response[*at..])) {
                             Ok(0) | Err(_) => return Poll::Ready(Err(self.close(Closed::HeadTooLarge))),
@@ -523,35 +528,61 @@ impl AsyncRead for LimitedStream {
     }
 }
 
+/// Writes smaller than this are gathered until the flush, so a response's head and a small body
+/// leave in one send; pingora's own L4 write buffer (off on `listen`, see `crate::server`) has
+/// this size and the same rule.
+const GATHER_BELOW: usize = 1460;
+
+impl LimitedStream {
+    /// Sends what `pending` holds, then frees it: an idle connection keeps no write buffer.
+    fn poll_drain(inner: &mut Stream, pending: &mut Vec<u8>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        while !pending.is_empty() {
+            match ready!(Pin::new(&mut *inner).poll_write(cx, pending)) {
+                Ok(0) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
+                Ok(n) => drop(pending.drain(..n)),
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
+        *pending = Vec::new();
+        Poll::Ready(Ok(()))
+    }
+}
+
 impl AsyncWrite for LimitedStream {
+    /// pingora's buffered writer's rule, with a buffer that exists only while a response is being
+    /// written: small writes are gathered, a large one first sends what was gathered and then
+    /// goes straight to the socket.
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+        let this = self.get_mut();
+        if this.pending.len() + buf.len() > GATHER_BELOW {
+            ready!(Self::poll_drain(&mut this.inner, &mut this.pending, cx))?;
+        }
+        if buf.len() >= GATHER_BELOW {
+            return Pin::new(&mut this.inner).poll_write(cx, buf);
+        }
+        this.pending.extend_from_slice(buf);
+        Poll::Ready(Ok(buf.len()))
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+        let this = self.get_mut();
+        ready!(Self::poll_drain(&mut this.inner, &mut this.pending, cx))?;
+        Pin::new(&mut this.inner).poll_flush(cx)
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
+        let this = self.get_mut();
+        ready!(Self::poll_drain(&mut this.inner, &mut this.pending, cx))?;
+        Pin::new(&mut this.inner).poll_shutdown(cx)
     }
 }
 
 #[async_trait]
 impl Shutdown for LimitedStream {
     async fn shutdown(&mut self) {
+        let (inner, pending) = (&mut self.inner, &mut self.pending);
+        // Whatever was gathered goes out before the close; a failed send has nothing left to save.
+        let _ = std::future::poll_fn(|cx| Self::poll_drain(inner, pending, cx)).await;
         self.inner.shutdown().await
     }
 }
@@ -639,6 +670,38 @@ mod tests {
         let n = s.read(&mut buf).await.unwrap();
         assert_eq!(&buf[..n], b"GET / HTTP/1.1\r\nHost: a\r\n\r\nBODY");
         assert!(matches!(s.phase, Phase::Serving));
+    }
+
+    #[tokio::test]
+    async fn a_responses_small_writes_leave_together_at_the_flush_and_keep_no_buffer() {
+        let (mut s, mut client) = connection(&limits(5000, 5000, 1024));
+        let mut buf = vec![0u8; 8192];
+        s.write_all(&[b'h'; 200]).await.unwrap();
+        s.write_all(&[b'b'; 300]).await.unwrap();
+        assert!(tokio::time::timeout(Duration::from_millis(100), client.read(&mut buf)).await.is_err(), "sent before the flush");
+        s.flush().await.unwrap();
+        let n = client.read(&mut buf).await.unwrap();
+        assert_eq!((n, &buf[..200], &buf[200..500]), (500, &[b'h'; 200][..], &[b'b'; 300][..]), "one send, in order");
+        assert_eq!(s.pending.capacity(), 0, "a flushed connection holds no write buffer");
+
+        // A large write sends what was gathered first, then goes out itself, in order.
+        s.write_all(&[b'h'; 100]).await.unwrap();
+        s.write_all(&[b'B'; 3000]).await.unwrap();
+        let mut got = Vec::new();
+        while got.len() < 3100 {
+            let n = client.read(&mut buf).await.unwrap();
+            got.extend_from_slice(&buf[..n]);
+        }
+        assert_eq!((&got[..100], &got[100..]), (&[b'h'; 100][..], &[b'B'; 3000][..]));
+        assert!(s.pending.is_empty());
+
+        // A close sends what was gathered (dropped unsent, it would be lost with the stream).
+        s.write_all(b"tail").await.unwrap();
+        Shutdown::shutdown(&mut s).await;
+        drop(s);
+        let mut rest = Vec::new();
+        client.read_to_end(&mut rest).await.unwrap();
+        assert_eq!(rest, b"tail");
     }
 
     #[tokio::test]

@@ -113,12 +113,11 @@ pub fn run(config: Config, config_path: PathBuf) -> Result<(), StartError> {
     );
     let mut proxy = Service::new("waitroom".to_string(), Guarded::new(app, connections.clone()));
     proxy.set_connection_filter(Arc::new(AtCapacity(connections)));
-    // No read buffer under pingora's parser (its default is 64 KiB a connection, kept for the
-    // connection's life): the connection loop reads each head into a per-thread buffer
-    // (crate::limits) and pingora reads bodies into buffers of its own. The write buffer keeps a
-    // response's head and a small body in one send.
-    let unbuffered_reads = L4BufferSettings::default().read(0);
-    proxy.add_listener(ListenerConfig::tcp(listen.clone()).l4_buffer(unbuffered_reads));
+    // No L4 buffers under pingora's parser (by default 64 KiB to read and 1,460 B to write, kept
+    // for the connection's life): the connection loop reads each head into a per-thread buffer
+    // and gathers a response's small writes only until they are flushed (crate::limits), and
+    // pingora reads bodies into buffers of its own.
+    proxy.add_listener(ListenerConfig::tcp(listen.clone()).l4_buffer(L4BufferSettings::unbuffered()));
 
     let mut ops = Service::new("ops".to_string(), OpsEndpoints::new(state.clone(), Room::new(&redis)?));
     ops.add_tcp(&metrics_listen);
