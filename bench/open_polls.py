@@ -3,7 +3,10 @@
 poll (users nobody queued) or with its status poll held open (users u1..uCOUNT, queued near the
 front by `wrbench seed-queue`), then holds them all open for a while and closes them.
 
-  open_polls.py --port P --metrics-port M --count N [--held] [--pid PID] [--linger S]
+  open_polls.py --port P --metrics-port M --count N [--held] [--pid PID] [--linger S] [--in-flight K]
+
+At most K connections (500) are being opened and answered at once: a heap profile of idle
+connections asks for few, so that requests in flight do not make the heap's peak.
 
 With --held it waits until the proxy reports every poll held (`waitroom_held_polls`). It prints
 one line: the held polls, and with --pid the process's RSS, once every connection is open. Used by
@@ -26,7 +29,7 @@ def rss_kb(pid):
 
 async def main(args):
     writers = []
-    limit = asyncio.Semaphore(500)
+    limit = asyncio.Semaphore(args.in_flight)
 
     async def one(i):
         async with limit:
@@ -62,4 +65,5 @@ if __name__ == "__main__":
     parser.add_argument("--held", action="store_true")
     parser.add_argument("--pid", type=int)
     parser.add_argument("--linger", type=float, default=0)
+    parser.add_argument("--in-flight", type=int, default=500)
     asyncio.run(main(parser.parse_args()))

@@ -19,7 +19,9 @@
 //!   IO traits by delegation. While a head is awaited it holds the bytes itself and hands them to
 //!   pingora only once the blank line that ends the head has arrived. So pingora parses each head
 //!   once, never buffers an unfinished one, and never sees a connection that a limit closes (it
-//!   takes the close for a client that went away: no error line per slow client);
+//!   takes the close for a client that went away: no error line per slow client). It also
+//!   gathers a response's small writes until pingora flushes them, in place of pingora's L4
+//!   write buffer, so a waiting connection keeps no write buffer either;
 //! - the listener's connection filter (pingora's `connection_filter` feature) refuses a
 //!   connection beyond `max_connections` before pingora spawns a task for it. It only reads the
 //!   count; [`Guarded`] takes the slot, so the limit holds exactly even when a burst is accepted
@@ -309,7 +311,7 @@ enum Phase {
 }
 
 /// An accepted connection held to `limits` (see the module doc); everything pingora asks of a
-/// stream besides reading is passed to the one inside.
+/// stream besides reading and writing is passed to the one inside.
 #[derive(Debug)]
 pub struct LimitedStream {
     inner: Stream,
