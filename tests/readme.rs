@@ -239,10 +239,8 @@ async fn running_it_works_as_written() {
         .prefix("waitroom-readme")
         .tempdir()
         .expect("tempdir");
-    let ports: BTreeMap<u16, u16> = [REDIS, METRICS, PROXY, API, FRONT]
-        .into_iter()
-        .map(|p| (p, free_port()))
-        .collect();
+    // Distinct: the same port for two of them would fail the demo's start, or worse, serve it.
+    let ports: BTreeMap<u16, u16> = [REDIS, METRICS, PROXY, API, FRONT].into_iter().zip(free_ports::<5>()).collect();
     let config = substitute_ports(SHIPPED_CONFIG, &ports);
     let config_path = dir.path().join("proxy.yaml");
     std::fs::write(&config_path, &config).expect("write proxy.yaml");
