@@ -194,7 +194,8 @@ impl Clock {
     fn at(&mut self, secs: u64, micros: u32) -> &str {
         if self.stamp.is_empty() || self.second != secs {
             self.second = secs;
-            self.stamp = utc_to_the_second(secs);
+            // humantime's RFC 3339 to the second; its `Z` is cut below with the old fraction.
+            self.stamp = humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_secs(secs)).to_string();
         }
         self.stamp.truncate(19);
         self.stamp.push('.');
@@ -204,22 +205,6 @@ impl Clock {
         self.stamp.push('Z');
         &self.stamp
     }
-}
-
-/// `YYYY-MM-DDTHH:MM:SS` in UTC for `secs` after the Unix epoch (days to a civil date as in
-/// Howard Hinnant's `civil_from_days`).
-fn utc_to_the_second(secs: u64) -> String {
-    let (days, rest) = (secs / 86_400, secs % 86_400);
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}", rest / 3600, rest / 60 % 60, rest % 60)
 }
 
 /// A field's value, as tracing recorded it: `%` Display (bare in text), a string, a number.
