@@ -884,10 +884,13 @@ impl Config {
         let event = raw.event.map(|e| v.event(e));
 
         if let (Some(proxy), Some(operator)) = (listen, metrics_listen) {
-            // Never both served: one of the two binds waits for the other, and a wildcard
-            // address shares its port with every address of the machine.
+            // Never both served: one of the two binds waits for the other. A wildcard address
+            // takes its port on every address of its family, and `[::]` on IPv4's too (dual stack).
+            let covers = |wild: SocketAddr, other: SocketAddr| {
+                wild.ip().is_unspecified() && (wild.is_ipv6() || other.is_ipv4())
+            };
             let overlap = proxy.port() == operator.port()
-                && (proxy.ip() == operator.ip() || proxy.ip().is_unspecified() || operator.ip().is_unspecified());
+                && (proxy.ip() == operator.ip() || covers(proxy, operator) || covers(operator, proxy));
             if overlap {
                 v.fail::<()>("metrics_listen", format!("must not share its port with listen ({proxy})"));
             }
@@ -1743,7 +1746,7 @@ mod tests {
                 "{listen} and {metrics}"
             );
         }
-        for (listen, metrics) in [("127.0.0.1:9000", "127.0.0.1:9001"), ("127.0.0.1:9000", "127.0.0.2:9000")] {
+        for (listen, metrics) in [("127.0.0.1:9000", "127.0.0.1:9001"), ("127.0.0.1:9000", "127.0.0.2:9000"), ("0.0.0.0:9000", "[::1]:9000")] {
             assert_eq!(problems(&format!("upstream: a:1\nlisten: \"{listen}\"\nmetrics_listen: \"{metrics}\"")), Vec::<String>::new());
         }
     }

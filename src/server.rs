@@ -43,12 +43,9 @@ pub enum StartError {
 /// Checks what pingora would otherwise only find out inside a service thread (where a bind
 /// failure panics instead of ending the process with a clear message).
 fn preflight(config: &Config) -> Result<SocketAddr, StartError> {
-    // Both held at once, so a port taken by the other one is found here too.
-    let mut bound = Vec::with_capacity(2);
     for (key, addr) in [("listen", config.listen), ("metrics_listen", config.metrics_listen)] {
-        bound.push(TcpListener::bind(addr).map_err(|source| StartError::Listen { key, addr, source })?);
+        TcpListener::bind(addr).map_err(|source| StartError::Listen { key, addr, source })?;
     }
-    drop(bound);
     config
         .resolve_upstream()
         .map_err(|source| StartError::Upstream { upstream: config.upstream.clone(), source })
