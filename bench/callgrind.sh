@@ -2,8 +2,11 @@
 # Instructions per request on the hot paths, with valgrind's callgrind: repeatable on a busy
 # machine, where wall-clock numbers are not (and `perf` records nothing in these VMs).
 #
-#   bench/callgrind.sh [--waitroom-bin PATH] [--n 2000] [--paths status,pass,enter,protected]
+#   bench/callgrind.sh [--waitroom-bin PATH] [--n 2000] [--paths status,pass,enter,enter_new,protected]
 #                      [--out DIR (default bench/out/callgrind)] [--redis] [--rust-log FILTER]
+#
+# `enter` is the enter of a user already waiting (one of the 100,000 seeded), `enter_new` that of a
+# user never seen before (a new id each request).
 #
 # --redis runs redis-server under callgrind too, and counts its instructions per waitroom
 # request (Redis shares the proxy's cores: its work is part of a request's cost).
@@ -178,6 +181,9 @@ for p in "${paths[@]}"; do
     enter)
       measure enter waitroom "$WR_PID" "$P_WR" --method POST --path /queue/enter --header "X-User-Id: u{n}" --users 100000
       measure enter nginx "$NG_PID" "$P_NG" --method POST --path /queue/enter --header "X-User-Id: u{n}" --users 100000 ;;
+    enter_new)
+      measure enter_new waitroom "$WR_PID" "$P_WR" --method POST --path /queue/enter --header "X-User-Id: new-{n}" --users 1000000000
+      measure enter_new nginx "$NG_PID" "$P_NG" --method POST --path /queue/enter --header "X-User-Id: new-{n}" --users 1000000000 ;;
     protected)
       measure protected waitroom "$WR_PID" "$P_WR" --path /echo/protected --pairs "$pairs" \
         --header "X-User-Id: {user}" --header "X-Entry-Token: {token}"

@@ -1,15 +1,13 @@
 -- Enter the line: one atomic step, so no burst of concurrent enters can exceed the capacity,
--- share a number, or hold two places for one user. Built after a prelude that binds the names
--- below (declared in src/store/enter.rs) and after lua/room_clock.lua, lua/poll_clock.lua,
+-- share a number, or hold two places for one user. One call carries a group of enters (the
+-- members), taken in their order, each exactly as if it had been a call of its own: a member sees
+-- everything the members before it did. Built after a prelude that binds the names below
+-- (declared in src/store/enter.rs) and after lua/room_clock.lua, lua/poll_clock.lua,
 -- lua/admission.lua and lua/room_state.lua.
 --
 -- KEYS
 --   queue            the line (sorted set, member = user, score = arrival number)
 --   seq              the arrival counter
---   user_token       this user's token
---   user_clock       this user's poll clock (see poll_clock.lua)
---   address_counter  the identities the client address brought in (sorted set, score = the
---                    minute, in Redis time, that counted each)
 --   tokens, next_admission, admission_spent, adaptive, admissions, heard
 --                    live tokens, the admission schedule, the interval's spent budget, the
 --                    adaptive state, the admissions log, heard-from times (in the room's time,
@@ -18,16 +16,25 @@
 --   room, admitted_minute
 --                    the room's state and the minute of admissions (see room_state.lua)
 --   room_clock       the room's clock, which abandonment reads (see room_clock.lua)
+--   then, from KEYS[KEYS_REST], three per member:
+--   user_token       the member's token
+--   user_clock       the member's poll clock (see poll_clock.lua)
+--   address_counter  the identities the member's client address brought in (sorted set,
+--                    score = the minute, in Redis time, that counted each)
 -- ARGV
---   user, capacity, per_address (identities per address per minute, 0 = no limit),
+--   capacity, per_address (identities per address per minute, 0 = no limit),
 --   abandon_ms (0 = off),
---   instant_token    the token to issue if this user may pass at once, '' when instant is off,
 --   ttl_ms, interval_us, batch_size, min_batch (0 = not adaptive), max_active (0 = no cap),
 --   listens          log admissions for the measured rate,
---   poll_factor and, from ARGV[REST], the poll clock's tiers
+--   poll_factor, members (how many),
+--   then, from ARGV[REST], two per member:
+--   user             the member's id
+--   instant_token    the token to issue if the member may pass at once, '' when instant is off
+--   and after the members, the poll clock's tiers.
 --
--- Replies: a tag, then its fields in the order src/store/enter.rs declares them (EnterReply),
--- where abandoned (0 or 1) says this call found the user's place lost and removed it:
+-- Reply: one reply per member, in their order: a tag, then its fields in the order
+-- src/store/enter.rs declares them (EnterReply), where abandoned (0 or 1) says this enter found
+-- the user's place lost and removed it:
 --   READY    token, remaining_ms, instant (1: an instant pass given now), abandoned
 --   WAITING  position, already (1: was waiting), abandoned, arrival (the user's number), epoch
 --   FULL     abandoned
@@ -35,63 +42,21 @@
 --   CLOSED   (nothing: the room is closed, contract section 15)
 -- Numbers arrive as text (see src/store/script.rs): each is converted on the paths that use it.
 
+-- What every member shares: read once for the group.
 abandon_ms = tonumber(abandon_ms)
 local room_now = nil
 if abandon_ms > 0 or enforcing() then
   room_now = room_time()
 end
-
-local held = redis.call('GET', user_token)
-if held then
-  stop_poll_clock(user_clock)
-  return {'READY', held, redis.call('PTTL', user_token), 0, 0}
-end
-
--- A closed room takes nobody new (READY users above keep their tokens); a paused one still
--- queues, but gives no instant pass (see room_state.lua).
+-- A closed room takes nobody new (READY users keep their tokens); a paused one still queues,
+-- but gives no instant pass (see room_state.lua).
 local room_state = room_state_of(room)
-if room_state == 'closed' then
-  return {'CLOSED'}
-end
-
-local abandoned = 0
-local rank = redis.call('ZRANK', queue, user)
-if rank and abandon_ms > 0 then
-  if is_stale(heard, user, abandon_ms, room_now) then
-    -- Not heard from for too long: the place is lost, and this enter queues at the back.
-    redis.call('ZREM', queue, user)
-    abandoned = 1
-    rank = nil
-  else
-    redis.call('ZADD', heard, int_text(room_now), user)
-  end
-end
-if rank then
-  start_poll_clock(user_clock, rank + 1)
-  return {'WAITING', rank + 1, 1, 0, tonumber(redis.call('ZSCORE', queue, user)), redis.call('GET', epoch)}
-end
-
--- Hoarding places with many identities from one address: only new places are limited. The
--- count is per minute of Redis's clock; the minute is the score, not part of the key's name, so
--- the one key is declared (KEYS) and the last minute's entries simply go.
 local limit = tonumber(per_address)
-if limit > 0 then
-  local now = now_ms()
-  local window = math.floor(now / 60000)
-  redis.call('ZREMRANGEBYSCORE', address_counter, '-inf', '(' .. int_text(window))
-  if not redis.call('ZSCORE', address_counter, user) then
-    if redis.call('ZCARD', address_counter) >= limit then
-      return {'LIMITED', math.max(1, math.ceil(((window + 1) * 60000 - now) / 1000)), abandoned}
-    end
-    redis.call('ZADD', address_counter, int_text(window), user)
-    redis.call('EXPIRE', address_counter, 120)
-  end
-end
 
 -- The instant pass: nobody waits and the interval in progress has room left. It is an
 -- admission like the tick's: it spends the same interval's batch in force and respects
 -- max_active, so the room never admits more than its batch per interval.
-local function instant_pass()
+local function instant_pass(user, user_token, instant_token)
   if redis.call('ZCARD', queue) > 0 then return false end
   local now = redis_now_us()
   local ms = math.floor(now / 1000)
@@ -118,22 +83,80 @@ local function instant_pass()
   return true
 end
 
-if instant_token ~= '' and room_state == 'open' and instant_pass() then
-  stop_poll_clock(user_clock)
-  return {'READY', instant_token, redis.call('PTTL', user_token), 1, abandoned}
+local function enter(user, instant_token, user_token, user_clock, address_counter)
+  local held = redis.call('GET', user_token)
+  if held then
+    stop_poll_clock(user_clock)
+    return {'READY', held, redis.call('PTTL', user_token), 0, 0}
+  end
+
+  if room_state == 'closed' then
+    return {'CLOSED'}
+  end
+
+  local abandoned = 0
+  local rank = redis.call('ZRANK', queue, user)
+  if rank and abandon_ms > 0 then
+    if is_stale(heard, user, abandon_ms, room_now) then
+      -- Not heard from for too long: the place is lost, and this enter queues at the back.
+      redis.call('ZREM', queue, user)
+      abandoned = 1
+      rank = nil
+    else
+      redis.call('ZADD', heard, int_text(room_now), user)
+    end
+  end
+  if rank then
+    start_poll_clock(user_clock, rank + 1)
+    return {'WAITING', rank + 1, 1, 0, tonumber(redis.call('ZSCORE', queue, user)), redis.call('GET', epoch)}
+  end
+
+  -- Hoarding places with many identities from one address: only new places are limited. The
+  -- count is per minute of Redis's clock; the minute is the score, not part of the key's name,
+  -- so the one key is declared (KEYS) and the last minute's entries simply go.
+  if limit > 0 then
+    local now = now_ms()
+    local window = math.floor(now / 60000)
+    redis.call('ZREMRANGEBYSCORE', address_counter, '-inf', '(' .. int_text(window))
+    if not redis.call('ZSCORE', address_counter, user) then
+      if redis.call('ZCARD', address_counter) >= limit then
+        return {'LIMITED', math.max(1, math.ceil(((window + 1) * 60000 - now) / 1000)), abandoned}
+      end
+      redis.call('ZADD', address_counter, int_text(window), user)
+      redis.call('EXPIRE', address_counter, 120)
+    end
+  end
+
+  if instant_token ~= '' and room_state == 'open' and instant_pass(user, user_token, instant_token) then
+    stop_poll_clock(user_clock)
+    return {'READY', instant_token, redis.call('PTTL', user_token), 1, abandoned}
+  end
+
+  if redis.call('ZCARD', queue) >= tonumber(capacity) then
+    return {'FULL', abandoned}
+  end
+
+  -- The score is Redis's own counter, never a server clock: arrival order at Redis is the order.
+  local number = redis.call('INCR', seq)
+  redis.call('ZADD', queue, 'NX', number, user)
+  if abandon_ms > 0 then
+    redis.call('ZADD', heard, int_text(room_now), user)
+  end
+  -- The newest number is the largest, so the new place is the last one.
+  local position = redis.call('ZCARD', queue)
+  start_poll_clock(user_clock, position)
+  return {'WAITING', position, 0, abandoned, number, redis.call('GET', epoch)}
 end
 
-if redis.call('ZCARD', queue) >= tonumber(capacity) then
-  return {'FULL', abandoned}
+-- The members' arguments open the tail; the poll clock's tiers follow them, so the tail the
+-- poll clock reads starts past the members.
+local n = tonumber(members)
+local first_arg = REST
+REST = REST + 2 * n
+local replies = {}
+for i = 0, n - 1 do
+  local user, instant_token = unpack(ARGV, first_arg + 2 * i, first_arg + 2 * i + 1)
+  local k = KEYS_REST + 3 * i
+  replies[i + 1] = enter(user, instant_token, unpack(KEYS, k, k + 2))
 end
-
--- The score is Redis's own counter, never a server clock: arrival order at Redis is the order.
-local number = redis.call('INCR', seq)
-redis.call('ZADD', queue, 'NX', number, user)
-if abandon_ms > 0 then
-  redis.call('ZADD', heard, int_text(room_now), user)
-end
--- The newest number is the largest, so the new place is the last one.
-local position = redis.call('ZCARD', queue)
-start_poll_clock(user_clock, position)
-return {'WAITING', position, 0, abandoned, number, redis.call('GET', epoch)}
+return replies

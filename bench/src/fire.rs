@@ -35,7 +35,8 @@ pub struct FireArgs {
     /// `{n}` cycles through 1..=users.
     #[arg(long, default_value_t = 1)]
     users: u64,
-    /// Skip this many pairs first (to use a fresh part of the file).
+    /// Skip this many pairs first (to use a fresh part of the file), and start `{n}` past them
+    /// (a warm-up's users are not the measured run's).
     #[arg(long, default_value_t = 0)]
     skip: usize,
 }
@@ -57,7 +58,7 @@ pub async fn run(a: FireArgs) -> Result<()> {
     let mut statuses: BTreeMap<u16, u64> = BTreeMap::new();
     let started = Instant::now();
     for i in 0..a.n {
-        let n = (i % a.users.max(1)) + 1;
+        let n = ((i + a.skip as u64) % a.users.max(1)) + 1;
         let (user, token) = pairs.get(i as usize).map(|(u, t)| (u.as_str(), t.as_str())).unwrap_or(("", ""));
         let mut req = format!("{} {} HTTP/1.1\r\nHost: bench\r\n", a.method, a.path);
         for h in &a.headers {

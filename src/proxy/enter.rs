@@ -2,6 +2,8 @@
 //! Parse (method, identity: done for both endpoints by the proxy's `caller`) -> apply (this proxy's view of the line for a user it knows is
 //! waiting, else one script in Redis) -> render (the answer).
 
+use std::sync::Arc;
+
 use pingora::proxy::Session;
 
 use super::Answer;
@@ -15,7 +17,7 @@ use crate::store::{EnterOutcome, EnterRequest, Room};
 pub async fn handle(
     state: &RoomState,
     settings: &Settings,
-    room: &Room,
+    room: &Arc<Room>,
     session: &Session,
     user: &str,
 ) -> Answer {
@@ -39,7 +41,7 @@ pub async fn handle(
         poll: pacing.poll_clock(),
     };
     let ticket = state.line().ticket();
-    let (result, answer) = match room.enter(request, &policy.rules).await {
+    let (result, answer) = match room.enter_grouped(request, &policy.rules).await {
         Ok(entered) => {
             metrics::ABANDONED_TOTAL.inc_by(entered.abandoned);
             if let Some(line) = local {

@@ -1,18 +1,30 @@
 //! Entering the line: `lua/enter.lua`, one atomic step (capacity, the arrival number, the
 //! per-address limit, the instant pass, abandonment, the poll clock).
+//!
+//! A new user's enter is the one request of a rush that always costs Redis a script, so the
+//! proxy's enters travel in groups: one call carries the enters that arrived while the calls
+//! before it were on their way (at most [`GROUP_MAX`], with [`GROUPS_IN_FLIGHT`] calls out at a
+//! time), and the script takes its members in their order, each exactly as a call of its own
+//! would have been. A lone enter waits for nobody: it goes out at once, a group of one; groups
+//! only form while earlier calls are out, which is when Redis is busy. What a group's members
+//! share (the capacity, the rules, the poll tiers) is sent once; an enter under other terms (a
+//! reload in between) starts a group of its own.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use redis::Value;
+use tokio::sync::oneshot;
 
 use super::{PollClock, Room, RoomRules, StoreError};
 
 script! {
     static SCRIPT = [ROOM_CLOCK, POLL_CLOCK, ADMISSION, ROOM_STATE] "lua/enter.lua";
     keys [queue, seq, tokens, next_admission, admission_spent, adaptive, admissions, heard, epoch, room, admitted_minute, room_clock]
-        and EnterKeys { user_token, user_clock, address_counter }
-    args EnterArgs<'a> {
-        user: &'a str,
+    args EnterArgs {
         capacity: u64,
         per_address: u32,
         abandon_ms: u64,
-        instant_token: &'a str,
         ttl_ms: u64,
         interval_us: u64,
         batch_size: u32,
@@ -20,6 +32,7 @@ script! {
         max_active: u64,
         listens: bool,
         poll_factor: f64,
+        members: u64,
     }
     reply EnterReply {
         "READY" => Ready { token: String, remaining_ms: i64, instant: bool, abandoned: i64 },
@@ -35,6 +48,13 @@ script! {
         "CLOSED" => Closed {},
     }
 }
+
+/// The most enters one call carries: a group's script holds Redis for about 10 µs a member, so
+/// a full group delays every other command by a third of a millisecond at most.
+pub const GROUP_MAX: usize = 32;
+
+/// Calls of grouped enters out at once, per room: one being answered while the next forms.
+pub const GROUPS_IN_FLIGHT: usize = 2;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EnterOutcome {
@@ -68,33 +88,186 @@ pub struct EnterRequest<'a> {
     pub poll: PollClock<'a>,
 }
 
-impl Room {
-    /// Enter under `rules`: with `instant`, a fresh token goes along in case the user may pass.
-    pub async fn enter(&self, request: EnterRequest<'_>, rules: &RoomRules) -> Result<Entered, StoreError> {
-        let user = request.user;
-        let (address, per_address) = request.per_address.unwrap_or(("-", 0));
-        let instant_token = if rules.instant { uuid::Uuid::new_v4().to_string() } else { String::new() };
-        let (user_token, user_clock) = (self.keys.token(user), self.keys.poll_clock(user));
-        let address_counter = self.keys.abuse_counter(address);
-        let keys =
-            EnterKeys { user_token: &user_token, user_clock: &user_clock, address_counter: &address_counter };
-        let args = EnterArgs {
-            user,
-            capacity: request.capacity,
+/// What the members of one group share: everything but who enters and from where.
+#[derive(Debug, Clone, PartialEq)]
+struct Terms {
+    capacity: u64,
+    per_address: u32,
+    rules: RoomRules,
+    poll_factor: f64,
+    /// `(first position, pollAfter in ms)`, as the poll clock reads them.
+    tiers: Vec<(u64, u64)>,
+}
+
+/// One enter of a group.
+#[derive(Debug)]
+struct Member {
+    user: String,
+    /// The address the per-address limit counts ("-" when it is off).
+    address: String,
+}
+
+impl EnterRequest<'_> {
+    fn split(&self, rules: &RoomRules) -> (Terms, Member) {
+        let (address, per_address) = self.per_address.unwrap_or(("-", 0));
+        let terms = Terms {
+            capacity: self.capacity,
             per_address,
+            rules: *rules,
+            poll_factor: self.poll.factor(),
+            tiers: self.poll.tiers().collect(),
+        };
+        (terms, Member { user: self.user.to_string(), address: address.to_string() })
+    }
+}
+
+/// The enters waiting for a group, and how many calls are out.
+#[derive(Default)]
+pub(super) struct Groups {
+    waiting: Mutex<Waiting>,
+}
+
+#[derive(Default)]
+struct Waiting {
+    queue: VecDeque<Pending>,
+    /// Tasks sending groups (at most [`GROUPS_IN_FLIGHT`]).
+    running: usize,
+}
+
+type Answer = Result<Entered, Arc<StoreError>>;
+
+struct Pending {
+    terms: Terms,
+    member: Member,
+    answer: oneshot::Sender<Answer>,
+}
+
+impl Groups {
+    fn waiting(&self) -> std::sync::MutexGuard<'_, Waiting> {
+        // Nothing panics while holding it; if something did, the queue is still whole.
+        self.waiting.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Queues an enter; `true` when the caller is to start a task sending groups.
+    fn push(&self, pending: Pending) -> bool {
+        let mut waiting = self.waiting();
+        waiting.queue.push_back(pending);
+        let start = waiting.running < GROUPS_IN_FLIGHT;
+        if start {
+            waiting.running += 1;
+        }
+        start
+    }
+
+    /// The next group, in arrival order: the first waiting enter and those behind it under the
+    /// same terms. `None` (and the task ends) when nobody waits. An enter whose caller stopped
+    /// waiting (it answered the user 503 at `redis.timeout`) is dropped, never entered.
+    fn next(&self) -> Option<(Terms, Vec<Pending>)> {
+        let mut waiting = self.waiting();
+        let mut group: Vec<Pending> = Vec::new();
+        while group.len() < GROUP_MAX {
+            let Some(next) = waiting.queue.front() else { break };
+            if next.answer.is_closed() {
+                waiting.queue.pop_front();
+            } else if group.first().is_none_or(|first| first.terms == next.terms) {
+                group.extend(waiting.queue.pop_front());
+            } else {
+                break;
+            }
+        }
+        if group.is_empty() {
+            waiting.running -= 1;
+            return None;
+        }
+        let terms = group[0].terms.clone();
+        Some((terms, group))
+    }
+}
+
+impl Room {
+    /// One enter under `rules`, in a call of its own: with `instant`, a fresh token goes along in
+    /// case the user may pass.
+    pub async fn enter(&self, request: EnterRequest<'_>, rules: &RoomRules) -> Result<Entered, StoreError> {
+        let (terms, member) = request.split(rules);
+        let mut entered = self.enter_members(&terms, &[&member]).await?;
+        entered.pop().ok_or_else(|| StoreError::Reply(format!("{FILE}: no reply for the member")))
+    }
+
+    /// The same enter, in a group with the enters that arrive while earlier groups are out (see
+    /// the module's doc). Bounded by `redis.timeout` from now, the wait for a group included.
+    pub async fn enter_grouped(
+        self: &Arc<Self>,
+        request: EnterRequest<'_>,
+        rules: &RoomRules,
+    ) -> Result<Entered, StoreError> {
+        let (terms, member) = request.split(rules);
+        let (answer, answered) = oneshot::channel();
+        if self.groups.push(Pending { terms, member, answer }) {
+            tokio::spawn(Arc::clone(self).send_groups());
+        }
+        match tokio::time::timeout(self.timeout, answered).await {
+            Ok(Ok(answer)) => answer.map_err(StoreError::Shared),
+            Ok(Err(_)) => Err(StoreError::Reply(format!("{FILE}: the group ended without an answer"))),
+            Err(_) => Err(StoreError::Timeout(self.timeout)),
+        }
+    }
+
+    /// Sends groups until nobody waits.
+    async fn send_groups(self: Arc<Self>) {
+        while let Some((terms, group)) = self.groups.next() {
+            let members: Vec<&Member> = group.iter().map(|pending| &pending.member).collect();
+            match self.enter_members(&terms, &members).await {
+                Ok(entered) => {
+                    for (pending, entered) in group.into_iter().zip(entered) {
+                        let _ = pending.answer.send(Ok(entered));
+                    }
+                }
+                Err(error) => {
+                    let error = Arc::new(error);
+                    for pending in group {
+                        let _ = pending.answer.send(Err(Arc::clone(&error)));
+                    }
+                }
+            }
+        }
+    }
+
+    /// One call of the script for `members`, in their order: an outcome for each, in the same.
+    async fn enter_members(&self, terms: &Terms, members: &[&Member]) -> Result<Vec<Entered>, StoreError> {
+        let rules = &terms.rules;
+        let args = EnterArgs {
+            capacity: terms.capacity,
+            per_address: terms.per_address,
             abandon_ms: rules.abandon_ms(),
-            instant_token: &instant_token,
             ttl_ms: rules.ttl_ms(),
             interval_us: rules.interval_us(),
             batch_size: rules.batch_size,
             min_batch: rules.min_batch.unwrap_or(0),
             max_active: rules.max_active,
             listens: rules.listens(),
-            poll_factor: request.poll.factor(),
+            poll_factor: terms.poll_factor,
+            members: members.len() as u64,
         };
-        let mut call = invoke(&self.keys, keys, args);
-        request.poll.push_tiers(&mut call);
-        Ok(entered(EnterReply::decode(self.run(&call).await?)?))
+        let mut call = invoke(&self.keys, args);
+        for member in members {
+            let instant_token = if rules.instant { uuid::Uuid::new_v4().to_string() } else { String::new() };
+            call.arg(member.user.as_str()).arg(instant_token);
+            call.key(self.keys.token(&member.user))
+                .key(self.keys.poll_clock(&member.user))
+                .key(self.keys.abuse_counter(&member.address));
+        }
+        for (first, poll_after_ms) in &terms.tiers {
+            call.arg(*first).arg(*poll_after_ms);
+        }
+        let replies: Vec<Vec<Value>> = self.run(&call).await?;
+        if replies.len() != members.len() {
+            return Err(StoreError::Reply(format!(
+                "{FILE}: {} replies for {} members",
+                replies.len(),
+                members.len()
+            )));
+        }
+        replies.into_iter().map(|reply| Ok(entered(EnterReply::decode(reply)?))).collect()
     }
 }
 

@@ -52,7 +52,7 @@ pub use adapt::{AdaptOutcome, AdaptStep, ADAPT_PERIOD};
 pub use admit::AdmitOutcome;
 pub use conn::{Connector, RedisConn};
 pub use consume::Claim;
-pub use enter::{EnterOutcome, EnterRequest, Entered};
+pub use enter::{EnterOutcome, EnterRequest, Entered, GROUPS_IN_FLIGHT, GROUP_MAX};
 pub use event::{seed_bytes, Entering, EventEnter, EventTick, EventTimes, SeedRef, Standing, DRAW_PAGE};
 pub use keys::Keys;
 pub use line::LineReading;
@@ -68,6 +68,9 @@ pub enum StoreError {
     Redis(#[from] redis::RedisError),
     #[error("unexpected reply from redis: {0}")]
     Reply(String),
+    /// The error of a call that carried several requests (grouped enters), as each one sees it.
+    #[error(transparent)]
+    Shared(std::sync::Arc<StoreError>),
 }
 
 /// The admission rules the scripts apply (contract sections 3 and 11), as data. Zero / `false` /
@@ -165,12 +168,17 @@ impl PollClock<'_> {
         self.on_time_factor.unwrap_or(0.0)
     }
 
-    /// The tiers, as the tail of the script's arguments (none when enforcement is off).
+    /// The tiers as the scripts read them, `(first position, pollAfter in ms)` (none when
+    /// enforcement is off).
+    fn tiers(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        let tiers = if self.on_time_factor.is_some() { self.thresholds } else { &[] };
+        tiers.iter().map(|(first, poll_after)| (*first, poll_after.as_millis() as u64))
+    }
+
+    /// The tiers, as the tail of the script's arguments.
     fn push_tiers(&self, call: &mut redis::ScriptInvocation<'_>) {
-        if self.on_time_factor.is_some() {
-            for (first, poll_after) in self.thresholds {
-                call.arg(*first).arg(poll_after.as_millis() as u64);
-            }
+        for (first, poll_after_ms) in self.tiers() {
+            call.arg(first).arg(poll_after_ms);
         }
     }
 }
@@ -182,6 +190,8 @@ pub struct Room {
     keys: Keys,
     connector: Connector,
     timeout: Duration,
+    /// Enters waiting to be sent in a group (see `enter.rs`).
+    groups: enter::Groups,
 }
 
 impl Room {
@@ -190,6 +200,7 @@ impl Room {
             keys: Keys::new(&config.key_prefix),
             connector: Connector::new(config)?,
             timeout: config.timeout,
+            groups: enter::Groups::default(),
         })
     }
 

@@ -10,7 +10,8 @@
 //! - the Lua source gets a generated prelude that binds the same names in the same order
 //!   (`local queue, seq = unpack(KEYS, 1, 2)`), so the script reads `queue`, never `KEYS[1]`;
 //!   what follows the named arguments (a variable tail: the poll tiers, the fresh tokens) starts
-//!   at `ARGV[REST]`;
+//!   at `ARGV[REST]`, and keys the call adds past the declared ones (a group's members) at
+//!   `KEYS[KEYS_REST]`;
 //! - the reply is declared as a struct (one layout) or as an enum of tags (a tag, then that
 //!   tag's own fields), and decoded field by field in declaration order: no index is counted in
 //!   Rust, a tag's fields never move when another tag's change, and a reply longer than
@@ -130,7 +131,7 @@ pub(super) fn build(file: &str, keys: &[&str], args: &[(&str, Bind)], helpers: &
 
 fn lua(file: &str, keys: &[&str], args: &[(&str, Bind)], helpers: &[Helper], source: &str) -> String {
     let arg_names = args.iter().map(|(name, _)| *name);
-    let names: Vec<&str> = ["REST"].into_iter().chain(keys.iter().copied()).chain(arg_names).collect();
+    let names: Vec<&str> = ["REST", "KEYS_REST"].into_iter().chain(keys.iter().copied()).chain(arg_names).collect();
     for (i, name) in names.iter().enumerate() {
         assert!(!names[..i].contains(name), "{file}: `{name}` is declared twice");
     }
@@ -146,7 +147,7 @@ fn lua(file: &str, keys: &[&str], args: &[(&str, Bind)], helpers: &[Helper], sou
             let _ = writeln!(lua, "{arg} = {arg} == '1'");
         }
     }
-    let _ = writeln!(lua, "local REST = {}", args.len() + 1);
+    let _ = writeln!(lua, "local REST, KEYS_REST = {}, {}", args.len() + 1, keys.len() + 1);
     for helper in helpers {
         for need in helper.needs {
             assert!(names.contains(need), "{file}: {} needs `{need}`", helper.file);
@@ -279,7 +280,7 @@ mod tests {
 local queue, heard = unpack(KEYS, 1, 2)
 local user, capacity, listens = unpack(ARGV, 1, 3)
 listens = listens == '1'
-local REST = 4
+local REST, KEYS_REST = 4, 3
 return 1
 ";
         assert_eq!(lua.split_once('\n').unwrap().1, expected);

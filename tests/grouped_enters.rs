@@ -1,0 +1,175 @@
+//! Grouped enters (`src/store/enter.rs`): concurrent enters travel in one script call, and each
+//! still gets exactly the answer a call of its own would have given. Against a real
+//! `redis-server`, through the library's `Room`, as the proxy calls it.
+
+mod common;
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use futures::future::join_all;
+use waitroom::store::{EnterOutcome, EnterRequest, PollClock, Room, RoomRules, StoreError, GROUP_MAX};
+
+fn request(user: &str, capacity: u64) -> EnterRequest<'_> {
+    EnterRequest { user, capacity, per_address: None, poll: PollClock::OFF }
+}
+
+async fn enter(room: &Arc<Room>, user: &str, capacity: u64) -> Result<EnterOutcome, StoreError> {
+    Ok(room.enter_grouped(request(user, capacity), &RoomRules::OFF).await?.outcome)
+}
+
+/// How many `EVALSHA` calls Redis has served since its statistics were last reset.
+async fn evalsha_calls(redis: &RedisServer) -> u64 {
+    let info: String = redis::cmd("INFO").arg("commandstats").query_async(&mut redis.conn().await).await.unwrap();
+    info.lines()
+        .find_map(|line| line.strip_prefix("cmdstat_evalsha:calls="))
+        .map(|rest| rest.split(',').next().unwrap().parse().unwrap())
+        .unwrap_or(0)
+}
+
+async fn reset_stats(redis: &RedisServer) {
+    let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query_async(&mut redis.conn().await).await.unwrap();
+}
+
+/// 200 users at once against a capacity of 150: the line holds exactly 150, each waiting user
+/// is told the place Redis gave them, and the 200 enters took far fewer than 200 calls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_enters_share_calls_and_each_gets_its_own_answer() {
+    let redis = RedisServer::start();
+    let room = Arc::new(library_room(&redis, "g"));
+    enter(&room, "warm-up", 1).await.unwrap(); // loads the script
+    let mut conn = redis.conn().await;
+    let _: () = redis::cmd("DEL").arg(&room.keys().queue).query_async(&mut conn).await.unwrap();
+    reset_stats(&redis).await;
+
+    let users: Vec<String> = (0..200).map(|i| format!("user-{i}")).collect();
+    let outcomes = join_all(users.iter().map(|user| {
+        let room = Arc::clone(&room);
+        async move { enter(&room, user, 150).await.unwrap() }
+    }))
+    .await;
+
+    let calls = evalsha_calls(&redis).await;
+    // In groups of up to GROUP_MAX, the first ones perhaps alone: about 200 / GROUP_MAX calls.
+    assert!(calls <= 40, "200 enters took {calls} calls: not grouped (groups of up to {GROUP_MAX})");
+    let line = zrange_all(&mut conn, &room.keys().queue).await;
+    assert_eq!(line.len(), 150, "the capacity holds across groups");
+    let mut positions = HashSet::new();
+    let mut full = 0;
+    for (user, outcome) in users.iter().zip(&outcomes) {
+        match outcome {
+            EnterOutcome::Waiting { position, already: false } => {
+                let rank = line.iter().position(|u| u == user).expect("a waiting user is in the line");
+                assert_eq!(*position, rank as u64 + 1, "{user} is told the place Redis gave them");
+                assert!(positions.insert(*position), "{user}: position {position} given twice");
+            }
+            EnterOutcome::Full => {
+                assert!(!line.contains(user), "{user} was told FULL but holds a place");
+                full += 1;
+            }
+            other => panic!("{user}: {other:?}"),
+        }
+    }
+    assert_eq!(full, 50);
+}
+
+/// The same user entering many times at once (a double click, a retrying client), in one group:
+/// one place, and only the first enter is the one that queued.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_user_twice_in_a_group_holds_one_place() {
+    let redis = RedisServer::start();
+    let room = Arc::new(library_room(&redis, "g"));
+    enter(&room, "someone-else", 100).await.unwrap();
+    let outcomes = join_all((0..20).map(|_| enter(&room, "alice", 100))).await;
+    let mut queued = 0;
+    for outcome in outcomes {
+        match outcome.unwrap() {
+            EnterOutcome::Waiting { position: 2, already } => queued += usize::from(!already),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(queued, 1, "exactly one of the enters queued alice");
+    assert_eq!(zcard(&mut redis.conn().await, &room.keys().queue).await, 2);
+}
+
+/// Enters under different terms (a reload between them: another capacity) never share a call's
+/// terms: each is held to its own capacity.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enters_under_other_terms_keep_their_own() {
+    let redis = RedisServer::start();
+    let room = Arc::new(library_room(&redis, "g"));
+    let users: Vec<String> = (0..120).map(|i| format!("u{i}")).collect();
+    let outcomes = join_all(users.iter().enumerate().map(|(i, user)| {
+        let room = Arc::clone(&room);
+        let capacity = if i % 2 == 0 { 10 } else { 1000 };
+        async move { (capacity, enter(&room, user, capacity).await.unwrap()) }
+    }))
+    .await;
+    let mut waiting = 0;
+    for (capacity, outcome) in outcomes {
+        match (capacity, outcome) {
+            (1000, EnterOutcome::Waiting { .. }) => waiting += 1,
+            (10, EnterOutcome::Waiting { position, .. }) => {
+                assert!(position <= 10, "position {position} past 10");
+                waiting += 1;
+            }
+            (10, EnterOutcome::Full) => {}
+            (capacity, outcome) => panic!("capacity {capacity}: {outcome:?}"),
+        }
+    }
+    assert_eq!(zcard(&mut redis.conn().await, &room.keys().queue).await, waiting);
+}
+
+/// An enter whose caller stopped waiting while its group had not gone out yet is never sent:
+/// the user was answered (503 at the timeout, or nothing: the client left) and holds no place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_enter_nobody_waits_for_is_never_sent() {
+    let redis = RedisServer::start();
+    let room = Arc::new(library_room(&redis, "g"));
+    enter(&room, "warm-up", 100).await.unwrap();
+    redis.freeze();
+    // Two calls out (GROUPS_IN_FLIGHT), hanging; the third enter waits for one of them.
+    let out: Vec<_> = ["a", "b"]
+        .into_iter()
+        .map(|user| {
+            let room = Arc::clone(&room);
+            tokio::spawn(async move { enter(&room, user, 100).await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let gave_up = tokio::time::timeout(Duration::from_millis(100), enter(&room, "c", 100)).await;
+    assert!(gave_up.is_err(), "c's enter cannot be answered while Redis hangs");
+    redis.thaw();
+    for call in out {
+        assert!(matches!(call.await.unwrap(), Ok(EnterOutcome::Waiting { .. })));
+    }
+    // A later enter goes out after the queue was looked at again: c was dropped there, or c's
+    // place would be the one before it.
+    assert_eq!(enter(&room, "d", 100).await.unwrap(), EnterOutcome::Waiting { position: 4, already: false });
+    let line = zrange_all(&mut redis.conn().await, &room.keys().queue).await;
+    assert_eq!(line, ["warm-up", "a", "b", "d"]);
+}
+
+/// A Redis that hangs fails every member of every group at the timeout: nobody waits longer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hanging_redis_fails_every_member_at_the_timeout() {
+    let redis = RedisServer::start();
+    let room = Arc::new(library_room(&redis, "g").with_timeout(Duration::from_millis(300)));
+    enter(&room, "warm-up", 100).await.unwrap();
+    redis.freeze();
+    let started = std::time::Instant::now();
+    let outcomes = join_all((0..40).map(|i| {
+        let room = Arc::clone(&room);
+        async move { enter(&room, &format!("u{i}"), 100).await }
+    }))
+    .await;
+    let took = started.elapsed();
+    redis.thaw();
+    for outcome in outcomes {
+        let error = outcome.expect_err("no answer from a frozen Redis");
+        assert!(error.to_string().contains("did not answer within 300ms"), "{error}");
+    }
+    assert!(took < Duration::from_secs(2), "the enters waited {took:?}");
+}
