@@ -130,15 +130,15 @@ async fn an_enter_nobody_waits_for_is_never_sent() {
     let room = Arc::new(library_room(&redis, "g"));
     enter(&room, "warm-up", 100).await.unwrap();
     redis.freeze();
-    // Two calls out (GROUPS_IN_FLIGHT), hanging; the third enter waits for one of them.
-    let out: Vec<_> = ["a", "b"]
-        .into_iter()
-        .map(|user| {
-            let room = Arc::clone(&room);
-            tokio::spawn(async move { enter(&room, user, 100).await })
-        })
-        .collect();
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // a's call out, hanging, and b's behind it (or beside it, were more calls allowed out);
+    // c waits for them.
+    // One after the other, so that the line's order is known.
+    let mut out = Vec::new();
+    for user in ["a", "b"] {
+        let room = Arc::clone(&room);
+        out.push(tokio::spawn(async move { enter(&room, user, 100).await }));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let gave_up = tokio::time::timeout(Duration::from_millis(100), enter(&room, "c", 100)).await;
     assert!(gave_up.is_err(), "c's enter cannot be answered while Redis hangs");
     redis.thaw();

@@ -2,11 +2,11 @@
 //! per-address limit, the instant pass, abandonment, the poll clock).
 //!
 //! A new user's enter is the one request of a rush that always costs Redis a script, so the
-//! proxy's enters travel in groups: one call carries the enters that arrived while the calls
-//! before it were on their way (at most [`GROUP_MAX`], with [`GROUPS_IN_FLIGHT`] calls out at a
+//! proxy's enters travel in groups: one call carries the enters that arrived while the call
+//! before it was on its way (at most [`GROUP_MAX`], with [`GROUPS_IN_FLIGHT`] call out at a
 //! time), and the script takes its members in their order, each exactly as a call of its own
 //! would have been. A lone enter waits for nobody: it goes out at once, a group of one; groups
-//! only form while earlier calls are out, which is when Redis is busy. What a group's members
+//! only form while an earlier call is out, which is when Redis is busy. What a group's members
 //! share (the capacity, the rules, the poll tiers) is sent once; an enter under other terms (a
 //! reload in between) starts a group of its own.
 
@@ -53,8 +53,10 @@ script! {
 /// a full group delays every other command by a third of a millisecond at most.
 pub const GROUP_MAX: usize = 32;
 
-/// Calls of grouped enters out at once, per room: one being answered while the next forms.
-pub const GROUPS_IN_FLIGHT: usize = 2;
+/// Calls of grouped enters out at once, per room: the next group forms while one is answered.
+/// Measured (`bench/run.sh --paths enter_new`, BENCHMARKS.md): two calls out made groups half
+/// as large and cost 15-20 % of the throughput of one; four, 10 %.
+pub const GROUPS_IN_FLIGHT: usize = 1;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EnterOutcome {
