@@ -91,7 +91,7 @@ pub struct EnterRequest<'a> {
 }
 
 /// What the members of one group share: everything but who enters and from where.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, PartialEq)]
 struct Terms {
     capacity: u64,
     per_address: u32,
@@ -164,7 +164,7 @@ impl Groups {
     /// The next group, in arrival order: the first waiting enter and those behind it under the
     /// same terms. `None` (and the task ends) when nobody waits. An enter whose caller stopped
     /// waiting (it answered the user 503 at `redis.timeout`) is dropped, never entered.
-    fn next(&self) -> Option<(Terms, Vec<Pending>)> {
+    fn next(&self) -> Option<Vec<Pending>> {
         let mut waiting = self.waiting();
         let mut group: Vec<Pending> = Vec::new();
         while group.len() < GROUP_MAX {
@@ -181,8 +181,7 @@ impl Groups {
             waiting.running -= 1;
             return None;
         }
-        let terms = group[0].terms.clone();
-        Some((terms, group))
+        Some(group)
     }
 }
 
@@ -216,9 +215,9 @@ impl Room {
 
     /// Sends groups until nobody waits.
     async fn send_groups(self: Arc<Self>) {
-        while let Some((terms, group)) = self.groups.next() {
+        while let Some(group) = self.groups.next() {
             let members: Vec<&Member> = group.iter().map(|pending| &pending.member).collect();
-            match self.enter_members(&terms, &members).await {
+            match self.enter_members(&group[0].terms, &members).await {
                 Ok(entered) => {
                     for (pending, entered) in group.into_iter().zip(entered) {
                         let _ = pending.answer.send(Ok(entered));
@@ -258,9 +257,7 @@ impl Room {
                 .key(self.keys.poll_clock(&member.user))
                 .key(self.keys.abuse_counter(&member.address));
         }
-        for (first, poll_after_ms) in &terms.tiers {
-            call.arg(*first).arg(*poll_after_ms);
-        }
+        super::push_tiers(&mut call, terms.tiers.iter().copied());
         let replies: Vec<Vec<Value>> = self.run(&call).await?;
         if replies.len() != members.len() {
             return Err(StoreError::Reply(format!(

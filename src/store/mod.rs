@@ -177,9 +177,14 @@ impl PollClock<'_> {
 
     /// The tiers, as the tail of the script's arguments.
     fn push_tiers(&self, call: &mut redis::ScriptInvocation<'_>) {
-        for (first, poll_after_ms) in self.tiers() {
-            call.arg(first).arg(poll_after_ms);
-        }
+        push_tiers(call, self.tiers());
+    }
+}
+
+/// Poll tiers `(first position, pollAfter in ms)` as script arguments, where the poll clock reads them.
+fn push_tiers(call: &mut redis::ScriptInvocation<'_>, tiers: impl Iterator<Item = (u64, u64)>) {
+    for (first, poll_after_ms) in tiers {
+        call.arg(first).arg(poll_after_ms);
     }
 }
 
