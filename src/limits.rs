@@ -63,6 +63,7 @@ use tokio::time::{Instant, Sleep};
 
 use crate::config::LimitsConfig;
 use crate::metrics;
+use crate::proxy::early::{self, Early};
 use crate::state::RoomState;
 
 /// How long a refused connection's input is read and dropped after its 431, so that closing
@@ -196,6 +197,8 @@ where
             (Box::new(LimitedStream::new(stream, slot, limits)), backstop_secs(limits))
         };
         let mut persistent: Option<HttpPersistentSettings> = None;
+        // A limit on requests per connection is counted by pingora's sessions only.
+        let early = self.app.server_options().and_then(|o| o.keepalive_request_limit).is_none();
         let mut stopping = shutdown.clone();
         loop {
             // Between requests a connection waits here, before pingora's session exists, and
@@ -210,6 +213,13 @@ where
                 head = limited.read_head() => head.ok()??,
                 _ = stopping.wait_for(|stop| *stop) => return None,
             };
+            if early {
+                let stopping_now = *shutdown.borrow();
+                if let Some(answer) = early::answer(&self.connections.state, &head, stopping_now) {
+                    limited = self.answer_early(limited, answer).await?;
+                    continue;
+                }
+            }
             let reused = self.serve(limited, head, persistent, backstop, shutdown).await?;
             let (next, settings) = reused.consume();
             limited = next.into_any().downcast::<LimitedStream>().ok()?;
@@ -227,6 +237,34 @@ impl<A> Guarded<A>
 where
     A: HttpServerApp + Send + Sync + 'static,
 {
+    /// Writes an answer the connection loop made itself (see [`early`]), bounded as pingora bounds
+    /// the writes of its own answers; the stream back when the connection stays open. Boxed, as
+    /// `serve`'s future is, to keep the loop's state small.
+    fn answer_early<'a>(
+        self: &'a Arc<Self>,
+        mut limited: Box<LimitedStream>,
+        answer: Box<Early>,
+    ) -> Pin<Box<dyn Future<Output = Option<Box<LimitedStream>>> + Send + 'a>> {
+        Box::pin(async move {
+            let write = async {
+                use tokio::io::AsyncWriteExt;
+                limited.write_all(answer.response()).await?;
+                limited.flush().await
+            };
+            let written = match tokio::time::timeout(crate::proxy::WRITE_TIMEOUT, write).await {
+                Ok(written) => written,
+                Err(_) => Err(io::Error::new(io::ErrorKind::TimedOut, "the client did not read the answer in time")),
+            };
+            let keep_alive = answer.keep_alive() && written.is_ok();
+            answer.done(&written);
+            // Closed by dropping the stream, as pingora closes a connection it does not keep.
+            keep_alive.then(|| {
+                limited.expect_head(&self.connections.state.settings().config.limits, false);
+                limited
+            })
+        })
+    }
+
     /// pingora's session for one request, and its request future. Built here, outside the async
     /// loop, so the session (over 400 bytes) is not part of the loop's state, which every idle
     /// connection holds: only the boxed future is, while a request runs.

@@ -11,6 +11,7 @@
 //! - `logging`: metrics and the access log, once the response is done.
 
 mod answer;
+pub mod early;
 mod enter;
 mod event;
 pub mod headers;
@@ -177,7 +178,11 @@ fn caller<'c>(
 /// The user named by the request (trusted header or verified JWT, see [`crate::identity`]),
 /// checked by the identity rules.
 fn identity(config: &Config, session: &Session) -> Result<String, Refusal> {
-    crate::identity::identify(&config.identity, &session.req_header().headers).inspect_err(|refusal| {
+    identity_in(config, &session.req_header().headers)
+}
+
+fn identity_in(config: &Config, headers: &http::HeaderMap) -> Result<String, Refusal> {
+    crate::identity::identify(&config.identity, headers).inspect_err(|refusal| {
         // The reason, never the token or the JWT itself.
         tracing::debug!(reason = refusal.message(), status = refusal.status(), "identity refused");
     })
@@ -187,7 +192,7 @@ fn identity(config: &Config, session: &Session) -> Result<String, Refusal> {
 /// client cannot hold a connection, or an upstream request, by trickling its body.
 const BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// Each write to the client must complete within this: a client that stops reading is dropped.
-const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 /// The proxy's own endpoints read no body; a larger one is refused (413) without reading it.
 const OWN_BODY_LIMIT: u64 = 8 * 1024;
 
@@ -252,9 +257,11 @@ fn upstream_timed_out(e: &Error) -> bool {
     matches!(e.esource(), ErrorSource::Upstream) && matches!(e.etype(), ErrorType::ReadTimedout | ErrorType::WriteTimedout)
 }
 
-/// Writes an answer of the proxy's own: JSON, never cached.
-async fn write_answer(session: &mut Session, answer: Answer) -> Result<()> {
-    let mut header = ResponseHeader::build(answer.status, Some(5))?;
+/// The head of an answer of the proxy's own: JSON, never cached. (pingora adds `Date` and
+/// `Connection` as it writes it.)
+fn answer_header(answer: &Answer) -> Result<ResponseHeader> {
+    // Room for the two pingora adds.
+    let mut header = ResponseHeader::build(answer.status, Some(7))?;
     header.insert_header("Content-Type", "application/json")?;
     header.insert_header("Cache-Control", "no-store")?;
     header.insert_header("Content-Length", answer.body.len())?;
@@ -264,6 +271,12 @@ async fn write_answer(session: &mut Session, answer: Answer) -> Result<()> {
     if let Some(secs) = answer.retry_after {
         header.insert_header("Retry-After", secs)?;
     }
+    Ok(header)
+}
+
+/// Writes an answer of the proxy's own.
+async fn write_answer(session: &mut Session, answer: Answer) -> Result<()> {
+    let header = answer_header(&answer)?;
     session.write_response_header(Box::new(header), false).await?;
     session.write_response_body(Some(Bytes::from(answer.body)), true).await
 }

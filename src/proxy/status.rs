@@ -12,7 +12,8 @@ use super::Answer;
 use crate::control::{self, Mode};
 use crate::metrics;
 use crate::policy::Settings;
-use crate::rules;
+use crate::line::LocalLine;
+use crate::rules::{self, Pace};
 use crate::state::RoomState;
 use crate::store::{Room, StatusOutcome};
 
@@ -55,11 +56,8 @@ pub async fn handle(
 ) -> Option<Answer> {
     let now = read(state, settings, room, user, false).await;
     let pace = state.pacing(settings).pace();
-    let (position, score) = match now.waiting {
-        Some((position, Some(score))) if rules::within_hold(rules::wait_secs(position, pace), settings.policy.hold_secs) => {
-            (position, score)
-        }
-        _ => return Some(now.count()),
+    let Some((position, score)) = to_hold(&now, state, settings) else {
+        return Some(now.count());
     };
     let limit = usize::try_from(settings.config.queue.capacity.get()).unwrap_or(usize::MAX);
     let Some(mut hold) = state.held().hold(score, limit) else {
@@ -109,6 +107,32 @@ pub async fn handle(
     Some(reading.count())
 }
 
+/// A status call answered before pingora's session exists (see [`super::early`]): only when
+/// this proxy's view of the line tells where the user stands, and their poll is not one to hold.
+/// `None`: the call takes the full path (Redis, an event's phase, a hold).
+pub fn answer_at_once(state: &RoomState, settings: &Settings, user: &str) -> Option<Answer> {
+    if !super::event::leaves_status_to_the_line(state, settings) {
+        return None;
+    }
+    let now = read_local(state, settings, user, false)?;
+    match to_hold(&now, state, settings) {
+        Some(_) => None,
+        None => Some(now.count()),
+    }
+}
+
+/// The place and score a WAITING answer's poll would be held for (contract section 13), if it
+/// is one to hold.
+fn to_hold(now: &Reading, state: &RoomState, settings: &Settings) -> Option<(u64, f64)> {
+    let pace = state.pacing(settings).pace();
+    match now.waiting {
+        Some((position, Some(score))) if rules::within_hold(rules::wait_secs(position, pace), settings.policy.hold_secs) => {
+            Some((position, score))
+        }
+        _ => None,
+    }
+}
+
 enum Wake {
     /// The line's front passed the user's place, or every held poll was woken.
     Front,
@@ -132,22 +156,12 @@ async fn read(state: &RoomState, settings: &Settings, room: &Room, user: &str, a
     if let Some(answer) = super::event::status(state, settings, room, user).await {
         return Reading { label: None, answer, waiting: None, ready_ms: None };
     }
+    if let Some(reading) = read_local(state, settings, user, after_hold) {
+        return reading;
+    }
     let (config, policy) = (&settings.config, &settings.policy);
     let pacing = state.pacing(settings);
-    let waiting = |position: u64, score: Option<f64>| Reading {
-        label: Some("WAITING"),
-        answer: match after_hold {
-            true => Answer::waiting_after_hold(position, pacing.pace()),
-            false => Answer::waiting(position, pacing.pace(), config),
-        },
-        waiting: Some((position, score)),
-        ready_ms: None,
-    };
-    // A closed room's line is empty: only Redis can tell its READY users from the rest.
-    let local = (policy.local_answers && state.mode() != Mode::Closed).then_some(state.line());
-    if let Some((position, number)) = local.and_then(|line| line.place(user)) {
-        return waiting(position, Some(number as f64));
-    }
+    let local = local_line(state, settings);
     let ticket = state.line().ticket();
     let clock = if after_hold { pacing.poll_clock_at_once() } else { pacing.poll_clock() };
     match room.status(user, clock, &policy.rules).await {
@@ -163,7 +177,7 @@ async fn read(state: &RoomState, settings: &Settings, room: &Room, user: &str, a
                 }
             }
             match status.outcome {
-                StatusOutcome::Waiting { position } => waiting(position, status.score),
+                StatusOutcome::Waiting { position } => waiting(settings, pacing.pace(), position, status.score, after_hold),
                 StatusOutcome::Ready { token, remaining_ms } => Reading {
                     ready_ms: Some(remaining_ms),
                     ..Reading::new("READY", Answer::ready(&token, remaining_ms))
@@ -180,5 +194,29 @@ async fn read(state: &RoomState, settings: &Settings, room: &Room, user: &str, a
             tracing::warn!(%error, "status: redis unavailable");
             Reading::new("error", Answer::unavailable(config))
         }
+    }
+}
+
+/// This proxy's view of the line, when it may answer from it. A closed room's line is empty: only
+/// Redis can tell its READY users from the rest.
+fn local_line<'s>(state: &'s RoomState, settings: &Settings) -> Option<&'s LocalLine> {
+    (settings.policy.local_answers && state.mode() != Mode::Closed).then_some(state.line())
+}
+
+/// Where the user stands by this proxy's view of the line, if it knows.
+fn read_local(state: &RoomState, settings: &Settings, user: &str, after_hold: bool) -> Option<Reading> {
+    let (position, number) = local_line(state, settings)?.place(user)?;
+    Some(waiting(settings, state.pacing(settings).pace(), position, Some(number as f64), after_hold))
+}
+
+fn waiting(settings: &Settings, pace: Pace, position: u64, score: Option<f64>, after_hold: bool) -> Reading {
+    Reading {
+        label: Some("WAITING"),
+        answer: match after_hold {
+            true => Answer::waiting_after_hold(position, pace),
+            false => Answer::waiting(position, pace, &settings.config),
+        },
+        waiting: Some((position, score)),
+        ready_ms: None,
     }
 }

@@ -538,12 +538,12 @@ impl Proxy {
         v.as_str().map(str::to_owned)
     }
 
-    fn endpoint_prefix(&self) -> String {
+    pub fn endpoint_prefix(&self) -> String {
         self.config_str(&["endpoints", "prefix"])
             .unwrap_or("/queue".into())
     }
 
-    fn identity_header(&self) -> String {
+    pub fn identity_header(&self) -> String {
         self.config_str(&["identity", "header"])
             .unwrap_or("X-User-Id".into())
     }

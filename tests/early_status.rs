@@ -1,0 +1,204 @@
+//! Status polls answered in the connection loop, before pingora's session (`src/proxy/early.rs`),
+//! checked from a raw socket: the bytes are the full path's bytes, each request the early path
+//! does not take is answered by the full path exactly as before, a keep-alive connection goes
+//! back and forth between the two, and a request's body is never read as a request of its own.
+//! Which path answered is told by the proxy's debug line for an early answer.
+
+mod common;
+
+use common::*;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const EARLY_LINE: &str = "status answered before pingora's session";
+/// Longer than the freshness of the proxy's line reading (50 ms), with room for a busy machine.
+const SETTLE: Duration = Duration::from_millis(300);
+
+/// A room where nobody is admitted, whose proxy logs each early answer, with `users` in line
+/// and known to the proxy's view of the line (each has been answered once by Redis).
+async fn room_with(users: &[&str]) -> (RedisServer, DemoApi, Proxy) {
+    let redis = RedisServer::start();
+    let api = DemoApi::start(&[]);
+    let builder = Proxy::builder(&redis.url(), api.addr())
+        .yaml(NO_ADMISSION)
+        .env("RUST_LOG", "info,waitroom::proxy::early=debug");
+    let proxy = start_settled(&redis, &builder).await;
+    for user in users {
+        assert_eq!(proxy.enter(user).await.status, 200);
+    }
+    tokio::time::sleep(SETTLE).await;
+    for user in users {
+        assert_eq!(status_of(&proxy.status(user).await), "WAITING");
+    }
+    (redis, api, proxy)
+}
+
+fn early_answers(proxy: &Proxy) -> usize {
+    proxy.logs().matches(EARLY_LINE).count()
+}
+
+/// Waits for the proxy's log to settle at `want` early answers (it is written as they happen).
+async fn assert_early_answers(proxy: &Proxy, want: usize, ctx: &str) {
+    wait_until(Duration::from_secs(2), Duration::from_millis(20), || async { early_answers(proxy) >= want }).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(early_answers(proxy), want, "{ctx}: early answers\n{}", proxy.logs());
+}
+
+/// One response off `stream`, by its Content-Length (every answer here has one).
+async fn read_response(stream: &mut TcpStream) -> String {
+    let mut buf = Vec::new();
+    let mut byte = [0u8; 1];
+    let read = async {
+        loop {
+            if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+                let len: usize = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length:"))
+                    .map_or(0, |v| v.trim().parse().unwrap());
+                if buf.len() == end + 4 + len {
+                    return;
+                }
+            }
+            // One byte at a time, so that nothing of a next response is taken with this one.
+            match stream.read(&mut byte).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => buf.push(byte[0]),
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(5), read).await.expect("a whole response within 5 s");
+    String::from_utf8_lossy(&buf).into_owned()
+}
+
+/// The response with its `date` line's value blanked, after checking it is one (an IMF-fixdate,
+/// 29 characters): the one thing two answers a moment apart may differ in.
+fn dateless(response: &str) -> String {
+    let mut dates = 0;
+    let lines: Vec<String> = response
+        .split("\r\n")
+        .map(|line| match line.to_ascii_lowercase().strip_prefix("date: ") {
+            Some(value) => {
+                dates += 1;
+                assert!(value.len() == 29 && value.ends_with(" gmt"), "a date: {line:?}");
+                "date: -".to_owned()
+            }
+            None => line.to_owned(),
+        })
+        .collect();
+    assert_eq!(dates, 1, "one date line in {response:?}");
+    lines.join("\r\n")
+}
+
+async fn exchange(proxy: &Proxy, request: &str) -> String {
+    let mut stream = TcpStream::connect(proxy.addr()).await.unwrap();
+    stream.write_all(request.as_bytes()).await.unwrap();
+    read_response(&mut stream).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn early_answers_are_the_full_paths_byte_for_byte() {
+    let (_redis, _api, proxy) = room_with(&["u1", "u2", "u3"]).await;
+    let (prefix, id) = (proxy.endpoint_prefix(), proxy.identity_header());
+    let at_start = early_answers(&proxy);
+    // Each head as the early path takes it; the same with `Content-Length: 0` is the full path's.
+    let cases = [
+        ("a waiting user", format!("GET {prefix}/status HTTP/1.1\r\nHost: room\r\n{id}: u2\r\n"), 200, "\"position\":2"),
+        ("a query string", format!("GET {prefix}/status?t=17 HTTP/1.1\r\nHost: room\r\n{id}: u3\r\n"), 200, "\"position\":3"),
+        ("keep-alive asked for", format!("GET {prefix}/status HTTP/1.1\r\nHost: room\r\nConnection: Keep-Alive\r\n{id}: u1\r\n"), 200, "\"position\":1"),
+        ("no identity", format!("GET {prefix}/status HTTP/1.1\r\nHost: room\r\n"), 401, "\"error\""),
+        ("the identity twice", format!("GET {prefix}/status HTTP/1.1\r\nHost: room\r\n{id}: u1\r\n{id}: u2\r\n"), 400, "\"error\""),
+    ];
+    for (n, (ctx, head, status, body)) in cases.iter().enumerate() {
+        let early = exchange(&proxy, &format!("{head}\r\n")).await;
+        assert_early_answers(&proxy, at_start + n + 1, ctx).await;
+        let full = exchange(&proxy, &format!("{head}Content-Length: 0\r\n\r\n")).await;
+        assert_early_answers(&proxy, at_start + n + 1, &format!("{ctx}, with a body declared")).await;
+        assert!(early.starts_with(&format!("HTTP/1.1 {status} ")), "{ctx}: {early}");
+        assert!(early.contains(body), "{ctx}: {early}");
+        assert_eq!(dateless(&early), dateless(&full), "{ctx}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_the_early_path_does_not_take_is_answered_as_before() {
+    let (_redis, _api, proxy) = room_with(&["u1"]).await;
+    let (prefix, id) = (proxy.endpoint_prefix(), proxy.identity_header());
+    let at_start = early_answers(&proxy);
+    let cases = [
+        // Only Redis can tell who is not in the line.
+        ("a user not in line", format!("GET {prefix}/status HTTP/1.1\r\n{id}: nobody\r\n\r\n"), "HTTP/1.1 200 ", "NOT_IN_QUEUE"),
+        ("HTTP/1.0", format!("GET {prefix}/status HTTP/1.0\r\n{id}: u1\r\n\r\n"), "HTTP/1.1 200 ", "\"position\":1"),
+        ("another method", format!("POST {prefix}/status HTTP/1.1\r\n{id}: u1\r\nContent-Length: 0\r\n\r\n"), "HTTP/1.1 405 ", "\"error\""),
+        ("another path", format!("GET {prefix}/statusx HTTP/1.1\r\n{id}: u1\r\n\r\n"), "HTTP/1.1 ", ""),
+        ("Connection: close", format!("GET {prefix}/status HTTP/1.1\r\nConnection: close\r\n{id}: u1\r\n\r\n"), "HTTP/1.1 200 ", "\"position\":1"),
+        ("an upgrade", format!("GET {prefix}/status HTTP/1.1\r\nConnection: upgrade\r\nUpgrade: websocket\r\n{id}: u1\r\n\r\n"), "HTTP/1.1 200 ", "\"position\":1"),
+        ("Host twice", format!("GET {prefix}/status HTTP/1.1\r\nHost: a\r\nHost: b\r\n{id}: u1\r\n\r\n"), "HTTP/1.1 400 ", ""),
+        ("an absolute target", format!("GET http://room{prefix}/status HTTP/1.1\r\nHost: room\r\n{id}: u1\r\n\r\n"), "HTTP/1.1 200 ", "\"position\":1"),
+    ];
+    for (ctx, request, start, body) in &cases {
+        let response = exchange(&proxy, request).await;
+        assert!(response.starts_with(start), "{ctx}: {response}");
+        assert!(response.contains(body), "{ctx}: {response}");
+        if *ctx == "Connection: close" {
+            assert!(response.to_ascii_lowercase().contains("\r\nconnection: close\r\n"), "{ctx}: {response}");
+        }
+    }
+    assert_early_answers(&proxy, at_start, "none of these").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keep_alive_connection_goes_between_both_paths() {
+    let (_redis, _api, proxy) = room_with(&["u1", "u2"]).await;
+    let (prefix, id) = (proxy.endpoint_prefix(), proxy.identity_header());
+    let at_start = early_answers(&proxy);
+    let status = |user: &str| format!("GET {prefix}/status HTTP/1.1\r\nHost: room\r\n{id}: {user}\r\n\r\n");
+    let mut stream = TcpStream::connect(proxy.addr()).await.unwrap();
+    let mut ask = async |request: String| {
+        stream.write_all(request.as_bytes()).await.unwrap();
+        read_response(&mut stream).await
+    };
+    assert!(ask(status("u1")).await.contains("\"position\":1"));
+    // The full path on the same connection (an enter), then the early one again.
+    let entered = ask(format!("POST {prefix}/enter HTTP/1.1\r\nHost: room\r\n{id}: u3\r\n\r\n")).await;
+    assert!(entered.starts_with("HTTP/1.1 200 ") && entered.contains("\"position\":3"), "{entered}");
+    assert!(ask(status("u2")).await.contains("\"position\":2"));
+    for _ in 0..3 {
+        let answer = ask(status("u2")).await;
+        assert!(answer.to_ascii_lowercase().contains("\r\nconnection: keep-alive\r\n"), "{answer}");
+    }
+    assert_early_answers(&proxy, at_start + 5, "u1, u2 and three more of u2").await;
+}
+
+/// A status head that declares a body, its body a request of its own: answered once, as the full
+/// path answers it, the body read and dropped, never answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_is_never_read_as_a_request() {
+    let (_redis, _api, proxy) = room_with(&["u1"]).await;
+    let (prefix, id) = (proxy.endpoint_prefix(), proxy.identity_header());
+    let at_start = early_answers(&proxy);
+    let inner = format!("GET {prefix}/status HTTP/1.1\r\n{id}: u1\r\n\r\n");
+    let chunked = format!("{:x}\r\n{inner}\r\n0\r\n\r\n", inner.len());
+    for (ctx, framing, body) in [
+        ("Content-Length", format!("Content-Length: {}", inner.len()), inner.clone()),
+        ("chunked", "Transfer-Encoding: chunked".to_owned(), chunked),
+    ] {
+        let mut stream = TcpStream::connect(proxy.addr()).await.unwrap();
+        let head = format!("GET {prefix}/status HTTP/1.1\r\nHost: room\r\n{framing}\r\n{id}: u1\r\n\r\n");
+        stream.write_all(head.as_bytes()).await.unwrap();
+        // The body in a write of its own: the head alone is what the early path would look at.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        stream.write_all(body.as_bytes()).await.unwrap();
+        let answer = read_response(&mut stream).await;
+        assert!(answer.starts_with("HTTP/1.1 200 ") && answer.contains("\"position\":1"), "{ctx}: {answer}");
+        let mut more = [0u8; 64];
+        let next = tokio::time::timeout(Duration::from_millis(500), stream.read(&mut more)).await;
+        assert!(
+            !matches!(next, Ok(Ok(n)) if n > 0),
+            "{ctx}: a second answer: {:?}",
+            next.map(|r| r.map(|n| String::from_utf8_lossy(&more[..n]).into_owned()))
+        );
+    }
+    assert_early_answers(&proxy, at_start, "a head with a body").await;
+}
