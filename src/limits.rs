@@ -246,14 +246,19 @@ where
         answer: Box<Early>,
     ) -> Pin<Box<dyn Future<Output = Option<Box<LimitedStream>>> + Send + 'a>> {
         Box::pin(async move {
-            let write = async {
+            let mut write = std::pin::pin!(async {
                 use tokio::io::AsyncWriteExt;
                 limited.write_all(answer.response()).await?;
                 limited.flush().await
-            };
-            let written = match tokio::time::timeout(crate::proxy::WRITE_TIMEOUT, write).await {
-                Ok(written) => written,
-                Err(_) => Err(io::Error::new(io::ErrorKind::TimedOut, "the client did not read the answer in time")),
+            });
+            // An answer is small and the socket's buffer nearly always takes it at once: the
+            // timer is armed only for a client that is not reading.
+            let written = match std::future::poll_fn(|cx| Poll::Ready(write.as_mut().poll(cx))).await {
+                Poll::Ready(written) => written,
+                Poll::Pending => match tokio::time::timeout(crate::proxy::WRITE_TIMEOUT, write).await {
+                    Ok(written) => written,
+                    Err(_) => Err(io::Error::new(io::ErrorKind::TimedOut, "the client did not read the answer in time")),
+                },
             };
             let keep_alive = answer.keep_alive() && written.is_ok();
             answer.done(&written);

@@ -22,12 +22,12 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::{BufMut, Bytes};
-use http::header::{CONNECTION, CONTENT_LENGTH, DATE, EXPECT, TRANSFER_ENCODING, UPGRADE};
-use http::{HeaderValue, Version};
+use http::header::{CONNECTION, CONTENT_LENGTH, EXPECT, TRANSFER_ENCODING, UPGRADE};
+use http::{HeaderValue, StatusCode, Version};
 use pingora::http::{IntoCaseHeaderName, RequestHeader};
 use pingora::protocols::http::{authority, date};
 
-use super::{answer_header, identity_in, status, Answer, Endpoint};
+use super::{answer_fields, identity_in, status, Answer, Endpoint, Field};
 use crate::logging;
 use crate::metrics;
 use crate::state::{InFlight, RoomState};
@@ -83,7 +83,7 @@ pub fn answer(state: &Arc<RoomState>, head: &[u8], stopping: bool) -> Option<Box
 }
 
 /// pingora's `RequestHeader` for `head`, as pingora builds it (`HttpSession::read_request`), if
-/// the head is one this path takes.
+/// the head is one this path takes; without the names' case, which only a forwarded request needs.
 fn request_header(head: &[u8]) -> Option<RequestHeader> {
     let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut parsed = httparse::Request::new(&mut fields);
@@ -95,7 +95,7 @@ fn request_header(head: &[u8]) -> Option<RequestHeader> {
     if parsed.version != Some(1) {
         return None;
     }
-    let mut request = RequestHeader::build(parsed.method?, parsed.path?.as_bytes(), Some(parsed.headers.len())).ok()?;
+    let mut request = RequestHeader::build_no_case(parsed.method?, parsed.path?.as_bytes(), Some(parsed.headers.len())).ok()?;
     request.set_version(Version::HTTP_11);
     for field in parsed.headers.iter() {
         let name = Bytes::copy_from_slice(field.name.as_bytes()).into_case_header_name();
@@ -115,19 +115,30 @@ fn request_header(head: &[u8]) -> Option<RequestHeader> {
     Some(request)
 }
 
-/// The response as pingora writes an answer of ours: the answer's head, then the `Date` and
-/// `Connection` pingora adds, in its wire format, then the body.
+/// The response as pingora writes an answer of ours (`write_answer`): the answer's head, then
+/// the `Date` and `Connection` pingora adds, in its wire format, then the body.
 fn render(answer: &Answer, keep_alive: bool) -> Option<Vec<u8>> {
-    let mut header = answer_header(answer).ok()?;
-    header.insert_header(DATE, date::get_cached_date()).ok()?;
-    header.insert_header(CONNECTION, if keep_alive { "keep-alive" } else { "close" }).ok()?;
-    let mut response = Vec::with_capacity(256 + answer.body.len());
+    let status = StatusCode::from_u16(answer.status).ok()?;
+    let mut response = Vec::with_capacity(192 + answer.body.len());
     response.put_slice(b"HTTP/1.1 ");
-    response.put_slice(header.status.as_str().as_bytes());
+    response.put_slice(status.as_str().as_bytes());
     response.put_u8(b' ');
-    response.put_slice(header.get_reason_phrase().unwrap_or("").as_bytes());
+    response.put_slice(status.canonical_reason().unwrap_or("").as_bytes());
     response.put_slice(b"\r\n");
-    header.header_to_h1_wire(&mut response);
+    let mut line = |name: &str, value: &[u8]| {
+        response.put_slice(name.as_bytes());
+        response.put_slice(b": ");
+        response.put_slice(value);
+        response.put_slice(b"\r\n");
+    };
+    for (name, value) in answer_fields(answer) {
+        match value {
+            Field::Text(text) => line(name, text.as_bytes()),
+            Field::Number(number) => line(name, itoa::Buffer::new().format(number).as_bytes()),
+        }
+    }
+    line("Date", date::get_cached_date().as_bytes());
+    line("Connection", if keep_alive { b"keep-alive" } else { b"close" });
     response.put_slice(b"\r\n");
     response.put_slice(&answer.body);
     Some(response)

@@ -257,26 +257,35 @@ fn upstream_timed_out(e: &Error) -> bool {
     matches!(e.esource(), ErrorSource::Upstream) && matches!(e.etype(), ErrorType::ReadTimedout | ErrorType::WriteTimedout)
 }
 
-/// The head of an answer of the proxy's own: JSON, never cached. (pingora adds `Date` and
-/// `Connection` as it writes it.)
-fn answer_header(answer: &Answer) -> Result<ResponseHeader> {
-    // Room for the two pingora adds.
-    let mut header = ResponseHeader::build(answer.status, Some(7))?;
-    header.insert_header("Content-Type", "application/json")?;
-    header.insert_header("Cache-Control", "no-store")?;
-    header.insert_header("Content-Length", answer.body.len())?;
-    if let Some(allow) = answer.allow {
-        header.insert_header("Allow", allow)?;
-    }
-    if let Some(secs) = answer.retry_after {
-        header.insert_header("Retry-After", secs)?;
-    }
-    Ok(header)
+/// A value in the head of an answer of ours.
+enum Field {
+    Text(&'static str),
+    Number(u64),
+}
+
+/// The head of an answer of the proxy's own, in order: JSON, never cached. pingora adds `Date`
+/// and `Connection` as it writes it; [`early`] writes the same bytes itself.
+fn answer_fields(answer: &Answer) -> impl Iterator<Item = (&'static str, Field)> {
+    [
+        ("Content-Type", Some(Field::Text("application/json"))),
+        ("Cache-Control", Some(Field::Text("no-store"))),
+        ("Content-Length", Some(Field::Number(answer.body.len() as u64))),
+        ("Allow", answer.allow.map(Field::Text)),
+        ("Retry-After", answer.retry_after.map(Field::Number)),
+    ]
+    .into_iter()
+    .filter_map(|(name, value)| Some((name, value?)))
 }
 
 /// Writes an answer of the proxy's own.
 async fn write_answer(session: &mut Session, answer: Answer) -> Result<()> {
-    let header = answer_header(&answer)?;
+    let mut header = ResponseHeader::build(answer.status, Some(5))?;
+    for (name, value) in answer_fields(&answer) {
+        match value {
+            Field::Text(text) => header.insert_header(name, text)?,
+            Field::Number(number) => header.insert_header(name, number)?,
+        };
+    }
     session.write_response_header(Box::new(header), false).await?;
     session.write_response_body(Some(Bytes::from(answer.body)), true).await
 }
