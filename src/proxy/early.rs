@@ -167,7 +167,7 @@ impl Early {
             path: self.request.uri.path(),
             status: if written.is_ok() { self.status } else { 0 },
             endpoint,
-            duration_ms: elapsed.as_secs_f64() * 1000.0,
+            duration: elapsed,
             user: self.user.as_deref().unwrap_or("-"),
             error: written.as_ref().err().map(|e| e.to_string()),
         });

@@ -509,7 +509,7 @@ impl ProxyHttp for Waitroom {
             path: header.uri.path(),
             status,
             endpoint,
-            duration_ms: elapsed.as_secs_f64() * 1000.0,
+            duration: elapsed,
             user: ctx.user.as_deref().unwrap_or("-"),
             error: error.map(|e| e.to_string()),
         });
