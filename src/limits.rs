@@ -65,6 +65,7 @@ use crate::config::LimitsConfig;
 use crate::metrics;
 use crate::proxy::early::{self, Early};
 use crate::state::RoomState;
+use crate::store::Room;
 
 /// How long a refused connection's input is read and dropped after its 431, so that closing
 /// with unread bytes (a reset) does not destroy the answer before the client reads it.
@@ -163,11 +164,13 @@ impl ConnectionFilter for AtCapacity {
 pub struct Guarded<A> {
     app: Arc<A>,
     connections: Arc<Connections>,
+    /// The room the proxy serves, for the status calls the loop answers itself.
+    room: Arc<Room>,
 }
 
 impl<A> Guarded<A> {
-    pub fn new(app: A, connections: Arc<Connections>) -> Guarded<A> {
-        Guarded { app: Arc::new(app), connections }
+    pub fn new(app: A, connections: Arc<Connections>, room: Arc<Room>) -> Guarded<A> {
+        Guarded { app: Arc::new(app), connections, room }
     }
 }
 
@@ -214,9 +217,8 @@ where
                 _ = stopping.wait_for(|stop| *stop) => return None,
             };
             if early {
-                let stopping_now = *shutdown.borrow();
-                if let Some(answer) = early::answer(&self.connections.state, &head, stopping_now) {
-                    limited = self.answer_early(limited, answer).await?;
+                if let Some(call) = early::take(&self.connections.state, &head) {
+                    limited = self.answer_early(limited, call, shutdown).await?;
                     continue;
                 }
             }
@@ -237,34 +239,20 @@ impl<A> Guarded<A>
 where
     A: HttpServerApp + Send + Sync + 'static,
 {
-    /// Writes an answer the connection loop made itself (see [`early`]), bounded as pingora bounds
-    /// the writes of its own answers; the stream back when the connection stays open. Boxed, as
-    /// `serve`'s future is, to keep the loop's state small.
+    /// A status call the connection loop answers itself (see [`early`]); the stream back when
+    /// the connection stays open. Boxed, as `serve`'s future is, to keep the loop's state small.
     fn answer_early<'a>(
         self: &'a Arc<Self>,
         mut limited: Box<LimitedStream>,
-        answer: Box<Early>,
+        call: Box<Early>,
+        shutdown: &'a ShutdownWatch,
     ) -> Pin<Box<dyn Future<Output = Option<Box<LimitedStream>>> + Send + 'a>> {
         Box::pin(async move {
-            let mut write = std::pin::pin!(async {
-                use tokio::io::AsyncWriteExt;
-                limited.write_all(answer.response()).await?;
-                limited.flush().await
-            });
-            // An answer is small and the socket's buffer nearly always takes it at once: the
-            // timer is armed only for a client that is not reading.
-            let written = match std::future::poll_fn(|cx| Poll::Ready(write.as_mut().poll(cx))).await {
-                Poll::Ready(written) => written,
-                Poll::Pending => match tokio::time::timeout(crate::proxy::WRITE_TIMEOUT, write).await {
-                    Ok(written) => written,
-                    Err(_) => Err(io::Error::new(io::ErrorKind::TimedOut, "the client did not read the answer in time")),
-                },
-            };
-            let keep_alive = answer.keep_alive() && written.is_ok();
-            answer.done(&written);
+            let state = &self.connections.state;
+            let keep_alive = call.serve(state, &self.room, &mut *limited, shutdown).await;
             // Closed by dropping the stream, as pingora closes a connection it does not keep.
             keep_alive.then(|| {
-                limited.expect_head(&self.connections.state.settings().config.limits, false);
+                limited.expect_head(&state.settings().config.limits, false);
                 limited
             })
         })
@@ -792,7 +780,8 @@ mod tests {
     #[tokio::test]
     async fn an_idle_connections_loop_state_stays_small() {
         let state = RoomState::new(Config::parse("upstream: 127.0.0.1:1").unwrap());
-        let guarded = Arc::new(Guarded::new(Nothing, Connections::new(state)));
+        let room = Arc::new(Room::new(&state.settings().config.redis).unwrap());
+        let guarded = Arc::new(Guarded::new(Nothing, Connections::new(state), room));
         let (server, _client) = tokio::io::duplex(1024);
         let (_stop, shutdown) = tokio::sync::watch::channel(false);
         let connection = ServerApp::process_new(&guarded, Box::new(server), &shutdown);

@@ -104,11 +104,9 @@ pub fn run(config: Config, config_path: PathBuf) -> Result<(), StartError> {
 
     // pingora's proxy app, run by our connection guard (see crate::limits for why there).
     let connections = Connections::new(state.clone());
-    let app = pingora::proxy::http_proxy(
-        &server.configuration,
-        Waitroom::new(state.clone(), Room::new(&redis)?, upstream),
-    );
-    let mut proxy = Service::new("waitroom".to_string(), Guarded::new(app, connections.clone()));
+    let room = Arc::new(Room::new(&redis)?);
+    let app = pingora::proxy::http_proxy(&server.configuration, Waitroom::new(state.clone(), room.clone(), upstream));
+    let mut proxy = Service::new("waitroom".to_string(), Guarded::new(app, connections.clone(), room));
     proxy.set_connection_filter(Arc::new(AtCapacity(connections)));
     // No L4 buffers under pingora's parser (by default 64 KiB to read and 1,460 B to write, kept
     // for the connection's life): the connection loop reads each head into a per-thread buffer

@@ -17,8 +17,10 @@
 //! full path's and finished as pingora finishes it (its `Date`, its `Connection`), so the bytes
 //! are the same (`tests/early_status.rs` compares them with the full path's).
 
+use std::future::Future;
 use std::io;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Instant;
 
 use bytes::{BufMut, Bytes};
@@ -26,30 +28,31 @@ use http::header::{CONNECTION, CONTENT_LENGTH, EXPECT, TRANSFER_ENCODING, UPGRAD
 use http::{HeaderValue, StatusCode, Version};
 use pingora::http::{IntoCaseHeaderName, RequestHeader};
 use pingora::protocols::http::{authority, date};
+use pingora::server::ShutdownWatch;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::{answer_fields, identity_in, status, Answer, Endpoint, Field};
+use crate::identity::Refusal;
 use crate::logging;
 use crate::metrics;
 use crate::state::{InFlight, RoomState};
+use crate::store::Room;
 
 /// pingora's own bound on a head's fields: a head with more is pingora's to refuse.
 const MAX_HEADERS: usize = 256;
 
-/// An answer ready to be written, and what logging it needs once it has been.
+/// A status call the connection loop answers, as taken from its head.
 pub struct Early {
-    response: Vec<u8>,
-    keep_alive: bool,
-    status: u16,
     request: RequestHeader,
-    user: Option<String>,
+    /// The user asking, or why no user could be told.
+    caller: Result<String, Refusal>,
     started: Instant,
     /// Counts the request for a graceful stop until it is logged.
     _in_flight: InFlight,
 }
 
-/// The whole response to `head`, when this path may answer it (see the module doc); `stopping`:
-/// the server is stopping, so the connection is closed after the answer, as pingora does.
-pub fn answer(state: &Arc<RoomState>, head: &[u8], stopping: bool) -> Option<Box<Early>> {
+/// The status call `head` is, when this path may answer it (see the module doc).
+pub fn take(state: &Arc<RoomState>, head: &[u8]) -> Option<Box<Early>> {
     let settings = state.settings();
     let config = &settings.config;
     // Every other request pays only this look at its first bytes.
@@ -62,24 +65,100 @@ pub fn answer(state: &Arc<RoomState>, head: &[u8], stopping: bool) -> Option<Box
     if Endpoint::classify(config, &request).ok()? != (Endpoint::Status, None) {
         return None;
     }
-    let (user, answer) = match identity_in(config, &request.headers) {
-        Ok(user) => {
-            let answer = status::answer_at_once(state, &settings, &user)?;
-            (Some(user), answer)
+    let caller = identity_in(config, &request.headers);
+    Some(Box::new(Early { request, caller, started, _in_flight: state.request_started() }))
+}
+
+impl Early {
+    /// Answers the call (holding the poll when it is one to hold, as the full path does) and
+    /// writes the answer to `stream`; true when the connection waits for another request.
+    pub async fn serve<S>(self: Box<Self>, state: &RoomState, room: &Room, stream: &mut S, shutdown: &ShutdownWatch) -> bool
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send,
+    {
+        let settings = state.settings();
+        let mut client = Watch { stream: &mut *stream, spoke: false };
+        let answer = match &self.caller {
+            Ok(user) => status::handle(state, &settings, room, &mut client, user).await,
+            Err(refusal) => Some(Answer::identity(*refusal)),
+        };
+        let spoke = client.spoke;
+        drop(settings);
+        let Some(answer) = answer else {
+            self.done(0, Some("the client left a held poll".to_owned()));
+            return false;
+        };
+        // Bytes the client sent during a hold were read and dropped: the connection cannot carry
+        // a request on. A stopping server keeps no connection open, as pingora's loop does.
+        let keep_alive = !spoke && !*shutdown.borrow();
+        let response = render(&answer, keep_alive);
+        match write(stream, &response).await {
+            Ok(()) => {
+                self.done(answer.status, None);
+                keep_alive
+            }
+            Err(error) => {
+                self.done(0, Some(error.to_string()));
+                false
+            }
         }
-        Err(refusal) => (None, Answer::identity(refusal)),
-    };
-    let keep_alive = !stopping;
-    let response = render(&answer, keep_alive)?;
-    Some(Box::new(Early {
-        response,
-        keep_alive,
-        status: answer.status,
-        request,
-        user,
-        started,
-        _in_flight: state.request_started(),
-    }))
+    }
+
+    /// Counts and logs the request once it is over, as the full path's `logging` phase does.
+    fn done(self: Box<Self>, status: u16, error: Option<String>) {
+        let elapsed = self.started.elapsed();
+        let endpoint = Endpoint::Status.label();
+        // What tells an operator (and the tests) which path a poll took.
+        tracing::debug!(status, "status answered before pingora's session");
+        metrics::REQUEST_DURATION.with_label_values(&[endpoint]).observe(elapsed.as_secs_f64());
+        logging::access(&logging::Access {
+            method: self.request.method.as_str(),
+            path: self.request.uri.path(),
+            status,
+            endpoint,
+            duration: elapsed,
+            user: self.caller.as_deref().unwrap_or("-"),
+            error,
+        });
+    }
+}
+
+/// The connection as the client of a held poll: a byte read off it ends the watch (it cannot be
+/// handed back, so the connection closes after the answer); the end of the stream, or an error,
+/// is the client leaving.
+struct Watch<'s, S> {
+    stream: &'s mut S,
+    spoke: bool,
+}
+
+impl<S: AsyncRead + Unpin + Send> status::Client for Watch<'_, S> {
+    async fn watch(&mut self) -> status::Watched {
+        let mut byte = [0u8; 1];
+        match self.stream.read(&mut byte).await {
+            Ok(0) | Err(_) => status::Watched::Left,
+            Ok(_) => {
+                self.spoke = true;
+                status::Watched::Spoke
+            }
+        }
+    }
+}
+
+/// Writes `response` whole, bounded as pingora bounds the writes of its own answers.
+async fn write<S: AsyncWrite + Unpin>(stream: &mut S, response: &[u8]) -> io::Result<()> {
+    let mut write = std::pin::pin!(async {
+        stream.write_all(response).await?;
+        stream.flush().await
+    });
+    // An answer is small and the socket's buffer nearly always takes it at once: the timer is
+    // armed only for a client that is not reading.
+    match std::future::poll_fn(|cx| Poll::Ready(write.as_mut().poll(cx))).await {
+        Poll::Ready(written) => written,
+        Poll::Pending => match tokio::time::timeout(super::WRITE_TIMEOUT, write).await {
+            Ok(written) => written,
+            Err(_) => Err(io::Error::new(io::ErrorKind::TimedOut, "the client did not read the answer in time")),
+        },
+    }
 }
 
 /// pingora's `RequestHeader` for `head`, as pingora builds it (`HttpSession::read_request`), if
@@ -117,8 +196,8 @@ fn request_header(head: &[u8]) -> Option<RequestHeader> {
 
 /// The response as pingora writes an answer of ours (`write_answer`): the answer's head, then
 /// the `Date` and `Connection` pingora adds, in its wire format, then the body.
-fn render(answer: &Answer, keep_alive: bool) -> Option<Vec<u8>> {
-    let status = StatusCode::from_u16(answer.status).ok()?;
+fn render(answer: &Answer, keep_alive: bool) -> Vec<u8> {
+    let status = StatusCode::from_u16(answer.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let mut response = Vec::with_capacity(192 + answer.body.len());
     response.put_slice(b"HTTP/1.1 ");
     response.put_slice(status.as_str().as_bytes());
@@ -141,35 +220,5 @@ fn render(answer: &Answer, keep_alive: bool) -> Option<Vec<u8>> {
     line("Connection", if keep_alive { b"keep-alive" } else { b"close" });
     response.put_slice(b"\r\n");
     response.put_slice(&answer.body);
-    Some(response)
-}
-
-impl Early {
-    pub fn response(&self) -> &[u8] {
-        &self.response
-    }
-
-    /// Whether the connection waits for another request after this answer.
-    pub fn keep_alive(&self) -> bool {
-        self.keep_alive
-    }
-
-    /// Counts and logs the request once its answer was written (or could not be), as the full
-    /// path's `logging` phase does.
-    pub fn done(self: Box<Self>, written: &io::Result<()>) {
-        let elapsed = self.started.elapsed();
-        let endpoint = Endpoint::Status.label();
-        // What tells an operator (and the tests) which path a poll took.
-        tracing::debug!(status = self.status, "status answered before pingora's session");
-        metrics::REQUEST_DURATION.with_label_values(&[endpoint]).observe(elapsed.as_secs_f64());
-        logging::access(&logging::Access {
-            method: self.request.method.as_str(),
-            path: self.request.uri.path(),
-            status: if written.is_ok() { self.status } else { 0 },
-            endpoint,
-            duration: elapsed,
-            user: self.user.as_deref().unwrap_or("-"),
-            error: written.as_ref().err().map(|e| e.to_string()),
-        });
-    }
+    response
 }

@@ -115,12 +115,12 @@ pub struct Waitroom {
 }
 
 impl Waitroom {
-    pub fn new(state: Arc<RoomState>, room: Room, upstream: SocketAddr) -> Waitroom {
+    pub fn new(state: Arc<RoomState>, room: Arc<Room>, upstream: SocketAddr) -> Waitroom {
         let mut peer = HttpPeer::new(upstream, false, String::new());
         // A backend that does not accept within this is as good as down: answer 502 rather than
         // hold the user's connection.
         peer.options.connection_timeout = Some(Duration::from_secs(3));
-        Waitroom { state, room: Arc::new(room), upstream: Box::new(peer) }
+        Waitroom { state, room, upstream: Box::new(peer) }
     }
 }
 

@@ -3,6 +3,7 @@
 //! proxy's view of the line, else Redis; near the front, held open until the user is admitted,
 //! contract section 13) -> render.
 
+use std::future::Future;
 use std::time::Duration;
 
 use pingora::prelude::*;
@@ -46,15 +47,39 @@ impl Reading {
     }
 }
 
+/// What a held poll watches of its client.
+pub enum Watched {
+    /// The client's side of the connection ended or failed: nobody to answer.
+    Left,
+    /// The client sent something before its answer (a pipelined request, a timer of pingora's):
+    /// no end of the hold, and its end is still watched for by the deadline.
+    Spoke,
+}
+
+/// The client of a status call, watched while its poll is held: pingora's session, or the
+/// connection itself when the connection loop answers (see [`super::early`]).
+pub trait Client: Send {
+    fn watch(&mut self) -> impl Future<Output = Watched> + Send;
+}
+
+impl Client for Session {
+    async fn watch(&mut self) -> Watched {
+        match self.read_body_or_idle(true).await {
+            Err(e) if matches!(e.etype(), ErrorType::ConnectionClosed | ErrorType::ReadError) => Watched::Left,
+            _ => Watched::Spoke,
+        }
+    }
+}
+
 /// Answers a status call; `None` when the client went away while its poll was held.
 pub async fn handle(
     state: &RoomState,
     settings: &Settings,
     room: &Room,
-    session: &mut Session,
+    client: &mut impl Client,
     user: &str,
 ) -> Option<Answer> {
-    let now = read(state, settings, room, user, false).await;
+    let now = read_small(state, settings, room, user, false).await;
     let pace = state.pacing(settings).pace();
     let Some((position, score)) = to_hold(&now, state, settings) else {
         return Some(now.count());
@@ -76,20 +101,18 @@ pub async fn handle(
             _ = hold.woken() => Wake::Front,
             _ = tokio::time::sleep_until(deadline) => Wake::Over,
             _ = sleep_or_never(touch) => Wake::Front,
-            gone = session.read_body_or_idle(true), if watch_client => Wake::Client(gone.err()),
+            watched = client.watch(), if watch_client => Wake::Client(watched),
         };
         match wake {
-            Wake::Over => break read(state, settings, room, user, true).await,
-            Wake::Client(Some(e)) if matches!(e.etype(), ErrorType::ConnectionClosed | ErrorType::ReadError) => {
+            Wake::Over => break read_small(state, settings, room, user, true).await,
+            Wake::Client(Watched::Left) => {
                 tracing::debug!("status: the client went away while its poll was held");
                 return None;
             }
-            // Anything else the client did (bytes before our answer, a timer of pingora's)
-            // does not end the hold; its end is still watched for by the deadline.
-            Wake::Client(_) => watch_client = false,
-            Wake::Front if state.held().stopping() => break read(state, settings, room, user, true).await,
+            Wake::Client(Watched::Spoke) => watch_client = false,
+            Wake::Front if state.held().stopping() => break read_small(state, settings, room, user, true).await,
             Wake::Front => {
-                let exact = read(state, settings, room, user, true).await;
+                let exact = read_small(state, settings, room, user, true).await;
                 match exact.waiting {
                     // Still waiting (woken for the whole room, or entered again behind a place
                     // that was removed): hold on, for the score the place has now.
@@ -105,20 +128,6 @@ pub async fn handle(
         metrics::HELD_READY_DELAY.observe(issued_ago.as_secs_f64());
     }
     Some(reading.count())
-}
-
-/// A status call answered before pingora's session exists (see [`super::early`]): only when
-/// this proxy's view of the line tells where the user stands, and their poll is not one to hold.
-/// `None`: the call takes the full path (Redis, an event's phase, a hold).
-pub fn answer_at_once(state: &RoomState, settings: &Settings, user: &str) -> Option<Answer> {
-    if !super::event::leaves_status_to_the_line(state, settings) {
-        return None;
-    }
-    let now = read_local(state, settings, user, false)?;
-    match to_hold(&now, state, settings) {
-        Some(_) => None,
-        None => Some(now.count()),
-    }
 }
 
 /// The place and score a WAITING answer's poll would be held for (contract section 13), if it
@@ -138,8 +147,7 @@ enum Wake {
     Front,
     /// `endpoints.hold` has passed.
     Over,
-    /// The client's side of the connection ended or errored (or sent something).
-    Client(Option<Box<Error>>),
+    Client(Watched),
 }
 
 async fn sleep_or_never(after: Option<Duration>) {
@@ -147,6 +155,17 @@ async fn sleep_or_never(after: Option<Duration>) {
         Some(after) => tokio::time::sleep(after).await,
         None => std::future::pending().await,
     }
+}
+
+/// [`read`], with what needs Redis on the heap: a held poll waits with this future inside its own,
+/// and a Redis call's state would be most of a held poll's memory.
+async fn read_small(state: &RoomState, settings: &Settings, room: &Room, user: &str, after_hold: bool) -> Reading {
+    if super::event::leaves_status_to_the_line(state, settings) {
+        if let Some(reading) = read_local(state, settings, user, after_hold) {
+            return reading;
+        }
+    }
+    Box::pin(read(state, settings, room, user, after_hold)).await
 }
 
 /// Where the user stands now: from this proxy's view of the line when it can tell, else from
