@@ -14,7 +14,7 @@
 //!   on the first request and on every later one. It reads each head itself and hands it to
 //!   pingora's new session as the session's pipelined prefix, so an idle or trickling connection
 //!   holds no pingora session, request future or head buffer (BENCHMARKS.md, "Memory per
-//!   connection");
+//!   connection"); a status call it answers itself, without pingora ([`crate::proxy::early`]);
 //! - the accepted stream: each one is wrapped in a [`LimitedStream`] that implements pingora's
 //!   IO traits by delegation. While a head is awaited it holds the bytes itself and hands them to
 //!   pingora only once the blank line that ends the head has arrived. So pingora parses each head
@@ -63,7 +63,7 @@ use tokio::time::{Instant, Sleep};
 
 use crate::config::LimitsConfig;
 use crate::metrics;
-use crate::proxy::early::{self, Early};
+use crate::proxy::early::{self, After, Early};
 use crate::state::RoomState;
 use crate::store::Room;
 
@@ -249,12 +249,18 @@ where
     ) -> Pin<Box<dyn Future<Output = Option<Box<LimitedStream>>> + Send + 'a>> {
         Box::pin(async move {
             let state = &self.connections.state;
-            let keep_alive = call.serve(state, &self.room, &mut *limited, shutdown).await;
-            // Closed by dropping the stream, as pingora closes a connection it does not keep.
-            keep_alive.then(|| {
-                limited.expect_head(&state.settings().config.limits, false);
-                limited
-            })
+            match call.serve(state, &self.room, &mut *limited, shutdown).await {
+                After::KeepAlive => {
+                    limited.expect_head(&state.settings().config.limits, false);
+                    Some(limited)
+                }
+                // Closed by dropping the stream, as pingora closes a connection it does not keep.
+                After::Close => None,
+                After::Linger => {
+                    limited.linger().await;
+                    None
+                }
+            }
         })
     }
 
@@ -572,6 +578,19 @@ impl LimitedStream {
                 Phase::Closed => return Poll::Ready(Err(io::Error::from(io::ErrorKind::NotConnected))),
             }
         }
+    }
+}
+
+impl LimitedStream {
+    /// Ends a connection whose client may have sent bytes nobody will read, once its answer is
+    /// out: the write side is shut, and the input read and dropped until the client closes or
+    /// LINGER passes, as after a 431.
+    async fn linger(&mut self) {
+        Shutdown::shutdown(self).await;
+        self.deadline = Instant::now() + LINGER;
+        self.phase = Phase::Lingering;
+        let mut scratch = [0u8; 512];
+        while matches!(tokio::io::AsyncReadExt::read(self, &mut scratch).await, Ok(n) if n > 0) {}
     }
 }
 

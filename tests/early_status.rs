@@ -202,3 +202,62 @@ async fn a_body_is_never_read_as_a_request() {
     }
     assert_early_answers(&proxy, at_start, "a head with a body").await;
 }
+
+/// A poll near the front is held in the connection loop as on the full path: answered at the
+/// hold's end (pollAfter 0) and the connection kept; a client that sends bytes during the hold
+/// gets its answer and the connection closes (those bytes were read and cannot be served); one
+/// that leaves is let go at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_polls_are_held_in_the_connection_loop() {
+    let redis = RedisServer::start();
+    let api = DemoApi::start(&[]);
+    let builder = Proxy::builder(&redis.url(), api.addr())
+        .yaml(NO_ADMISSION)
+        .yaml("endpoints: {hold: 1500ms}")
+        .env("RUST_LOG", "info,waitroom::proxy::early=debug");
+    let proxy = start_settled(&redis, &builder).await;
+    assert_eq!(proxy.enter("u1").await.status, 200);
+    let (prefix, id) = (proxy.endpoint_prefix(), proxy.identity_header());
+    let head = format!("GET {prefix}/status HTTP/1.1\r\nHost: room\r\n{id}: u1\r\n\r\n");
+    let at_start = early_answers(&proxy);
+
+    let mut stream = TcpStream::connect(proxy.addr()).await.unwrap();
+    let (answer, took) = timed(async {
+        stream.write_all(head.as_bytes()).await.unwrap();
+        read_response(&mut stream).await
+    })
+    .await;
+    assert!(took >= Duration::from_millis(1400), "held for {took:?}: {answer}");
+    assert!(answer.contains(r#""position":1,"estimatedWaitTime":0,"pollAfter":0"#), "{answer}");
+    assert!(answer.contains("\r\nConnection: keep-alive\r\n"), "{answer}");
+    assert_early_answers(&proxy, at_start + 1, "one held poll").await;
+    // The same connection carries the next poll, held again.
+    stream.write_all(head.as_bytes()).await.unwrap();
+    assert!(read_response(&mut stream).await.contains(r#""pollAfter":0"#));
+
+    // Bytes during the hold: the answer, then the end of the connection.
+    stream.write_all(head.as_bytes()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(proxy.metric("waitroom_held_polls").await, Some(1.0));
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let answer = read_response(&mut stream).await;
+    assert!(answer.contains("\r\nConnection: close\r\n") && answer.contains(r#""pollAfter":0"#), "{answer}");
+    let mut rest = Vec::new();
+    let closed = tokio::time::timeout(Duration::from_secs(2), stream.read_to_end(&mut rest)).await;
+    assert!(matches!(closed, Ok(Ok(0))), "closed after the answer, nothing more: {closed:?} {rest:?}");
+    assert_early_answers(&proxy, at_start + 3, "three held polls").await;
+
+    // A client that leaves: its hold ends at once, and its line says nobody was answered.
+    let mut leaving = TcpStream::connect(proxy.addr()).await.unwrap();
+    leaving.write_all(head.as_bytes()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(proxy.metric("waitroom_held_polls").await, Some(1.0));
+    drop(leaving);
+    let let_go = wait_until(Duration::from_millis(500), Duration::from_millis(20), || async {
+        proxy.metric("waitroom_held_polls").await == Some(0.0)
+    })
+    .await;
+    assert!(let_go, "the hold of a client that left still counted");
+    assert_early_answers(&proxy, at_start + 4, "the poll left").await;
+    assert!(proxy.logs().contains("status=0"), "{}", proxy.logs());
+}

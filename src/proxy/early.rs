@@ -1,21 +1,23 @@
-//! Status polls answered in the connection loop ([`crate::limits::Guarded`]), before pingora's
+//! Status calls answered in the connection loop ([`crate::limits::Guarded`]), before pingora's
 //! session and its request future exist: the rush's hot path, a waiting user asking where they
-//! stand, told from this proxy's view of the line.
+//! stand, and the held polls near the front (contract section 13).
 //!
 //! **Why.** pingora makes a session and a 9 kB request future for every request and moves it
-//! around (a fifth of a status's instructions were that `memcpy`, BENCHMARKS.md). An answer the
-//! proxy writes itself from memory needs none of it.
+//! around: a fifth of a status poll's instructions were that `memcpy`, and a held poll kept all of
+//! it for the length of its hold (about 20 kB; BENCHMARKS.md). The status endpoint reads no body
+//! and writes only answers of ours, so it needs none of it.
 //!
 //! **What takes this path, and why it is safe.** Only a head that pingora would take exactly as
-//! we read it, and whose answer needs neither Redis, nor a hold, nor a body: `GET
-//! {prefix}/status` in HTTP/1.1, the whole head and nothing after it, parsed by httparse as
-//! pingora parses it, into pingora's own `RequestHeader`, passing pingora's own authority checks;
-//! no `Content-Length`, `Transfer-Encoding`, `Upgrade`, `Expect` or `Keep-Alive`, and `Connection`
-//! at most `keep-alive`. Anything else, or a user the line does not know, goes to pingora as
-//! before, with the same head bytes: this path can only answer what the full path would have
-//! answered, never refuse or change a request. The response is built by the same function as the
-//! full path's and finished as pingora finishes it (its `Date`, its `Connection`), so the bytes
-//! are the same (`tests/early_status.rs` compares them with the full path's).
+//! we read it: `GET {prefix}/status` in HTTP/1.1, the whole head and nothing after it, parsed by
+//! httparse as pingora parses it, into pingora's own `RequestHeader`, passing pingora's own
+//! authority checks, classified by the same [`Endpoint::classify`]; no `Content-Length`,
+//! `Transfer-Encoding`, `Upgrade`, `Expect` or `Keep-Alive`, and `Connection` at most
+//! `keep-alive`. Anything else goes to pingora as before, with the same head bytes, so this path
+//! never refuses or changes a request the full path would take otherwise. The call itself is
+//! [`status::handle`], the full path's own (its client is the connection here, pingora's session
+//! there). The response is written from the same fields as the full path's and finished as
+//! pingora finishes it (its `Date`, its `Connection`): the same bytes, which
+//! `tests/early_status.rs` compares.
 
 use std::future::Future;
 use std::io;
@@ -71,8 +73,8 @@ pub fn take(state: &Arc<RoomState>, head: &[u8]) -> Option<Box<Early>> {
 
 impl Early {
     /// Answers the call (holding the poll when it is one to hold, as the full path does) and
-    /// writes the answer to `stream`; true when the connection waits for another request.
-    pub async fn serve<S>(self: Box<Self>, state: &RoomState, room: &Room, stream: &mut S, shutdown: &ShutdownWatch) -> bool
+    /// writes the answer to `stream`; what becomes of the connection.
+    pub async fn serve<S>(self: Box<Self>, state: &RoomState, room: &Room, stream: &mut S, shutdown: &ShutdownWatch) -> After
     where
         S: AsyncRead + AsyncWrite + Unpin + Send,
     {
@@ -86,20 +88,24 @@ impl Early {
         drop(settings);
         let Some(answer) = answer else {
             self.done(0, Some("the client left a held poll".to_owned()));
-            return false;
+            return After::Close;
         };
         // Bytes the client sent during a hold were read and dropped: the connection cannot carry
         // a request on. A stopping server keeps no connection open, as pingora's loop does.
-        let keep_alive = !spoke && !*shutdown.borrow();
-        let response = render(&answer, keep_alive);
+        let after = match (spoke, *shutdown.borrow()) {
+            (true, _) => After::Linger,
+            (false, true) => After::Close,
+            (false, false) => After::KeepAlive,
+        };
+        let response = render(&answer, after == After::KeepAlive);
         match write(stream, &response).await {
             Ok(()) => {
                 self.done(answer.status, None);
-                keep_alive
+                after
             }
             Err(error) => {
                 self.done(0, Some(error.to_string()));
-                false
+                After::Close
             }
         }
     }
@@ -121,6 +127,18 @@ impl Early {
             error,
         });
     }
+}
+
+/// What becomes of a connection once its status call is over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum After {
+    /// It waits for the next request.
+    KeepAlive,
+    /// It is closed.
+    Close,
+    /// It is closed once the client's unread bytes are drained: closing on them would be a reset,
+    /// which can destroy the answer before the client reads it.
+    Linger,
 }
 
 /// The connection as the client of a held poll: a byte read off it ends the watch (it cannot be

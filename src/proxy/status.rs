@@ -1,7 +1,7 @@
 //! `GET {prefix}/status`: where a user stands, and when to ask again.
-//! Parse (method, identity: done for both endpoints by the proxy's `caller`) -> apply (this
-//! proxy's view of the line, else Redis; near the front, held open until the user is admitted,
-//! contract section 13) -> render.
+//! Parse (method, identity: done by the proxy's `caller`, or by the connection loop for the calls
+//! it answers itself, see [`super::early`]) -> apply (this proxy's view of the line, else Redis;
+//! near the front, held open until the user is admitted, contract section 13) -> render.
 
 use std::future::Future;
 use std::time::Duration;
@@ -12,8 +12,8 @@ use pingora::proxy::Session;
 use super::Answer;
 use crate::control::{self, Mode};
 use crate::metrics;
-use crate::policy::Settings;
 use crate::line::LocalLine;
+use crate::policy::Settings;
 use crate::rules::{self, Pace};
 use crate::state::RoomState;
 use crate::store::{Room, StatusOutcome};
