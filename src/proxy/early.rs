@@ -1,26 +1,28 @@
-//! Status calls answered in the connection loop ([`crate::limits::Guarded`]), before pingora's
-//! session and its request future exist: the rush's hot path, a waiting user asking where they
-//! stand, and the held polls near the front (contract section 13).
+//! Status and enter calls answered in the connection loop ([`crate::limits::Guarded`]), before
+//! pingora's session and its request future exist: the rush's hot paths (a new user entering, a
+//! waiting user asking where they stand) and the held polls near the front (contract section 13).
 //!
 //! **Why.** pingora makes a session and a 9 kB request future for every request and moves it
 //! around: a fifth of a status poll's instructions were that `memcpy`, and a held poll kept all of
-//! it for the length of its hold (about 20 kB; BENCHMARKS.md). The status endpoint reads no body
-//! and writes only answers of ours, so it needs none of it.
+//! it for the length of its hold (about 20 kB; BENCHMARKS.md). The room's own endpoints read no
+//! body and write only answers of ours, so they need none of it.
 //!
 //! **What takes this path, and why it is safe.** Only a head that pingora would take exactly as
-//! we read it: `GET {prefix}/status` in HTTP/1.1, the whole head and nothing after it, parsed by
-//! httparse as pingora parses it, into pingora's own `RequestHeader`, passing pingora's own
-//! authority checks, classified by the same [`Endpoint::classify`]; no `Content-Length`,
-//! `Transfer-Encoding`, `Upgrade`, `Expect` or `Keep-Alive`, and `Connection` at most
-//! `keep-alive`. Anything else goes to pingora as before, with the same head bytes, so this path
-//! never refuses or changes a request the full path would take otherwise. The call itself is
-//! [`status::handle`], the full path's own (its client is the connection here, pingora's session
-//! there). The response is written from the same fields as the full path's and finished as
-//! pingora finishes it (its `Date`, its `Connection`): the same bytes, which
-//! `tests/early_status.rs` compares.
+//! we read it: `GET {prefix}/status` or `POST {prefix}/enter` in HTTP/1.1, the whole head and
+//! nothing after it, parsed by httparse as pingora parses it, into pingora's own `RequestHeader`,
+//! passing pingora's own authority checks, classified by the same [`Endpoint::classify`]; no body
+//! (a `Content-Length` other than one `0`, a `Transfer-Encoding`), no `Upgrade`, `Expect` or
+//! `Keep-Alive`, and `Connection` at most `keep-alive`. Anything else goes to pingora as before,
+//! with the same head bytes, so this path never refuses or changes a request the full path would
+//! take otherwise. The call itself is the full path's own ([`status::handle`], whose client is the
+//! connection here and pingora's session there; [`enter::handle`], told the connection's peer as
+//! pingora would tell it). The response is written from the same fields as the full path's and
+//! finished as pingora finishes it (its `Date`, its `Connection`): the same bytes, which
+//! `tests/early_answers.rs` compares.
 
 use std::future::Future;
 use std::io;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::task::Poll;
 use std::time::Instant;
@@ -30,10 +32,11 @@ use http::header::{CONNECTION, CONTENT_LENGTH, EXPECT, TRANSFER_ENCODING, UPGRAD
 use http::{HeaderValue, StatusCode, Version};
 use pingora::http::{IntoCaseHeaderName, RequestHeader};
 use pingora::protocols::http::{authority, date};
+use pingora::protocols::GetSocketDigest;
 use pingora::server::ShutdownWatch;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use super::{answer_fields, identity_in, status, Answer, Endpoint, Field};
+use super::{answer_fields, enter, identity_in, status, Answer, Endpoint, Field};
 use crate::identity::Refusal;
 use crate::logging;
 use crate::metrics;
@@ -43,8 +46,10 @@ use crate::store::Room;
 /// pingora's own bound on a head's fields: a head with more is pingora's to refuse.
 const MAX_HEADERS: usize = 256;
 
-/// A status call the connection loop answers, as taken from its head.
+/// A call the connection loop answers, as taken from its head.
 pub struct Early {
+    /// Status or enter.
+    endpoint: Endpoint,
     request: RequestHeader,
     /// The user asking, or why no user could be told.
     caller: Result<String, Refusal>,
@@ -53,36 +58,50 @@ pub struct Early {
     _in_flight: InFlight,
 }
 
-/// The status call `head` is, when this path may answer it (see the module doc).
+/// The status or enter call `head` is, when this path may answer it (see the module doc).
 pub fn take(state: &Arc<RoomState>, head: &[u8]) -> Option<Box<Early>> {
     let settings = state.settings();
     let config = &settings.config;
     // Every other request pays only this look at its first bytes.
-    let target = head.strip_prefix(b"GET ")?.strip_prefix(config.endpoints.prefix.as_bytes())?;
-    if !matches!(target.strip_prefix(b"/status")?.first(), Some(b' ' | b'?')) {
+    let (endpoint, target) = match head.strip_prefix(b"GET ") {
+        Some(target) => (Endpoint::Status, target.strip_prefix(config.endpoints.prefix.as_bytes())?.strip_prefix(b"/status")?),
+        None => (Endpoint::Enter, head.strip_prefix(b"POST ")?.strip_prefix(config.endpoints.prefix.as_bytes())?.strip_prefix(b"/enter")?),
+    };
+    if !matches!(target.first(), Some(b' ' | b'?')) {
         return None;
     }
     let started = Instant::now();
     let request = request_header(head)?;
-    if Endpoint::classify(config, &request).ok()? != (Endpoint::Status, None) {
+    if Endpoint::classify(config, &request).ok()? != (endpoint, None) {
         return None;
     }
     let caller = identity_in(config, &request.headers);
-    Some(Box::new(Early { request, caller, started, _in_flight: state.request_started() }))
+    Some(Box::new(Early { endpoint, request, caller, started, _in_flight: state.request_started() }))
 }
 
 impl Early {
     /// Answers the call (holding the poll when it is one to hold, as the full path does) and
     /// writes the answer to `stream`; what becomes of the connection.
-    pub async fn serve<S>(self: Box<Self>, state: &RoomState, room: &Room, stream: &mut S, shutdown: &ShutdownWatch) -> After
+    pub async fn serve<S>(
+        self: Box<Self>,
+        state: &RoomState,
+        room: &Arc<Room>,
+        stream: &mut S,
+        shutdown: &ShutdownWatch,
+    ) -> After
     where
-        S: AsyncRead + AsyncWrite + Unpin + Send,
+        S: AsyncRead + AsyncWrite + GetSocketDigest + Unpin + Send,
     {
         let settings = state.settings();
         let mut client = Watch { stream: &mut *stream, spoke: false };
-        let answer = match &self.caller {
-            Ok(user) => status::handle(state, &settings, room, &mut client, user).await,
-            Err(refusal) => Some(Answer::identity(*refusal)),
+        let answer = match (&self.caller, self.endpoint) {
+            (Err(refusal), _) => Some(Answer::identity(*refusal)),
+            (Ok(user), Endpoint::Enter) => {
+                let peer = (settings.config.abuse.identities_per_address > 0).then(|| peer_ip(client.stream)).flatten();
+                let sender = enter::Sender { peer, headers: &self.request.headers };
+                Some(enter::handle(state, &settings, room, &sender, user).await)
+            }
+            (Ok(user), _) => status::handle(state, &settings, room, &mut client, user).await,
         };
         let spoke = client.spoke;
         drop(settings);
@@ -113,9 +132,9 @@ impl Early {
     /// Counts and logs the request once it is over, as the full path's `logging` phase does.
     fn done(self: Box<Self>, status: u16, error: Option<String>) {
         let elapsed = self.started.elapsed();
-        let endpoint = Endpoint::Status.label();
-        // What tells an operator (and the tests) which path a poll took.
-        tracing::debug!(status, "status answered before pingora's session");
+        let endpoint = self.endpoint.label();
+        // What tells an operator (and the tests) which path a call took.
+        tracing::debug!(endpoint, status, "answered before pingora's session");
         metrics::REQUEST_DURATION.with_label_values(&[endpoint]).observe(elapsed.as_secs_f64());
         logging::access(&logging::Access {
             method: self.request.method.as_str(),
@@ -162,6 +181,12 @@ impl<S: AsyncRead + Unpin + Send> status::Client for Watch<'_, S> {
     }
 }
 
+/// The connection's peer, as pingora's session tells it (`Session::client_addr`).
+fn peer_ip(stream: &impl GetSocketDigest) -> Option<IpAddr> {
+    let digest = stream.get_socket_digest()?;
+    digest.peer_addr().and_then(|a| a.as_inet()).map(|a| a.ip())
+}
+
 /// Writes `response` whole, bounded as pingora bounds the writes of its own answers.
 async fn write<S: AsyncWrite + Unpin>(stream: &mut S, response: &[u8]) -> io::Result<()> {
     let mut write = std::pin::pin!(async {
@@ -201,9 +226,16 @@ fn request_header(head: &[u8]) -> Option<RequestHeader> {
     }
     authority::validate_request_authority(&request).ok()?;
     let fields = &request.headers;
-    // A body (even an empty one declared), a protocol switch, a continue, and keep-alive terms
-    // are the full path's to handle.
-    if [CONTENT_LENGTH, TRANSFER_ENCODING, UPGRADE, EXPECT].iter().any(|name| fields.contains_key(name))
+    // A body (an empty one declared once, as a fetch without a body sends it, is no body), a
+    // protocol switch, a continue, and keep-alive terms are the full path's to handle.
+    let mut lengths = fields.get_all(CONTENT_LENGTH).iter();
+    let no_body = match (lengths.next(), lengths.next()) {
+        (None, _) => true,
+        (Some(length), None) => length == "0",
+        (Some(_), Some(_)) => false,
+    };
+    if !no_body
+        || [TRANSFER_ENCODING, UPGRADE, EXPECT].iter().any(|name| fields.contains_key(name))
         || fields.contains_key("keep-alive")
         || !fields.get_all(CONNECTION).iter().all(|value| value.as_bytes().eq_ignore_ascii_case(b"keep-alive"))
     {

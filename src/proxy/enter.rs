@@ -1,9 +1,12 @@
 //! `POST {prefix}/enter`: join the line, or learn where you already stand.
-//! Parse (method, identity: done for both endpoints by the proxy's `caller`) -> apply (this proxy's view of the line for a user it knows is
-//! waiting, else one script in Redis) -> render (the answer).
+//! Parse (method, identity: done by the proxy's `caller`, or by the connection loop for the calls
+//! it answers itself, see [`super::early`]) -> apply (this proxy's view of the line for a user it
+//! knows is waiting, else one script in Redis) -> render (the answer).
 
+use std::net::IpAddr;
 use std::sync::Arc;
 
+use http::HeaderMap;
 use pingora::proxy::Session;
 
 use super::Answer;
@@ -14,18 +17,28 @@ use crate::rules;
 use crate::state::RoomState;
 use crate::store::{EnterOutcome, EnterRequest, Room};
 
-pub async fn handle(
-    state: &RoomState,
-    settings: &Settings,
-    room: &Arc<Room>,
-    session: &Session,
-    user: &str,
-) -> Answer {
-    if let Some(answer) = super::event::enter(state, settings, room, session, user).await {
+/// Who sent an enter, as far as the per-address identity limit needs to know.
+pub struct Sender<'a> {
+    /// The connection's peer; `None` when the limit is off (nobody asks) or it is unknown.
+    pub peer: Option<IpAddr>,
+    pub headers: &'a HeaderMap,
+}
+
+impl Sender<'_> {
+    pub fn of<'s>(config: &Config, session: &'s Session) -> Sender<'s> {
+        let peer = (config.abuse.identities_per_address > 0)
+            .then(|| session.client_addr().and_then(|a| a.as_inet()).map(|a| a.ip()))
+            .flatten();
+        Sender { peer, headers: &session.req_header().headers }
+    }
+}
+
+pub async fn handle(state: &RoomState, settings: &Settings, room: &Arc<Room>, sender: &Sender<'_>, user: &str) -> Answer {
+    if let Some(answer) = super::event::enter(state, settings, room, sender, user).await {
         return answer;
     }
     let (config, policy) = (&settings.config, &settings.policy);
-    let address = (config.abuse.identities_per_address > 0).then(|| client_address(config, session));
+    let address = (config.abuse.identities_per_address > 0).then(|| client_address(config, sender));
     let pacing = state.pacing(settings);
     // Entering again while waiting changes nothing (same place, no new number, no limit spent)
     // unless Redis must hear of it: then it is the status answer.
@@ -79,9 +92,8 @@ pub async fn handle(
 }
 
 /// The address the per-address identity limit counts (see [`rules::client_address`]).
-pub(super) fn client_address(config: &Config, session: &Session) -> String {
-    let peer = session.client_addr().and_then(|a| a.as_inet()).map(|a| a.ip());
-    let Some(peer) = peer else { return "unknown".to_string() };
-    let forwarded = crate::paths::forwarded_for(&session.req_header().headers);
+pub(super) fn client_address(config: &Config, sender: &Sender<'_>) -> String {
+    let Some(peer) = sender.peer else { return "unknown".to_string() };
+    let forwarded = crate::paths::forwarded_for(sender.headers);
     rules::client_address(peer, forwarded.as_deref(), &config.abuse.trusted_proxies).to_string()
 }

@@ -17,7 +17,7 @@ pub async fn enter(
     state: &RoomState,
     settings: &Settings,
     room: &Room,
-    session: &pingora::proxy::Session,
+    sender: &super::enter::Sender<'_>,
     user: &str,
 ) -> Option<Answer> {
     let config = &settings.config;
@@ -29,7 +29,7 @@ pub async fn enter(
         }
     }
     let limit = config.abuse.identities_per_address;
-    let address = (limit > 0).then(|| super::enter::client_address(config, session));
+    let address = (limit > 0).then(|| super::enter::client_address(config, sender));
     let entering = Entering {
         user,
         capacity: config.queue.capacity.get(),

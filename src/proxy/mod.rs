@@ -355,7 +355,7 @@ impl ProxyHttp for Waitroom {
             Endpoint::Event => event::public(&self.state, &settings, &self.room, &header.method).await,
             Endpoint::EventDraw => event::draw(&self.state, &settings, &self.room, &header.method).await,
             Endpoint::Enter => match caller(config, session, ctx, http::Method::POST, "POST") {
-                Ok(user) => enter::handle(&self.state, &settings, &self.room, session, user).await,
+                Ok(user) => enter::handle(&self.state, &settings, &self.room, &enter::Sender::of(config, session), user).await,
                 Err(refusal) => refusal,
             },
             Endpoint::Status => match caller(config, session, ctx, http::Method::GET, "GET") {

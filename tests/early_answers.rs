@@ -1,5 +1,5 @@
-//! Status polls answered in the connection loop, before pingora's session (`src/proxy/early.rs`),
-//! checked from a raw socket: the bytes are the full path's bytes, each request the early path
+//! Status and enter calls answered in the connection loop, before pingora's session
+//! (`src/proxy/early.rs`), checked from a raw socket: the bytes are the full path's bytes, each request the early path
 //! does not take is answered by the full path exactly as before, a keep-alive connection goes
 //! back and forth between the two, and a request's body is never read as a request of its own.
 //! Which path answered is told by the proxy's debug line for an early answer.
@@ -11,7 +11,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-const EARLY_LINE: &str = "status answered before pingora's session";
+const EARLY_LINE: &str = "answered before pingora's session";
 /// Longer than the freshness of the proxy's line reading (50 ms), with room for a busy machine.
 const SETTLE: Duration = Duration::from_millis(300);
 
@@ -102,7 +102,8 @@ async fn early_answers_are_the_full_paths_byte_for_byte() {
     let (_redis, _api, proxy) = room_with(&["u1", "u2", "u3"]).await;
     let (prefix, id) = (proxy.endpoint_prefix(), proxy.identity_header());
     let at_start = early_answers(&proxy);
-    // Each head as the early path takes it; the same with `Content-Length: 0` is the full path's.
+    // Each head as the early path takes it; the same with a `Keep-Alive` (no change to either's
+    // answer) is the full path's.
     let cases = [
         ("a waiting user", format!("GET {prefix}/status HTTP/1.1\r\nHost: room\r\n{id}: u2\r\n"), 200, "\"position\":2"),
         ("a query string", format!("GET {prefix}/status?t=17 HTTP/1.1\r\nHost: room\r\n{id}: u3\r\n"), 200, "\"position\":3"),
@@ -111,12 +112,17 @@ async fn early_answers_are_the_full_paths_byte_for_byte() {
         ("the identity twice", format!("GET {prefix}/status HTTP/1.1\r\nHost: room\r\n{id}: u1\r\n{id}: u2\r\n"), 400, "\"error\""),
         // Only Redis can tell who is not in the line.
         ("a user not in line", format!("GET {prefix}/status HTTP/1.1\r\nHost: room\r\n{id}: nobody\r\n"), 200, "NOT_IN_QUEUE"),
+        ("an empty body declared", format!("GET {prefix}/status HTTP/1.1\r\nHost: room\r\nContent-Length: 0\r\n{id}: u1\r\n"), 200, "\"position\":1"),
+        // A new user, early, then the same user again by the full path: one place.
+        ("a new user's enter", format!("POST {prefix}/enter HTTP/1.1\r\nHost: room\r\nContent-Length: 0\r\n{id}: e4\r\n"), 200, "\"position\":4"),
+        ("an enter of a waiting user", format!("POST {prefix}/enter HTTP/1.1\r\nHost: room\r\n{id}: u2\r\n"), 200, "\"position\":2"),
+        ("an enter without identity", format!("POST {prefix}/enter HTTP/1.1\r\nHost: room\r\n"), 401, "\"error\""),
     ];
     for (n, (ctx, head, status, body)) in cases.iter().enumerate() {
         let early = exchange(&proxy, &format!("{head}\r\n")).await;
         assert_early_answers(&proxy, at_start + n + 1, ctx).await;
-        let full = exchange(&proxy, &format!("{head}Content-Length: 0\r\n\r\n")).await;
-        assert_early_answers(&proxy, at_start + n + 1, &format!("{ctx}, with a body declared")).await;
+        let full = exchange(&proxy, &format!("{head}Keep-Alive: timeout=60\r\n\r\n")).await;
+        assert_early_answers(&proxy, at_start + n + 1, &format!("{ctx}, by the full path")).await;
         assert!(early.starts_with(&format!("HTTP/1.1 {status} ")), "{ctx}: {early}");
         assert!(early.contains(body), "{ctx}: {early}");
         assert_eq!(dateless(&early), dateless(&full), "{ctx}");
@@ -131,6 +137,9 @@ async fn what_the_early_path_does_not_take_is_answered_as_before() {
     let cases = [
         ("HTTP/1.0", format!("GET {prefix}/status HTTP/1.0\r\n{id}: u1\r\n\r\n"), "HTTP/1.1 200 ", "\"position\":1"),
         ("another method", format!("POST {prefix}/status HTTP/1.1\r\n{id}: u1\r\nContent-Length: 0\r\n\r\n"), "HTTP/1.1 405 ", "\"error\""),
+        ("enter's other method", format!("GET {prefix}/enter HTTP/1.1\r\n{id}: u1\r\n\r\n"), "HTTP/1.1 405 ", "\"error\""),
+        ("a body", format!("POST {prefix}/enter HTTP/1.1\r\n{id}: u1\r\nContent-Length: 2\r\n\r\n{{}}"), "HTTP/1.1 200 ", "\"position\":1"),
+        ("an empty body declared twice", format!("POST {prefix}/enter HTTP/1.1\r\n{id}: u1\r\nContent-Length: 0\r\nContent-Length: 0\r\n\r\n"), "HTTP/1.1 200 ", "\"position\":1"),
         ("another path", format!("GET {prefix}/statusx HTTP/1.1\r\n{id}: u1\r\n\r\n"), "HTTP/1.1 ", ""),
         ("Connection: close", format!("GET {prefix}/status HTTP/1.1\r\nConnection: close\r\n{id}: u1\r\n\r\n"), "HTTP/1.1 200 ", "\"position\":1"),
         ("an upgrade", format!("GET {prefix}/status HTTP/1.1\r\nConnection: upgrade\r\nUpgrade: websocket\r\n{id}: u1\r\n\r\n"), "HTTP/1.1 200 ", "\"position\":1"),
@@ -160,8 +169,9 @@ async fn a_keep_alive_connection_goes_between_both_paths() {
         read_response(&mut stream).await
     };
     assert!(ask(status("u1")).await.contains("\"position\":1"));
-    // The full path on the same connection (an enter), then the early one again.
-    let entered = ask(format!("POST {prefix}/enter HTTP/1.1\r\nHost: room\r\n{id}: u3\r\n\r\n")).await;
+    // The full path on the same connection (an enter with keep-alive terms), then the early one
+    // again.
+    let entered = ask(format!("POST {prefix}/enter HTTP/1.1\r\nHost: room\r\nKeep-Alive: timeout=60\r\n{id}: u3\r\n\r\n")).await;
     assert!(entered.starts_with("HTTP/1.1 200 ") && entered.contains("\"position\":3"), "{entered}");
     assert!(ask(status("u2")).await.contains("\"position\":2"));
     for _ in 0..3 {
