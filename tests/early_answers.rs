@@ -31,6 +31,9 @@ async fn room_with(users: &[&str]) -> (RedisServer, DemoApi, Proxy) {
     for user in users {
         assert_eq!(status_of(&proxy.status(user).await), "WAITING");
     }
+    // Each early answer's line is written once the answer is out: these are all in the log
+    // before a test counts from them.
+    tokio::time::sleep(SETTLE).await;
     (redis, api, proxy)
 }
 
@@ -227,6 +230,8 @@ async fn held_polls_are_held_in_the_connection_loop() {
         .env("RUST_LOG", "info,waitroom::proxy::early=debug");
     let proxy = start_settled(&redis, &builder).await;
     assert_eq!(proxy.enter("u1").await.status, 200);
+    // The enter's own line is written once its answer is out: counted before the polls'.
+    tokio::time::sleep(SETTLE).await;
     let (prefix, id) = (proxy.endpoint_prefix(), proxy.identity_header());
     let head = format!("GET {prefix}/status HTTP/1.1\r\nHost: room\r\n{id}: u1\r\n\r\n");
     let at_start = early_answers(&proxy);
