@@ -14,7 +14,8 @@
 //!   on the first request and on every later one. It reads each head itself and hands it to
 //!   pingora's new session as the session's pipelined prefix, so an idle or trickling connection
 //!   holds no pingora session, request future or head buffer (BENCHMARKS.md, "Memory per
-//!   connection"); a status call it answers itself, without pingora ([`crate::proxy::early`]);
+//!   connection"); a status or enter call it answers itself, without pingora
+//!   ([`crate::proxy::early`]);
 //! - the accepted stream: each one is wrapped in a [`LimitedStream`] that implements pingora's
 //!   IO traits by delegation. While a head is awaited it holds the bytes itself and hands them to
 //!   pingora only once the blank line that ends the head has arrived. So pingora parses each head
@@ -164,7 +165,7 @@ impl ConnectionFilter for AtCapacity {
 pub struct Guarded<A> {
     app: Arc<A>,
     connections: Arc<Connections>,
-    /// The room the proxy serves, for the status calls the loop answers itself.
+    /// The room the proxy serves, for the status and enter calls the loop answers itself.
     room: Arc<Room>,
 }
 
@@ -239,7 +240,7 @@ impl<A> Guarded<A>
 where
     A: HttpServerApp + Send + Sync + 'static,
 {
-    /// A status call the connection loop answers itself (see [`early`]); the stream back when
+    /// A call the connection loop answers itself (see [`early`]); the stream back when
     /// the connection stays open. Boxed, as `serve`'s future is, to keep the loop's state small.
     fn answer_early<'a>(
         self: &'a Arc<Self>,

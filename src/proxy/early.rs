@@ -63,9 +63,10 @@ pub fn take(state: &Arc<RoomState>, head: &[u8]) -> Option<Box<Early>> {
     let settings = state.settings();
     let config = &settings.config;
     // Every other request pays only this look at its first bytes.
+    let prefix = config.endpoints.prefix.as_bytes();
     let (endpoint, target) = match head.strip_prefix(b"GET ") {
-        Some(target) => (Endpoint::Status, target.strip_prefix(config.endpoints.prefix.as_bytes())?.strip_prefix(b"/status")?),
-        None => (Endpoint::Enter, head.strip_prefix(b"POST ")?.strip_prefix(config.endpoints.prefix.as_bytes())?.strip_prefix(b"/enter")?),
+        Some(target) => (Endpoint::Status, target.strip_prefix(prefix)?.strip_prefix(b"/status")?),
+        None => (Endpoint::Enter, head.strip_prefix(b"POST ")?.strip_prefix(prefix)?.strip_prefix(b"/enter")?),
     };
     if !matches!(target.first(), Some(b' ' | b'?')) {
         return None;
@@ -97,7 +98,8 @@ impl Early {
         let answer = match (&self.caller, self.endpoint) {
             (Err(refusal), _) => Some(Answer::identity(*refusal)),
             (Ok(user), Endpoint::Enter) => {
-                let peer = (settings.config.abuse.identities_per_address > 0).then(|| peer_ip(client.stream)).flatten();
+                let limited = settings.config.abuse.identities_per_address > 0;
+                let peer = limited.then(|| peer_ip(client.stream)).flatten();
                 let sender = enter::Sender { peer, headers: &self.request.headers };
                 Some(enter::handle(state, &settings, room, &sender, user).await)
             }
@@ -148,7 +150,7 @@ impl Early {
     }
 }
 
-/// What becomes of a connection once its status call is over.
+/// What becomes of a connection once its call is over.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum After {
     /// It waits for the next request.
@@ -217,7 +219,8 @@ fn request_header(head: &[u8]) -> Option<RequestHeader> {
     if parsed.version != Some(1) {
         return None;
     }
-    let mut request = RequestHeader::build_no_case(parsed.method?, parsed.path?.as_bytes(), Some(parsed.headers.len())).ok()?;
+    let size = Some(parsed.headers.len());
+    let mut request = RequestHeader::build_no_case(parsed.method?, parsed.path?.as_bytes(), size).ok()?;
     request.set_version(Version::HTTP_11);
     for field in parsed.headers.iter() {
         let name = Bytes::copy_from_slice(field.name.as_bytes()).into_case_header_name();

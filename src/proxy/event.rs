@@ -82,9 +82,6 @@ async fn enter_with(room: &Room, event: &EventConfig, entering: &Entering<'_>, s
     room.event_enter(event.times(), entering, seed.sent(), &seed.draw_key(entering.user)).await
 }
 
-/// Status while an event is configured: `None` when it is open or not yet in its pre-queue
-/// (section 3's answers), else the pre-queue's or the close's answer. The phase is Redis's clock
-/// as this proxy last read it (at most a quarter of a second old).
 /// Whether a status call is the line's to answer, as far as this proxy can tell without Redis:
 /// no event, or one whose phase, as last read, leaves status to the line (not yet open, or
 /// open). False when only Redis can tell.
@@ -93,6 +90,9 @@ pub fn leaves_status_to_the_line(state: &RoomState, settings: &Settings) -> bool
     state.event().snapshot().is_some_and(|snapshot| matches!(snapshot.phase(event), Phase::Before | Phase::Open))
 }
 
+/// Status while an event is configured: `None` when it is open or not yet in its pre-queue
+/// (section 3's answers), else the pre-queue's or the close's answer. The phase is Redis's clock
+/// as this proxy last read it (at most a quarter of a second old).
 pub async fn status(state: &RoomState, settings: &Settings, room: &Room, user: &str) -> Option<Answer> {
     let config = &settings.config;
     let event = config.event.as_ref()?;
