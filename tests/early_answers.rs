@@ -31,9 +31,9 @@ async fn room_with(users: &[&str]) -> (RedisServer, DemoApi, Proxy) {
     for user in users {
         assert_eq!(status_of(&proxy.status(user).await), "WAITING");
     }
-    // Each early answer's line is written once the answer is out: these are all in the log
-    // before a test counts from them.
-    tokio::time::sleep(SETTLE).await;
+    // Each early answer's line is written once the answer is out: all of these (an enter and a
+    // status per user) are in the log before a test counts from them.
+    assert_early_answers(&proxy, 2 * users.len(), "the room's enters and first polls").await;
     (redis, api, proxy)
 }
 
@@ -46,6 +46,15 @@ async fn assert_early_answers(proxy: &Proxy, want: usize, ctx: &str) {
     wait_until(Duration::from_secs(2), Duration::from_millis(20), || async { early_answers(proxy) >= want }).await;
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert_eq!(early_answers(proxy), want, "{ctx}: early answers\n{}", proxy.logs());
+}
+
+/// Waits (half a second at most: well within a 1.5 s hold) for `waitroom_held_polls` to be `want`.
+async fn assert_held(proxy: &Proxy, want: f64, ctx: &str) {
+    let reached = wait_until(Duration::from_millis(500), Duration::from_millis(20), || async {
+        proxy.metric("waitroom_held_polls").await == Some(want)
+    })
+    .await;
+    assert!(reached, "{ctx}: waitroom_held_polls is not {want}");
 }
 
 /// One response off `stream`, by its Content-Length (every answer here has one).
@@ -231,7 +240,7 @@ async fn held_polls_are_held_in_the_connection_loop() {
     let proxy = start_settled(&redis, &builder).await;
     assert_eq!(proxy.enter("u1").await.status, 200);
     // The enter's own line is written once its answer is out: counted before the polls'.
-    tokio::time::sleep(SETTLE).await;
+    assert_early_answers(&proxy, 1, "the enter").await;
     let (prefix, id) = (proxy.endpoint_prefix(), proxy.identity_header());
     let head = format!("GET {prefix}/status HTTP/1.1\r\nHost: room\r\n{id}: u1\r\n\r\n");
     let at_start = early_answers(&proxy);
@@ -252,8 +261,7 @@ async fn held_polls_are_held_in_the_connection_loop() {
 
     // Bytes during the hold: the answer, then the end of the connection.
     stream.write_all(head.as_bytes()).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(proxy.metric("waitroom_held_polls").await, Some(1.0));
+    assert_held(&proxy, 1.0, "the poll is held").await;
     stream.write_all(head.as_bytes()).await.unwrap();
     let answer = read_response(&mut stream).await;
     assert!(answer.contains("\r\nConnection: close\r\n") && answer.contains(r#""pollAfter":0"#), "{answer}");
@@ -265,14 +273,9 @@ async fn held_polls_are_held_in_the_connection_loop() {
     // A client that leaves: its hold ends at once, and its line says nobody was answered.
     let mut leaving = TcpStream::connect(proxy.addr()).await.unwrap();
     leaving.write_all(head.as_bytes()).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(proxy.metric("waitroom_held_polls").await, Some(1.0));
+    assert_held(&proxy, 1.0, "the poll is held").await;
     drop(leaving);
-    let let_go = wait_until(Duration::from_millis(500), Duration::from_millis(20), || async {
-        proxy.metric("waitroom_held_polls").await == Some(0.0)
-    })
-    .await;
-    assert!(let_go, "the hold of a client that left still counted");
+    assert_held(&proxy, 0.0, "the hold of a client that left").await;
     assert_early_answers(&proxy, at_start + 4, "the poll left").await;
     assert!(proxy.logs().contains("status=0"), "{}", proxy.logs());
 }
