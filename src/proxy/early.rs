@@ -137,7 +137,7 @@ impl Early {
         let endpoint = self.endpoint.label();
         // What tells an operator (and the tests) which path a call took.
         tracing::debug!(endpoint, status, "answered before pingora's session");
-        metrics::REQUEST_DURATION.with_label_values(&[endpoint]).observe(elapsed.as_secs_f64());
+        metrics::REQUEST_DURATION_BY_ENDPOINT.with(endpoint, |duration| duration.observe(elapsed.as_secs_f64()));
         logging::access(&logging::Access {
             method: self.request.method.as_str(),
             path: self.request.uri.path(),

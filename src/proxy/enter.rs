@@ -44,7 +44,7 @@ pub async fn handle(state: &RoomState, settings: &Settings, room: &Arc<Room>, se
     // unless Redis must hear of it: then it is the status answer.
     let local = policy.local_answers.then_some(state.line());
     if let Some(position) = local.and_then(|line| line.position(user)) {
-        metrics::ENTER_TOTAL.with_label_values(&["already_waiting"]).inc();
+        metrics::ENTER_BY_RESULT.with("already_waiting", |count| count.inc());
         return Answer::waiting(position, pacing.pace(), config);
     }
     let request = EnterRequest {
@@ -87,7 +87,7 @@ pub async fn handle(state: &RoomState, settings: &Settings, room: &Arc<Room>, se
             ("error", Answer::unavailable(config))
         }
     };
-    metrics::ENTER_TOTAL.with_label_values(&[result]).inc();
+    metrics::ENTER_BY_RESULT.with(result, |count| count.inc());
     answer
 }
 

@@ -431,9 +431,8 @@ impl ProxyHttp for Waitroom {
         ctx.upstream_status = Some(status);
         if let Some(started) = ctx.upstream_started {
             let latency = started.elapsed();
-            metrics::UPSTREAM_DURATION
-                .with_label_values(&[ctx.endpoint.label()])
-                .observe(latency.as_secs_f64());
+            metrics::UPSTREAM_DURATION_BY_ENDPOINT
+                .with(ctx.endpoint.label(), |duration| duration.observe(latency.as_secs_f64()));
             // What the adaptive controller listens to (see crate::admission).
             if ctx.endpoint == Endpoint::Protected {
                 self.state.latencies().record(latency);
@@ -495,12 +494,10 @@ impl ProxyHttp for Waitroom {
         self.release_unsettled(ctx).await;
         let elapsed = ctx.started.elapsed();
         let endpoint = ctx.endpoint.label();
-        metrics::REQUEST_DURATION.with_label_values(&[endpoint]).observe(elapsed.as_secs_f64());
+        metrics::REQUEST_DURATION_BY_ENDPOINT.with(endpoint, |duration| duration.observe(elapsed.as_secs_f64()));
         // A request that went upstream has an upstream outcome: a status class, or "error".
         if ctx.upstream_started.is_some() {
-            metrics::UPSTREAM_RESPONSES_TOTAL
-                .with_label_values(&[rules::status_class(ctx.upstream_status)])
-                .inc();
+            metrics::UPSTREAM_RESPONSES_BY_CLASS.with(rules::status_class(ctx.upstream_status), |count| count.inc());
         }
         let status = session.response_written().map(|r| r.status.as_u16()).unwrap_or(0);
         let header = session.req_header();

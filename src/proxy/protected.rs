@@ -31,7 +31,7 @@ pub async fn check(
     ctx: &mut Ctx,
 ) -> Option<Answer> {
     let (result, refusal) = decide(config, room, spent, session, ctx).await;
-    metrics::PROTECTED_TOTAL.with_label_values(&[result]).inc();
+    metrics::PROTECTED_BY_RESULT.with(result, |count| count.inc());
     refusal
 }
 

@@ -41,7 +41,7 @@ impl Reading {
 
     fn count(self) -> Answer {
         if let Some(label) = self.label {
-            metrics::STATUS_TOTAL.with_label_values(&[label]).inc();
+            metrics::STATUS_BY_ANSWER.with(label, |count| count.inc());
         }
         self.answer
     }
