@@ -52,6 +52,8 @@ end
 -- but gives no instant pass (see room_state.lua).
 local room_state = room_state_of(room)
 local limit = tonumber(per_address)
+-- Nothing here sets the epoch: one read serves every member.
+local room_epoch = redis.call('GET', epoch)
 
 -- The instant pass: nobody waits and the interval in progress has room left. It is an
 -- admission like the tick's: it spends the same interval's batch in force and respects
@@ -108,7 +110,7 @@ local function enter(user, instant_token, user_token, user_clock, address_counte
   end
   if rank then
     start_poll_clock(user_clock, rank + 1)
-    return {'WAITING', rank + 1, 1, 0, tonumber(redis.call('ZSCORE', queue, user)), redis.call('GET', epoch)}
+    return {'WAITING', rank + 1, 1, 0, tonumber(redis.call('ZSCORE', queue, user)), room_epoch}
   end
 
   -- Hoarding places with many identities from one address: only new places are limited. The
@@ -145,7 +147,7 @@ local function enter(user, instant_token, user_token, user_clock, address_counte
   -- The newest number is the largest, so the new place is the last one.
   local position = redis.call('ZCARD', queue)
   start_poll_clock(user_clock, position)
-  return {'WAITING', position, 0, abandoned, number, redis.call('GET', epoch)}
+  return {'WAITING', position, 0, abandoned, number, room_epoch}
 end
 
 -- The members' arguments open the tail; the poll clock's tiers follow them, so the tail the
