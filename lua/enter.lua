@@ -54,12 +54,20 @@ local room_state = room_state_of(room)
 local limit = tonumber(per_address)
 -- Nothing here sets the epoch: one read serves every member.
 local room_epoch = redis.call('GET', epoch)
+-- The line's length, read once a call and kept as members join it or lose their place: only
+-- this script changes the line while it runs. (Two ZCARDs a new member, otherwise.)
+local line_length = nil
+local function queue_length()
+  if not line_length then line_length = redis.call('ZCARD', queue) end
+  return line_length
+end
+local capacity_number = nil
 
 -- The instant pass: nobody waits and the interval in progress has room left. It is an
 -- admission like the tick's: it spends the same interval's batch in force and respects
 -- max_active, so the room never admits more than its batch per interval.
 local function instant_pass(user, user_token, instant_token)
-  if redis.call('ZCARD', queue) > 0 then return false end
+  if queue_length() > 0 then return false end
   local now = redis_now_us()
   local ms = math.floor(now / 1000)
   local due = tonumber(redis.call('GET', next_admission) or '0')
@@ -101,6 +109,7 @@ local function enter(user, instant_token, user_token, user_clock, address_counte
   if rank and abandon_ms > 0 then
     if is_stale(heard, user, abandon_ms, room_now) then
       -- Not heard from for too long: the place is lost, and this enter queues at the back.
+      line_length = queue_length() - 1
       redis.call('ZREM', queue, user)
       abandoned = 1
       rank = nil
@@ -134,7 +143,8 @@ local function enter(user, instant_token, user_token, user_clock, address_counte
     return {'READY', instant_token, redis.call('PTTL', user_token), 1, abandoned}
   end
 
-  if redis.call('ZCARD', queue) >= tonumber(capacity) then
+  capacity_number = capacity_number or tonumber(capacity)
+  if queue_length() >= capacity_number then
     return {'FULL', abandoned}
   end
 
@@ -145,7 +155,8 @@ local function enter(user, instant_token, user_token, user_clock, address_counte
     redis.call('ZADD', heard, int_text(room_now), user)
   end
   -- The newest number is the largest, so the new place is the last one.
-  local position = redis.call('ZCARD', queue)
+  line_length = queue_length() + 1
+  local position = line_length
   start_poll_clock(user_clock, position)
   return {'WAITING', position, 0, abandoned, number, room_epoch}
 end

@@ -75,6 +75,48 @@ async fn concurrent_enters_share_calls_and_each_gets_its_own_answer() {
     assert_eq!(full, 50);
 }
 
+/// Users whose places were lost (abandonment) and new users, entering together: each place
+/// lost and taken again at the back moves everyone behind up, and every waiting user is still
+/// told the place Redis gave them, as in calls of their own. The script keeps the line's
+/// length as a group's members change it, so a miscount would show here as a wrong position.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_places_and_new_ones_in_one_group_each_get_their_place() {
+    let redis = RedisServer::start();
+    let room = Arc::new(library_room(&redis, "g"));
+    let rules = RoomRules { abandon_after: Duration::from_secs(60), ..RoomRules::OFF };
+    let enter = |user: String| {
+        let (room, rules) = (Arc::clone(&room), rules.clone());
+        async move { (user.clone(), room.enter_grouped(request(&user, 1000), &rules).await.unwrap().outcome) }
+    };
+    for i in 0..20 {
+        enter(format!("old-{i}")).await;
+    }
+    // Every other one of them not heard from since the room's time began: their places are lost.
+    let mut conn = redis.conn().await;
+    for i in (0..20).step_by(2) {
+        let _: () = redis::cmd("ZADD").arg(&room.keys().heard).arg(0).arg(format!("old-{i}")).query_async(&mut conn).await.unwrap();
+    }
+    reset_stats(&redis).await;
+    let users = (0..20).map(|i| format!("old-{i}")).chain((0..20).map(|i| format!("new-{i}")));
+    let outcomes = join_all(users.map(enter)).await;
+    assert!(evalsha_calls(&redis).await <= 10, "the enters were not grouped");
+
+    // The line as calls of their own, one after another in the order the enters were made,
+    // would have moved it: what each was told, and where everyone stands at the end.
+    let mut model: Vec<String> = (0..20).map(|i| format!("old-{i}")).collect();
+    for (user, outcome) in &outcomes {
+        let lost = user.starts_with("old-") && user[4..].parse::<usize>().unwrap() % 2 == 0;
+        let kept = user.starts_with("old-") && !lost;
+        if !kept {
+            model.retain(|u| u != user);
+            model.push(user.clone());
+        }
+        let place = model.iter().position(|u| u == user).unwrap() as u64 + 1;
+        assert_eq!(*outcome, EnterOutcome::Waiting { position: place, already: kept }, "{user}");
+    }
+    assert_eq!(zrange_all(&mut conn, &room.keys().queue).await, model);
+}
+
 /// The same user entering many times at once (a double click, a retrying client), in one group:
 /// one place, and only the first enter is the one that queued.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
