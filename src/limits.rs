@@ -64,7 +64,7 @@ use tokio::time::{Instant, Sleep};
 
 use crate::config::LimitsConfig;
 use crate::metrics;
-use crate::proxy::early::{self, After, Early};
+use crate::proxy::early::{self, After, Early, Unread};
 use crate::state::RoomState;
 use crate::store::Room;
 
@@ -208,9 +208,9 @@ where
             // Between requests a connection waits here, before pingora's session exists, and
             // reads the next head itself: pingora's request future (9 kB) and its 4 KiB head
             // buffer are made only once a head is there, so an idle keep-alive connection costs
-            // little more than its socket, and a request's head costs its own size. (pingora's
-            // pipelining is off: no bytes of a next request are ever carried over by
-            // `persistent`, the socket is the only place a head comes from.)
+            // little more than its socket, and a request's head costs its own size. (pingora
+            // keeps nothing past a head: what a pipelining client sent after one waits in the
+            // stream, `LimitedStream::unread`, and the next head is read from there first.)
             // A head already there is served even when the server is stopping, as pingora does.
             let head = tokio::select! {
                 biased;
@@ -223,6 +223,7 @@ where
                     continue;
                 }
             }
+            limited.hand_over(early::declared_body(&head));
             let reused = self.serve(limited, head, persistent, backstop, shutdown).await?;
             let (next, settings) = reused.consume();
             limited = next.into_any().downcast::<LimitedStream>().ok()?;
@@ -257,10 +258,6 @@ where
                 }
                 // Closed by dropping the stream, as pingora closes a connection it does not keep.
                 After::Close => None,
-                After::Linger => {
-                    limited.linger().await;
-                    None
-                }
             }
         })
     }
@@ -384,6 +381,17 @@ pub struct LimitedStream {
     /// A response's writes, gathered until pingora flushes them (see `poll_write`). Empty, with
     /// no allocation, while the connection waits for a head.
     pending: Vec<u8>,
+    /// Bytes read off the socket that come after the head being served: a pipelined client's
+    /// next requests (or a body), and what a held poll's watch read (see [`Unread`]). Read
+    /// before the socket, the next head's from here first: pingora keeps nothing past the head
+    /// it is given, so bytes handed over with it were lost, and so were the requests in them.
+    /// Empty, with no allocation, unless a client sent ahead.
+    unread: Vec<u8>,
+    /// How many of the `unread` bytes pingora's session may read: the body its head declared
+    /// (`None`: all, for a body of unknown length). The rest is the next request, which pingora
+    /// would read while it forwards this one and take for bytes sent after the end of a body (a
+    /// 400); its reads wait instead, as they would on a client that sent nothing more.
+    allowance: Option<usize>,
     _slot: Slot,
 }
 
@@ -397,6 +405,8 @@ impl LimitedStream {
             header_timeout: limits.header_timeout,
             max_head: limits.max_request_head,
             pending: Vec::new(),
+            unread: Vec::new(),
+            allowance: None,
             _slot: slot,
         };
         stream.expect_head(limits, true);
@@ -410,6 +420,7 @@ impl LimitedStream {
         self.max_head = limits.max_request_head;
         let idle = if fresh { limits.idle_timeout.min(limits.header_timeout) } else { limits.idle_timeout };
         self.deadline = now + idle;
+        self.allowance = None;
         self.phase = Phase::Head { held: Vec::new(), end: HeadEnd::default(), first_byte: false, fresh, started: now };
     }
 
@@ -478,12 +489,16 @@ impl LimitedStream {
             let Phase::Head { first_byte, .. } = &self.phase else { return self.poll_phase(cx, buf) };
             let why = if *first_byte { Closed::HeaderTimeout } else { Closed::IdleTimeout };
             let before = buf.filled().len();
-            match Pin::new(&mut self.inner).poll_read(cx, buf) {
-                Poll::Pending => {
-                    ready!(self.poll_deadline(cx));
-                    return Poll::Ready(Err(self.close(why)));
+            if !self.unread.is_empty() {
+                self.take_unread(buf);
+            } else {
+                match Pin::new(&mut self.inner).poll_read(cx, buf) {
+                    Poll::Pending => {
+                        ready!(self.poll_deadline(cx));
+                        return Poll::Ready(Err(self.close(why)));
+                    }
+                    Poll::Ready(result) => result?,
                 }
-                Poll::Ready(result) => result?,
             }
             if Instant::now() >= self.deadline {
                 // Bytes that keep coming (a trickle) do not move the deadline.
@@ -512,6 +527,16 @@ impl LimitedStream {
                 self.phase = Phase::Refusing { response: too_large_response(), at: 0 };
                 return self.poll_phase(cx, buf);
             }
+            // The head ends inside this read: what follows it is kept for after it.
+            let new = match done {
+                Some(end) if end < new.len() => {
+                    let after = new[end..].to_vec();
+                    self.unread.splice(0..0, after);
+                    buf.set_filled(before + end);
+                    &buf.filled()[before..]
+                }
+                _ => new,
+            };
             match done {
                 // The usual case: the whole head in one read, passed on as it is.
                 Some(_) if held.is_empty() => {
@@ -537,6 +562,24 @@ impl LimitedStream {
         loop {
             match &mut self.phase {
                 Phase::Head { .. } => return self.poll_head(cx, buf),
+                Phase::Serving if !self.unread.is_empty() => {
+                    let room = buf.remaining();
+                    match &mut self.allowance {
+                        // Woken by nothing: pingora reads while it forwards, and stops at the
+                        // response; the next request is the loop's.
+                        Some(0) => return Poll::Pending,
+                        Some(left) => {
+                            let n = (*left).min(room);
+                            *left -= n;
+                            let mut limited = ReadBuf::new(buf.initialize_unfilled_to(n));
+                            self.take_unread(&mut limited);
+                            let taken = limited.filled().len();
+                            buf.advance(taken);
+                        }
+                        None => self.take_unread(buf),
+                    }
+                    return Poll::Ready(Ok(()));
+                }
                 Phase::Serving => return Pin::new(&mut self.inner).poll_read(cx, buf),
                 Phase::Release { bytes, at } => {
                     let n = (bytes.len() - *at).min(buf.remaining());
@@ -583,15 +626,27 @@ impl LimitedStream {
 }
 
 impl LimitedStream {
-    /// Ends a connection whose client may have sent bytes nobody will read, once its answer is
-    /// out: the write side is shut, and the input read and dropped until the client closes or
-    /// LINGER passes, as after a 431.
-    async fn linger(&mut self) {
-        Shutdown::shutdown(self).await;
-        self.deadline = Instant::now() + LINGER;
-        self.phase = Phase::Lingering;
-        let mut scratch = [0u8; 512];
-        while matches!(tokio::io::AsyncReadExt::read(self, &mut scratch).await, Ok(n) if n > 0) {}
+    /// Moves what `buf` has room for from the front of `unread` into it.
+    fn take_unread(&mut self, buf: &mut ReadBuf<'_>) {
+        let n = self.unread.len().min(buf.remaining());
+        buf.put_slice(&self.unread[..n]);
+        self.unread.drain(..n);
+        if self.unread.is_empty() {
+            self.unread = Vec::new();
+        }
+    }
+}
+
+impl LimitedStream {
+    /// The head about to go to pingora declares `body` bytes of body (`None`: unknown).
+    fn hand_over(&mut self, body: Option<usize>) {
+        self.allowance = body;
+    }
+}
+
+impl Unread for LimitedStream {
+    fn unread(&mut self, bytes: &[u8]) {
+        self.unread.splice(0..0, bytes.iter().copied());
     }
 }
 
@@ -745,8 +800,28 @@ mod tests {
         assert!(tokio::time::timeout(Duration::from_millis(100), s.read(&mut buf)).await.is_err());
         client.write_all(b"Host: a\r\n\r\nBODY").await.unwrap();
         let n = s.read(&mut buf).await.unwrap();
-        assert_eq!(&buf[..n], b"GET / HTTP/1.1\r\nHost: a\r\n\r\nBODY");
+        assert_eq!(&buf[..n], b"GET / HTTP/1.1\r\nHost: a\r\n\r\n");
         assert!(matches!(s.phase, Phase::Serving));
+        // What came after the head is read next, not lost.
+        let n = s.read(&mut buf).await.unwrap();
+        assert_eq!(&buf[..n], b"BODY");
+    }
+
+    #[tokio::test]
+    async fn pingora_reads_of_a_next_request_wait_for_the_loop() {
+        let (mut s, mut client) = connection(&limits(5000, 5000, 1024));
+        let mut buf = [0u8; 4096];
+        client.write_all(b"POST / HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}GET /next HTTP/1.1\r\n\r\n").await.unwrap();
+        let n = s.read(&mut buf).await.unwrap();
+        assert!(buf[..n].ends_with(b"\r\n\r\n"), "the head alone");
+        s.hand_over(Some(2));
+        let n = s.read(&mut buf).await.unwrap();
+        assert_eq!(&buf[..n], b"{}", "the declared body");
+        assert!(tokio::time::timeout(Duration::from_millis(100), s.read(&mut buf)).await.is_err(), "the next request waits");
+        // The loop's next head.
+        s.expect_head(&limits(5000, 5000, 1024), false);
+        let n = s.read(&mut buf).await.unwrap();
+        assert_eq!(&buf[..n], b"GET /next HTTP/1.1\r\n\r\n");
     }
 
     #[tokio::test]

@@ -193,6 +193,33 @@ async fn a_keep_alive_connection_goes_between_both_paths() {
     assert_early_answers(&proxy, at_start + 5, "u1, u2 and three more of u2").await;
 }
 
+/// Requests pipelined in one write (RFC 9112, 9.3.2) are each answered, in order, whichever path
+/// takes each: the bytes after a head are the next requests, kept for the connection to read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelined_requests_are_each_answered_in_order() {
+    let (_redis, _api, proxy) = room_with(&["u1", "u2"]).await;
+    let (prefix, id) = (proxy.endpoint_prefix(), proxy.identity_header());
+    let status = |user: &str| format!("GET {prefix}/status HTTP/1.1\r\nHost: room\r\n{id}: {user}\r\n\r\n");
+    // The full path: a status with keep-alive terms, an enter with a body, a request forwarded.
+    let full = format!("GET {prefix}/status HTTP/1.1\r\nHost: room\r\nKeep-Alive: timeout=60\r\n{id}: u2\r\n\r\n");
+    let with_body = format!("POST {prefix}/enter HTTP/1.1\r\nHost: room\r\nContent-Length: 2\r\n{id}: u3\r\n\r\n{{}}");
+    let forwarded = "GET /api/catalog HTTP/1.1\r\nHost: room\r\n\r\n".to_owned();
+    let cases: [(&str, Vec<String>, Vec<&str>); 4] = [
+        ("three early ones", vec![status("u1"), status("u2"), status("u1")], vec!["\"position\":1,", "\"position\":2,", "\"position\":1,"]),
+        ("early, full, early", vec![status("u2"), full, status("u1")], vec!["\"position\":2,", "\"position\":2,", "\"position\":1,"]),
+        ("a body between", vec![status("u1"), with_body, status("u3")], vec!["\"position\":1,", "\"position\":3,", "\"position\":3,"]),
+        ("one forwarded first", vec![forwarded, status("u2")], vec!["/api/catalog", "\"position\":2,"]),
+    ];
+    for (ctx, requests, bodies) in cases {
+        let mut stream = TcpStream::connect(proxy.addr()).await.unwrap();
+        stream.write_all(requests.concat().as_bytes()).await.unwrap();
+        for (i, body) in bodies.iter().enumerate() {
+            let answer = read_response(&mut stream).await;
+            assert!(answer.starts_with("HTTP/1.1 200 ") && answer.contains(body), "{ctx}, answer {i}: {answer:?}");
+        }
+    }
+}
+
 /// A status head that declares a body, its body a request of its own: answered once, as the full
 /// path answers it, the body read and dropped, never answered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -226,9 +253,9 @@ async fn a_body_is_never_read_as_a_request() {
 }
 
 /// A poll near the front is held in the connection loop as on the full path: answered at the
-/// hold's end (pollAfter 0) and the connection kept; a client that sends bytes during the hold
-/// gets its answer and the connection closes (those bytes were read and cannot be served); one
-/// that leaves is let go at once.
+/// hold's end (pollAfter 0) and the connection kept; a client that sends its next request during
+/// the hold gets its answer, then the next request's, on the same connection; one that leaves is
+/// let go at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn held_polls_are_held_in_the_connection_loop() {
     let redis = RedisServer::start();
@@ -259,16 +286,17 @@ async fn held_polls_are_held_in_the_connection_loop() {
     stream.write_all(head.as_bytes()).await.unwrap();
     assert!(read_response(&mut stream).await.contains(r#""pollAfter":0"#));
 
-    // Bytes during the hold: the answer, then the end of the connection.
+    // The next request during the hold (a pipelining client): the held answer, then that
+    // request's own, the connection kept.
     stream.write_all(head.as_bytes()).await.unwrap();
     assert_held(&proxy, 1.0, "the poll is held").await;
-    stream.write_all(head.as_bytes()).await.unwrap();
+    let enter = format!("POST {prefix}/enter HTTP/1.1\r\nHost: room\r\n{id}: u2\r\n\r\n");
+    stream.write_all(enter.as_bytes()).await.unwrap();
     let answer = read_response(&mut stream).await;
-    assert!(answer.contains("\r\nConnection: close\r\n") && answer.contains(r#""pollAfter":0"#), "{answer}");
-    let mut rest = Vec::new();
-    let closed = tokio::time::timeout(Duration::from_secs(2), stream.read_to_end(&mut rest)).await;
-    assert!(matches!(closed, Ok(Ok(0))), "closed after the answer, nothing more: {closed:?} {rest:?}");
-    assert_early_answers(&proxy, at_start + 3, "three held polls").await;
+    assert!(answer.contains("\r\nConnection: keep-alive\r\n") && answer.contains(r#""position":1,"#), "{answer}");
+    let answer = read_response(&mut stream).await;
+    assert!(answer.starts_with("HTTP/1.1 200 ") && answer.contains(r#""position":2,"#), "the enter sent during the hold: {answer}");
+    assert_early_answers(&proxy, at_start + 4, "three held polls and the enter").await;
 
     // A client that leaves: its hold ends at once, and its line says nobody was answered.
     let mut leaving = TcpStream::connect(proxy.addr()).await.unwrap();
@@ -276,6 +304,6 @@ async fn held_polls_are_held_in_the_connection_loop() {
     assert_held(&proxy, 1.0, "the poll is held").await;
     drop(leaving);
     assert_held(&proxy, 0.0, "the hold of a client that left").await;
-    assert_early_answers(&proxy, at_start + 4, "the poll left").await;
+    assert_early_answers(&proxy, at_start + 5, "the poll left").await;
     assert!(proxy.logs().contains("status=0"), "{}", proxy.logs());
 }

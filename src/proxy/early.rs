@@ -91,10 +91,10 @@ impl Early {
         shutdown: &ShutdownWatch,
     ) -> After
     where
-        S: AsyncRead + AsyncWrite + GetSocketDigest + Unpin + Send,
+        S: AsyncRead + AsyncWrite + GetSocketDigest + Unread + Unpin + Send,
     {
         let settings = state.settings();
-        let mut client = Watch { stream: &mut *stream, spoke: false };
+        let mut client = Watch { stream: &mut *stream };
         let answer = match (&self.caller, self.endpoint) {
             (Err(refusal), _) => Some(Answer::identity(*refusal)),
             (Ok(user), Endpoint::Enter) => {
@@ -105,19 +105,13 @@ impl Early {
             }
             (Ok(user), _) => status::handle(state, &settings, room, &mut client, user).await,
         };
-        let spoke = client.spoke;
         drop(settings);
         let Some(answer) = answer else {
             self.done(0, Some("the client left a held poll".to_owned()));
             return After::Close;
         };
-        // Bytes the client sent during a hold were read and dropped: the connection cannot carry
-        // a request on. A stopping server keeps no connection open, as pingora's loop does.
-        let after = match (spoke, *shutdown.borrow()) {
-            (true, _) => After::Linger,
-            (false, true) => After::Close,
-            (false, false) => After::KeepAlive,
-        };
+        // A stopping server keeps no connection open, as pingora's loop does.
+        let after = if *shutdown.borrow() { After::Close } else { After::KeepAlive };
         let response = render(&answer, after == After::KeepAlive);
         match write(stream, &response).await {
             Ok(()) => {
@@ -157,26 +151,28 @@ pub enum After {
     KeepAlive,
     /// It is closed.
     Close,
-    /// It is closed once the client's unread bytes are drained: closing on them would be a reset,
-    /// which can destroy the answer before the client reads it.
-    Linger,
 }
 
-/// The connection as the client of a held poll: a byte read off it ends the watch (it cannot be
-/// handed back, so the connection closes after the answer); the end of the stream, or an error,
-/// is the client leaving.
+/// A connection that takes back bytes read off it, to be read again first.
+pub trait Unread {
+    fn unread(&mut self, bytes: &[u8]);
+}
+
+/// The connection as the client of a held poll: a byte read off it ends the watch and is handed
+/// back, the first of the client's next request (a pipelining client sends it before the
+/// answer), which the connection reads once the answer is out; the end of the stream, or an
+/// error, is the client leaving.
 struct Watch<'s, S> {
     stream: &'s mut S,
-    spoke: bool,
 }
 
-impl<S: AsyncRead + Unpin + Send> status::Client for Watch<'_, S> {
+impl<S: AsyncRead + Unread + Unpin + Send> status::Client for Watch<'_, S> {
     async fn watch(&mut self) -> status::Watched {
         let mut byte = [0u8; 1];
         match self.stream.read(&mut byte).await {
             Ok(0) | Err(_) => status::Watched::Left,
             Ok(_) => {
-                self.spoke = true;
+                self.stream.unread(&byte);
                 status::Watched::Spoke
             }
         }
@@ -208,11 +204,38 @@ async fn write<S: AsyncWrite + Unpin>(stream: &mut S, response: &[u8]) -> io::Re
 
 /// pingora's `RequestHeader` for `head`, as pingora builds it (`HttpSession::read_request`), if
 /// the head is one this path takes; without the names' case, which only a forwarded request needs.
+/// How many bytes of body `head` declares, when it says so plainly: one `Content-Length` of
+/// digits only and no `Transfer-Encoding`. `None` otherwise (and for a head httparse cannot
+/// read): the connection then gives pingora every byte it holds, as before it kept any, so a
+/// length read differently here than by pingora can never move where the next request starts.
+pub fn declared_body(head: &[u8]) -> Option<usize> {
+    let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut parsed = httparse::Request::new(&mut fields);
+    parsed.parse(head).ok()?;
+    let mut length = None;
+    for field in parsed.headers.iter() {
+        if field.name.eq_ignore_ascii_case("transfer-encoding") {
+            return None;
+        }
+        if field.name.eq_ignore_ascii_case("content-length") {
+            if length.is_some() {
+                return None;
+            }
+            let digits = field.value.trim_ascii();
+            if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+                return None;
+            }
+            length = Some(std::str::from_utf8(digits).ok()?.parse().ok()?);
+        }
+    }
+    Some(length.unwrap_or(0))
+}
+
 fn request_header(head: &[u8]) -> Option<RequestHeader> {
     let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut parsed = httparse::Request::new(&mut fields);
     match parsed.parse(head) {
-        // Bytes after the head (a pipelined request) are pingora's to carry over.
+        // The connection loop hands over the head alone (bytes after it wait for it there).
         Ok(httparse::Status::Complete(len)) if len == head.len() => {}
         _ => return None,
     }
@@ -274,4 +297,30 @@ fn render(answer: &Answer, keep_alive: bool) -> Vec<u8> {
     response.put_slice(b"\r\n");
     response.put_slice(&answer.body);
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_plain_length_is_a_declared_body() {
+        let head = |fields: &str| format!("POST /x HTTP/1.1\r\nHost: a\r\n{fields}\r\n");
+        assert_eq!(declared_body(head("").as_bytes()), Some(0));
+        assert_eq!(declared_body(head("Content-Length: 12\r\n").as_bytes()), Some(12));
+        assert_eq!(declared_body(head("content-length:  7 \r\n").as_bytes()), Some(7));
+        for unclear in [
+            "Content-Length: +5\r\n",
+            "Content-Length: 5, 5\r\n",
+            "Content-Length: -1\r\n",
+            "Content-Length: \r\n",
+            "Content-Length: 5\r\nContent-Length: 5\r\n",
+            "Transfer-Encoding: chunked\r\n",
+            "Content-Length: 5\r\nTransfer-Encoding: chunked\r\n",
+            "Content-Length: 99999999999999999999999\r\n",
+        ] {
+            assert_eq!(declared_body(head(unclear).as_bytes()), None, "{unclear:?}");
+        }
+        assert_eq!(declared_body(b"not a head"), None);
+    }
 }
