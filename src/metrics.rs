@@ -238,7 +238,7 @@ mod tests {
         assert_eq!(TRIED.with_label_values(&["other"]).get(), 5);
         // "a" was never used: no series, as before the cache.
         let families = prometheus::core::Collector::collect(&*TRIED);
-        let labels: Vec<_> = families[0].get_metric().iter().map(|m| m.get_label()[0].get_value().to_owned()).collect();
+        let labels: Vec<_> = families[0].get_metric().iter().map(|m| m.get_label()[0].value().to_owned()).collect();
         assert_eq!(labels.len(), 2, "{labels:?}");
         assert!(!labels.iter().any(|l| l == "a"));
     }
