@@ -223,7 +223,10 @@ where
                     continue;
                 }
             }
-            limited.hand_over(early::declared_body(&head));
+            // Only a client that sent ahead has bytes the allowance could hold back.
+            if !limited.unread.is_empty() {
+                limited.hand_over(early::declared_body(&head));
+            }
             let reused = self.serve(limited, head, persistent, backstop, shutdown).await?;
             let (next, settings) = reused.consume();
             limited = next.into_any().downcast::<LimitedStream>().ok()?;
