@@ -566,18 +566,16 @@ impl LimitedStream {
             match &mut self.phase {
                 Phase::Head { .. } => return self.poll_head(cx, buf),
                 Phase::Serving if !self.unread.is_empty() => {
-                    let room = buf.remaining();
-                    match &mut self.allowance {
+                    match self.allowance {
                         // Woken by nothing: pingora reads while it forwards, and stops at the
                         // response; the next request is the loop's.
                         Some(0) => return Poll::Pending,
                         Some(left) => {
-                            let n = (*left).min(room);
-                            *left -= n;
-                            let mut limited = ReadBuf::new(buf.initialize_unfilled_to(n));
-                            self.take_unread(&mut limited);
-                            let taken = limited.filled().len();
+                            let mut body = ReadBuf::new(buf.initialize_unfilled_to(left.min(buf.remaining())));
+                            self.take_unread(&mut body);
+                            let taken = body.filled().len();
                             buf.advance(taken);
+                            self.allowance = Some(left - taken);
                         }
                         None => self.take_unread(buf),
                     }

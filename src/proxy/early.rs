@@ -8,8 +8,9 @@
 //! body and write only answers of ours, so they need none of it.
 //!
 //! **What takes this path, and why it is safe.** Only a head that pingora would take exactly as
-//! we read it: `GET {prefix}/status` or `POST {prefix}/enter` in HTTP/1.1, the whole head and
-//! nothing after it, parsed by httparse as pingora parses it, into pingora's own `RequestHeader`,
+//! we read it: `GET {prefix}/status` or `POST {prefix}/enter` in HTTP/1.1, the whole head (what a
+//! pipelining client sent after it waits in the connection for the next head), parsed by
+//! httparse as pingora parses it, into pingora's own `RequestHeader`,
 //! passing pingora's own authority checks, classified by the same [`Endpoint::classify`]; no body
 //! (a `Content-Length` other than one `0`, a `Transfer-Encoding`), no `Upgrade`, `Expect` or
 //! `Keep-Alive`, and `Connection` at most `keep-alive`. Anything else goes to pingora as before,
@@ -202,8 +203,6 @@ async fn write<S: AsyncWrite + Unpin>(stream: &mut S, response: &[u8]) -> io::Re
     }
 }
 
-/// pingora's `RequestHeader` for `head`, as pingora builds it (`HttpSession::read_request`), if
-/// the head is one this path takes; without the names' case, which only a forwarded request needs.
 /// How many bytes of body `head` declares, when it says so plainly: one `Content-Length` of
 /// digits only and no `Transfer-Encoding`. `None` otherwise (and for a head httparse cannot
 /// read): the connection then gives pingora every byte it holds, as before it kept any, so a
@@ -211,7 +210,7 @@ async fn write<S: AsyncWrite + Unpin>(stream: &mut S, response: &[u8]) -> io::Re
 pub fn declared_body(head: &[u8]) -> Option<usize> {
     let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut parsed = httparse::Request::new(&mut fields);
-    parsed.parse(head).ok()?;
+    let Ok(httparse::Status::Complete(_)) = parsed.parse(head) else { return None };
     let mut length = None;
     for field in parsed.headers.iter() {
         if field.name.eq_ignore_ascii_case("transfer-encoding") {
@@ -231,6 +230,8 @@ pub fn declared_body(head: &[u8]) -> Option<usize> {
     Some(length.unwrap_or(0))
 }
 
+/// pingora's `RequestHeader` for `head`, as pingora builds it (`HttpSession::read_request`), if
+/// the head is one this path takes; without the names' case, which only a forwarded request needs.
 fn request_header(head: &[u8]) -> Option<RequestHeader> {
     let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut parsed = httparse::Request::new(&mut fields);
