@@ -636,9 +636,7 @@ impl LimitedStream {
             self.unread = Vec::new();
         }
     }
-}
 
-impl LimitedStream {
     /// The head about to go to pingora declares `body` bytes of body (`None`: unknown).
     fn hand_over(&mut self, body: Option<usize>) {
         self.allowance = body;

@@ -46,13 +46,15 @@ const BLOCK_SLACK: usize = 4 * 1024;
 
 /// The process's one log stream, like stderr itself: a static because the tracing subscriber it
 /// serves is process-wide too, and `flush` must reach it from the exit paths.
-static SINK: LazyLock<Sink> = LazyLock::new(|| Sink { pending: Mutex::new(Vec::new()), out: Mutex::new(()) });
+static SINK: LazyLock<Sink> = LazyLock::new(|| Sink { pending: Mutex::new(Vec::new()), out: Mutex::new(Vec::new()) });
 
 struct Sink {
     /// Lines not written yet.
     pending: Mutex<Vec<u8>>,
-    /// Held while a block is taken and written, so blocks leave in the order they were taken.
-    out: Mutex<()>,
+    /// Held while a block is taken and written, so blocks leave in the order they were taken;
+    /// it keeps the buffer of the block written last, which `pending` gets back at the next
+    /// flush (see `flush`).
+    out: Mutex<Vec<u8>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -72,19 +74,23 @@ impl Sink {
     }
 
     fn flush(&self) {
-        let _out = lock(&self.out);
-        let block = {
+        let mut block = lock(&self.out);
+        {
             let mut pending = lock(&self.pending);
             if pending.is_empty() {
                 return;
             }
-            // Room for a whole block at once: grown line by line, the buffer was copied by
-            // every doubling (about 150 instructions a line, callgrind).
-            std::mem::replace(&mut *pending, Vec::with_capacity(FLUSH_AT + BLOCK_SLACK))
-        };
+            // The two buffers take turns, each with room for a whole block: grown line by line,
+            // a buffer was copied by every doubling (about 150 instructions a line, callgrind),
+            // and a fresh one for every flush would be an allocation for every line of the
+            // other targets, which flush at once.
+            block.reserve(FLUSH_AT + BLOCK_SLACK);
+            std::mem::swap(&mut *pending, &mut *block);
+        }
         let mut stderr = std::io::stderr().lock();
         let _ = stderr.write_all(&block);
         let _ = stderr.flush();
+        block.clear();
     }
 }
 
@@ -313,7 +319,8 @@ fn plain(s: &str) -> bool {
     let plain_word = |w: u64| {
         let below_space = w.wrapping_sub(0x20 * ONES) & !w & HIGH != 0;
         let above_tilde = (w.wrapping_add(ONES) | w) & HIGH != 0;
-        !(below_space || above_tilde || has_zero(w ^ (u64::from(b'"') * ONES)) || has_zero(w ^ (u64::from(b'\\') * ONES)))
+        let quote_or_backslash = has_zero(w ^ (u64::from(b'"') * ONES)) || has_zero(w ^ (u64::from(b'\\') * ONES));
+        !(below_space || above_tilde || quote_or_backslash)
     };
     let (words, rest) = s.as_bytes().as_chunks::<8>();
     // The tail as a word too, filled up with spaces (plain).
