@@ -20,19 +20,6 @@ async fn enter(room: &Arc<Room>, user: &str, capacity: u64) -> Result<EnterOutco
     Ok(room.enter_grouped(request(user, capacity), &RoomRules::OFF).await?.outcome)
 }
 
-/// How many `EVALSHA` calls Redis has served since its statistics were last reset.
-async fn evalsha_calls(redis: &RedisServer) -> u64 {
-    let info: String = redis::cmd("INFO").arg("commandstats").query_async(&mut redis.conn().await).await.unwrap();
-    info.lines()
-        .find_map(|line| line.strip_prefix("cmdstat_evalsha:calls="))
-        .map(|rest| rest.split(',').next().unwrap().parse().unwrap())
-        .unwrap_or(0)
-}
-
-async fn reset_stats(redis: &RedisServer) {
-    let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query_async(&mut redis.conn().await).await.unwrap();
-}
-
 /// 200 users at once against a capacity of 150: the line holds exactly 150, each waiting user
 /// is told the place Redis gave them, and the 200 enters took far fewer than 200 calls.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -62,7 +62,7 @@ async fn decide(
         return ("forbidden", Some(Answer::error(403, "the entry token is not valid for this user")));
     };
     let id = uuid::Uuid::new_v4().simple().to_string();
-    match room.claim(user, token, &id, config.token.claim_timeout).await {
+    match room.claim_grouped(user, token, &id, config.token.claim_timeout).await {
         Ok(Claim::Claimed) => {
             ctx.claimed = Some(Claimed { token: token.to_owned(), id });
             ("forwarded", None)
@@ -99,7 +99,7 @@ pub async fn settle(
     if rules::token_fate(upstream_status) == TokenFate::Keep {
         // Retrying is the user's right; if this release fails the claim still ends with
         // claim_timeout.
-        if let Err(error) = room.consume(user, &token, &id, false).await {
+        if let Err(error) = room.consume_grouped(user, &token, &id, false).await {
             // Left to claim_timeout, the claim would refuse the user's retries with 409 long
             // after Redis is back.
             metrics::REDIS_ERRORS_TOTAL.inc();
@@ -113,7 +113,7 @@ pub async fn settle(
     // Before Redis hears of it: a repeat through this proxy is refused from now on, whatever
     // becomes of the delete.
     spent.remember(&token, user, token_ttl);
-    match room.consume(user, &token, &id, true).await {
+    match room.consume_grouped(user, &token, &id, true).await {
         Ok(true) => metrics::TOKENS_CONSUMED_TOTAL.inc(),
         // Expired, or already replaced by a newer token, between the check and now.
         Ok(false) => {}

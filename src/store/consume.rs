@@ -1,21 +1,30 @@
 //! A protected request's two Redis calls (contract section 12): the claim on the user's token as
 //! the request is forwarded (`lua/claim.lua`), and settling it once the upstream answered
 //! (`lua/consume.lua`): spent after a 2xx, released otherwise.
+//!
+//! Both are on every order's path, so the proxy's claims and settles travel in groups, as enters
+//! do (see `group.rs`): each script takes its members in their order, each exactly as a call of
+//! its own would have been.
 
+use std::future::Future;
+use std::sync::Arc;
+
+use super::group::{Groups, Grouped};
 use super::{Room, StoreError};
 
 pub(super) mod claim {
+    use std::future::Future;
+    use std::sync::Arc;
     use std::time::Duration;
 
-    use super::{Claim, Room, StoreError};
+    use super::{Claim, Groups, Grouped, Room, StoreError};
 
     script! {
         static SCRIPT = [] "lua/claim.lua";
-        keys [] and ClaimKeys { user_token, user_claim }
-        args ClaimArgs<'a> {
-            token: &'a str,
-            claim: &'a str,
+        keys []
+        args ClaimArgs {
             claim_ms: u64,
+            members: u64,
         }
         reply Reply {
             "CLAIMED" => Claimed {},
@@ -24,36 +33,89 @@ pub(super) mod claim {
         }
     }
 
+    /// One claim of a group; the group shares how long a claim holds, in ms.
+    #[derive(Debug)]
+    pub(in crate::store) struct Member {
+        user: String,
+        token: String,
+        claim: String,
+    }
+
+    impl Member {
+        fn new(user: &str, token: &str, claim: &str, hold: Duration) -> (u64, Member) {
+            let hold_ms = (hold.as_millis() as u64).max(1);
+            (hold_ms, Member { user: user.to_owned(), token: token.to_owned(), claim: claim.to_owned() })
+        }
+    }
+
     impl Room {
         /// Claims the user's token for one request, if `token` is the current one and nobody
-        /// holds it. A claim left behind (a proxy that died mid-request) ends after `hold`, or
-        /// with the token.
+        /// holds it, in a call of its own. A claim left behind (a proxy that died mid-request)
+        /// ends after `hold`, or with the token.
         pub async fn claim(&self, user: &str, token: &str, claim: &str, hold: Duration) -> Result<Claim, StoreError> {
-            let (user_token, user_claim) = self.keys.token_and_claim(user);
-            let call = invoke(
-                &self.keys,
-                ClaimKeys { user_token: &user_token, user_claim: &user_claim },
-                ClaimArgs { token, claim, claim_ms: (hold.as_millis() as u64).max(1) },
-            );
-            let reply: Vec<redis::Value> = self.run(&call).await?;
-            Ok(match Reply::decode(reply)? {
-                Reply::Claimed {} => Claim::Claimed,
-                Reply::InUse {} => Claim::InUse,
-                Reply::Invalid {} => Claim::Invalid,
-            })
+            let (hold_ms, member) = Member::new(user, token, claim, hold);
+            self.alone(&hold_ms, &member).await
+        }
+
+        /// The same claim, in a group with the claims that arrive while earlier groups are out.
+        /// Bounded by `redis.timeout` from now, the wait for a group included.
+        pub async fn claim_grouped(
+            self: &Arc<Self>,
+            user: &str,
+            token: &str,
+            claim: &str,
+            hold: Duration,
+        ) -> Result<Claim, StoreError> {
+            let (hold_ms, member) = Member::new(user, token, claim, hold);
+            self.grouped(hold_ms, member).await
+        }
+
+        async fn claim_members(&self, hold_ms: u64, members: &[&Member]) -> Result<Vec<Claim>, StoreError> {
+            let mut call = invoke(&self.keys, ClaimArgs { claim_ms: hold_ms, members: members.len() as u64 });
+            for member in members {
+                let (user_token, user_claim) = self.keys.token_and_claim(&member.user);
+                call.key(user_token).key(user_claim);
+                call.arg(member.token.as_str()).arg(member.claim.as_str());
+            }
+            let replies: Vec<Vec<redis::Value>> = self.run(&call).await?;
+            replies
+                .into_iter()
+                .map(|reply| {
+                    Ok(match Reply::decode(reply)? {
+                        Reply::Claimed {} => Claim::Claimed,
+                        Reply::InUse {} => Claim::InUse,
+                        Reply::Invalid {} => Claim::Invalid,
+                    })
+                })
+                .collect()
+        }
+    }
+
+    impl Grouped for Member {
+        type Terms = u64;
+        type Reply = Claim;
+        const FILE: &'static str = FILE;
+
+        fn groups(room: &Room) -> &Groups<Member> {
+            &room.groups.claims
+        }
+
+        fn call<'a>(
+            room: &'a Room,
+            hold_ms: &'a u64,
+            members: &'a [&'a Member],
+        ) -> impl Future<Output = Result<Vec<Claim>, StoreError>> + Send + 'a {
+            room.claim_members(*hold_ms, members)
         }
     }
 }
 
 script! {
     static SCRIPT = [] "lua/consume.lua";
-    keys [tokens] and ConsumeKeys { user_token, user_claim }
+    keys [tokens]
     args ConsumeArgs<'a> {
-        token: &'a str,
-        user: &'a str,
-        claim: &'a str,
-        spend: bool,
         spent_channel: &'a str,
+        members: u64,
     }
 }
 
@@ -68,16 +130,51 @@ pub enum Claim {
     Invalid,
 }
 
+/// One settle of a group.
+#[derive(Debug)]
+pub(super) struct Settle {
+    user: String,
+    token: String,
+    /// The request's claim id; empty for none.
+    claim: String,
+    spend: bool,
+}
+
+impl Settle {
+    fn new(user: &str, token: &str, claim: &str, spend: bool) -> Settle {
+        Settle { user: user.to_owned(), token: token.to_owned(), claim: claim.to_owned(), spend }
+    }
+}
+
 impl Room {
     /// Ends the request's claim and, when `spend` (the order succeeded), deletes the user's
-    /// token if it is still `token`; true when it was deleted.
+    /// token if it is still `token`, in a call of its own; true when it was deleted.
     pub async fn consume(&self, user: &str, token: &str, claim: &str, spend: bool) -> Result<bool, StoreError> {
-        let (user_token, user_claim) = self.keys.token_and_claim(user);
-        let keys = ConsumeKeys { user_token: &user_token, user_claim: &user_claim };
-        let spent_channel = &self.keys.spent;
-        let call = invoke(&self.keys, keys, ConsumeArgs { token, user, claim, spend, spent_channel });
-        let deleted: i64 = self.run(&call).await?;
-        Ok(deleted == 1)
+        self.alone(&(), &Settle::new(user, token, claim, spend)).await
+    }
+
+    /// The same settle, in a group with the settles that arrive while earlier groups are out.
+    /// Bounded by `redis.timeout` from now, the wait for a group included.
+    pub async fn consume_grouped(
+        self: &Arc<Self>,
+        user: &str,
+        token: &str,
+        claim: &str,
+        spend: bool,
+    ) -> Result<bool, StoreError> {
+        self.grouped((), Settle::new(user, token, claim, spend)).await
+    }
+
+    async fn settle_members(&self, members: &[&Settle]) -> Result<Vec<bool>, StoreError> {
+        let args = ConsumeArgs { spent_channel: &self.keys.spent, members: members.len() as u64 };
+        let mut call = invoke(&self.keys, args);
+        for member in members {
+            let (user_token, user_claim) = self.keys.token_and_claim(&member.user);
+            call.key(user_token).key(user_claim);
+            call.arg(member.token.as_str()).arg(member.user.as_str()).arg(member.claim.as_str()).arg(member.spend);
+        }
+        let deleted: Vec<i64> = self.run(&call).await?;
+        Ok(deleted.into_iter().map(|deleted| deleted == 1).collect())
     }
 
     /// The user's current token, if one is live.
@@ -89,5 +186,23 @@ impl Room {
             Ok(token)
         })
         .await
+    }
+}
+
+impl Grouped for Settle {
+    type Terms = ();
+    type Reply = bool;
+    const FILE: &'static str = FILE;
+
+    fn groups(room: &Room) -> &Groups<Settle> {
+        &room.groups.settles
+    }
+
+    fn call<'a>(
+        room: &'a Room,
+        _: &'a (),
+        members: &'a [&'a Settle],
+    ) -> impl Future<Output = Result<Vec<bool>, StoreError>> + Send + 'a {
+        room.settle_members(members)
     }
 }

@@ -2,20 +2,17 @@
 //! per-address limit, the instant pass, abandonment, the poll clock).
 //!
 //! A new user's enter is the one request of a rush that always costs Redis a script, so the
-//! proxy's enters travel in groups: one call carries the enters that arrived while the call
-//! before it was on its way (at most [`GROUP_MAX`], with [`GROUPS_IN_FLIGHT`] call out at a
-//! time), and the script takes its members in their order, each exactly as a call of its own
-//! would have been. A lone enter waits for nobody: it goes out at once, a group of one; groups
-//! only form while an earlier call is out, which is when Redis is busy. What a group's members
-//! share (the capacity, the rules, the poll tiers) is sent once; an enter under other terms (a
-//! reload in between) starts a group of its own.
+//! proxy's enters travel in groups (see `group.rs`): the script takes its members in their
+//! order, each exactly as a call of its own would have been. What a group's members share (the
+//! capacity, the rules, the poll tiers) is sent once; an enter under other terms (a reload in
+//! between) starts a group of its own.
 
-use std::collections::VecDeque;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::future::Future;
+use std::sync::Arc;
 
 use redis::Value;
-use tokio::sync::oneshot;
 
+use super::group::{Groups, Grouped};
 use super::{PollClock, Room, RoomRules, StoreError};
 
 script! {
@@ -48,15 +45,6 @@ script! {
         "CLOSED" => Closed {},
     }
 }
-
-/// The most enters one call carries: a group's script holds Redis for about 10 µs a member, so
-/// a full group delays every other command by a third of a millisecond at most.
-pub const GROUP_MAX: usize = 32;
-
-/// Calls of grouped enters out at once, per room: the next group forms while one is answered.
-/// Measured (`bench/run.sh --paths enter_new`, BENCHMARKS.md): two calls out made groups half
-/// as large and cost 15-20 % of the throughput of one; four, 10 %.
-pub const GROUPS_IN_FLIGHT: usize = 1;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EnterOutcome {
@@ -92,7 +80,7 @@ pub struct EnterRequest<'a> {
 
 /// What the members of one group share: everything but who enters and from where.
 #[derive(Debug, PartialEq)]
-struct Terms {
+pub(super) struct Terms {
     capacity: u64,
     per_address: u32,
     rules: RoomRules,
@@ -103,7 +91,7 @@ struct Terms {
 
 /// One enter of a group.
 #[derive(Debug)]
-struct Member {
+pub(super) struct Member {
     user: String,
     /// The address the per-address limit counts ("-" when it is off).
     address: String,
@@ -123,116 +111,45 @@ impl EnterRequest<'_> {
     }
 }
 
-/// The enters waiting for a group, and how many calls are out.
-#[derive(Default)]
-pub(super) struct Groups {
-    waiting: Mutex<Waiting>,
-}
-
-#[derive(Default)]
-struct Waiting {
-    queue: VecDeque<Pending>,
-    /// Tasks sending groups (at most [`GROUPS_IN_FLIGHT`]).
-    running: usize,
-}
-
-type Answer = Result<Entered, Arc<StoreError>>;
-
-struct Pending {
-    terms: Terms,
-    member: Member,
-    answer: oneshot::Sender<Answer>,
-}
-
-impl Groups {
-    fn waiting(&self) -> std::sync::MutexGuard<'_, Waiting> {
-        // Nothing panics while holding it; if something did, the queue is still whole.
-        self.waiting.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Queues an enter; `true` when the caller is to start a task sending groups.
-    fn push(&self, pending: Pending) -> bool {
-        let mut waiting = self.waiting();
-        waiting.queue.push_back(pending);
-        let start = waiting.running < GROUPS_IN_FLIGHT;
-        if start {
-            waiting.running += 1;
-        }
-        start
-    }
-
-    /// The next group, in arrival order: the first waiting enter and those behind it under the
-    /// same terms. `None` (and the task ends) when nobody waits. An enter whose caller stopped
-    /// waiting (it answered the user 503 at `redis.timeout`) is dropped, never entered.
-    fn next(&self) -> Option<Vec<Pending>> {
-        let mut waiting = self.waiting();
-        let mut group: Vec<Pending> = Vec::new();
-        while group.len() < GROUP_MAX {
-            let Some(next) = waiting.queue.front() else { break };
-            if next.answer.is_closed() {
-                waiting.queue.pop_front();
-            } else if group.first().is_none_or(|first| first.terms == next.terms) {
-                group.extend(waiting.queue.pop_front());
-            } else {
-                break;
-            }
-        }
-        if group.is_empty() {
-            waiting.running -= 1;
-            return None;
-        }
-        Some(group)
-    }
-}
-
 impl Room {
     /// One enter under `rules`, in a call of its own: with `instant`, a fresh token goes along in
     /// case the user may pass.
     pub async fn enter(&self, request: EnterRequest<'_>, rules: &RoomRules) -> Result<Entered, StoreError> {
         let (terms, member) = request.split(rules);
-        let mut entered = self.enter_members(&terms, &[&member]).await?;
-        entered.pop().ok_or_else(|| StoreError::Reply(format!("{FILE}: no reply for the member")))
+        self.alone(&terms, &member).await
     }
 
     /// The same enter, in a group with the enters that arrive while earlier groups are out (see
-    /// the module's doc). Bounded by `redis.timeout` from now, the wait for a group included.
+    /// `group.rs`). Bounded by `redis.timeout` from now, the wait for a group included.
     pub async fn enter_grouped(
         self: &Arc<Self>,
         request: EnterRequest<'_>,
         rules: &RoomRules,
     ) -> Result<Entered, StoreError> {
         let (terms, member) = request.split(rules);
-        let (answer, answered) = oneshot::channel();
-        if self.groups.push(Pending { terms, member, answer }) {
-            tokio::spawn(Arc::clone(self).send_groups());
-        }
-        match tokio::time::timeout(self.timeout, answered).await {
-            Ok(Ok(answer)) => answer.map_err(StoreError::Shared),
-            Ok(Err(_)) => Err(StoreError::Reply(format!("{FILE}: the group ended without an answer"))),
-            Err(_) => Err(StoreError::Timeout(self.timeout)),
-        }
+        self.grouped(terms, member).await
+    }
+}
+
+impl Grouped for Member {
+    type Terms = Terms;
+    type Reply = Entered;
+    const FILE: &'static str = FILE;
+
+    fn groups(room: &Room) -> &Groups<Member> {
+        &room.groups.enters
     }
 
-    /// Sends groups until nobody waits.
-    async fn send_groups(self: Arc<Self>) {
-        while let Some(group) = self.groups.next() {
-            let members: Vec<&Member> = group.iter().map(|pending| &pending.member).collect();
-            match self.enter_members(&group[0].terms, &members).await {
-                Ok(entered) => {
-                    for (pending, entered) in group.into_iter().zip(entered) {
-                        let _ = pending.answer.send(Ok(entered));
-                    }
-                }
-                Err(error) => {
-                    let error = Arc::new(error);
-                    for pending in group {
-                        let _ = pending.answer.send(Err(Arc::clone(&error)));
-                    }
-                }
-            }
-        }
+    fn call<'a>(
+        room: &'a Room,
+        terms: &'a Terms,
+        members: &'a [&'a Member],
+    ) -> impl Future<Output = Result<Vec<Entered>, StoreError>> + Send + 'a {
+        room.enter_members(terms, members)
     }
+}
 
+impl Room {
     /// One call of the script for `members`, in their order: an outcome for each, in the same.
     async fn enter_members(&self, terms: &Terms, members: &[&Member]) -> Result<Vec<Entered>, StoreError> {
         let rules = &terms.rules;
@@ -259,13 +176,6 @@ impl Room {
         }
         super::push_tiers(&mut call, terms.tiers.iter().copied());
         let replies: Vec<Vec<Value>> = self.run(&call).await?;
-        if replies.len() != members.len() {
-            return Err(StoreError::Reply(format!(
-                "{FILE}: {} replies for {} members",
-                replies.len(),
-                members.len()
-            )));
-        }
         replies.into_iter().map(|reply| Ok(entered(EnterReply::decode(reply)?))).collect()
     }
 }

@@ -42,6 +42,7 @@ mod conn;
 mod consume;
 mod enter;
 mod event;
+mod group;
 mod keys;
 mod line;
 mod room;
@@ -52,8 +53,9 @@ pub use adapt::{AdaptOutcome, AdaptStep, ADAPT_PERIOD};
 pub use admit::AdmitOutcome;
 pub use conn::{Connector, RedisConn};
 pub use consume::Claim;
-pub use enter::{EnterOutcome, EnterRequest, Entered, GROUPS_IN_FLIGHT, GROUP_MAX};
+pub use enter::{EnterOutcome, EnterRequest, Entered};
 pub use event::{seed_bytes, Entering, EventEnter, EventTick, EventTimes, SeedRef, Standing, DRAW_PAGE};
+pub use group::{GROUPS_IN_FLIGHT, GROUP_MAX};
 pub use keys::Keys;
 pub use line::LineReading;
 pub use room::{RoomReport, RoomStateReading, ROOM_STATE_EVERY};
@@ -195,8 +197,16 @@ pub struct Room {
     keys: Keys,
     connector: Connector,
     timeout: Duration,
-    /// Enters waiting to be sent in a group (see `enter.rs`).
-    groups: enter::Groups,
+    /// Requests waiting to be sent in groups (see `group.rs`).
+    groups: Queues,
+}
+
+/// A queue of requests waiting for a group, per kind.
+#[derive(Default)]
+struct Queues {
+    enters: group::Groups<enter::Member>,
+    claims: group::Groups<consume::claim::Member>,
+    settles: group::Groups<consume::Settle>,
 }
 
 impl Room {
@@ -205,7 +215,7 @@ impl Room {
             keys: Keys::new(&config.key_prefix),
             connector: Connector::new(config)?,
             timeout: config.timeout,
-            groups: enter::Groups::default(),
+            groups: Queues::default(),
         })
     }
 

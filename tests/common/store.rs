@@ -121,3 +121,17 @@ pub async fn room(api_args: &[&str], yaml: &str) -> (RedisServer, super::DemoApi
         .await;
     (redis, api, proxy)
 }
+
+/// How many `EVALSHA` calls Redis has served since its statistics were last reset.
+pub async fn evalsha_calls(redis: &RedisServer) -> u64 {
+    let info: String = redis::cmd("INFO").arg("commandstats").query_async(&mut redis.conn().await).await.unwrap();
+    info.lines()
+        .find_map(|line| line.strip_prefix("cmdstat_evalsha:calls="))
+        .map(|rest| rest.split(',').next().unwrap().parse().unwrap())
+        .unwrap_or(0)
+}
+
+/// Resets Redis's command statistics (`evalsha_calls` counts from here).
+pub async fn reset_stats(redis: &RedisServer) {
+    let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query_async(&mut redis.conn().await).await.unwrap();
+}
