@@ -4,12 +4,18 @@
 #
 #   bench/callgrind.sh [--waitroom-bin PATH] [--n 2000] [--paths status,pass,enter,enter_new,protected]
 #                      [--out DIR (default bench/out/callgrind)] [--redis] [--rust-log FILTER]
+#                      [--connections C]
 #
 # `enter` is the enter of a user already waiting (one of the 100,000 seeded), `enter_new` that of a
 # user never seen before (a new id each request).
 #
 # --redis runs redis-server under callgrind too, and counts its instructions per waitroom
 # request (Redis shares the proxy's cores: its work is part of a request's cost).
+#
+# --connections C deals the requests to C connections sending at once (default 1, one after
+# another): requests that arrive together share Redis calls (grouped enters, claims and settles),
+# which one connection never shows; `--connections 64 --paths protected` counts an order in
+# groups.
 #
 # --rust-log sets the proxy's RUST_LOG (default `warn`: the access log off); `--rust-log info`
 # counts what the access log costs a request.
@@ -29,7 +35,7 @@ ROOT=$(cd "$BENCH/.." && pwd)
 # shellcheck source=../scripts/lib.sh
 . "$ROOT/scripts/lib.sh"
 
-N=2000 WARM=300 PATHS=status,pass,enter,protected OUT="" REDIS_CG=0
+N=2000 WARM=300 PATHS=status,pass,enter,protected OUT="" REDIS_CG=0 CONNS=1
 WR_BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release/waitroom
 TOP=20
 RUST_LOG_WR=warn
@@ -42,6 +48,7 @@ while [ $# -gt 0 ]; do
     --out) OUT=$2; shift ;;
     --redis) REDIS_CG=1 ;;
     --rust-log) RUST_LOG_WR=$2; shift ;;
+    --connections) CONNS=$2; shift ;;
     -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown option $1" ;;
   esac
@@ -140,11 +147,11 @@ SUMMARY=$OUT/summary.jsonl # one JSON line per (process, path)
 measure() {
   local name=$1 proc=$2 pid=$3 port=$4
   shift 4
-  "$WRBENCH" fire --addr "127.0.0.1:$port" --n "$WARM" "$@" >/dev/null
+  "$WRBENCH" fire --addr "127.0.0.1:$port" --n "$WARM" --connections "$CONNS" "$@" >/dev/null
   callgrind_control --zero "$pid" >/dev/null
   [ -n "$REDIS_PID" ] && [ "$proc" = waitroom ] && callgrind_control --zero "$REDIS_PID" >/dev/null
   local fired
-  fired=$("$WRBENCH" fire --addr "127.0.0.1:$port" --n "$N" --skip "$WARM" "$@")
+  fired=$("$WRBENCH" fire --addr "127.0.0.1:$port" --n "$N" --skip "$WARM" --connections "$CONNS" "$@")
   callgrind_control --dump="$name" "$pid" >/dev/null
   if [ -n "$REDIS_PID" ] && [ "$proc" = waitroom ]; then
     callgrind_control --dump="$name" "$REDIS_PID" >/dev/null

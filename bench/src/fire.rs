@@ -1,6 +1,8 @@
 //! `fire`: a fixed number of requests, one after another, on one keep-alive connection: the
-//! client for instruction counts under callgrind (`bench/callgrind.sh`), where a fixed count and
-//! no concurrency make "instructions per request" a plain division.
+//! client for instruction counts under callgrind (`bench/callgrind.sh`), where a fixed count
+//! makes "instructions per request" a plain division. With `--connections C` the requests are
+//! dealt round-robin to C connections that run at once: what the proxy does only under
+//! concurrency (calls to Redis shared by the requests that arrive together) shows in the count.
 //!
 //! Plain HTTP/1.1 over a TCP socket, so the client adds nothing the proxy must parse beyond the
 //! request itself. Header values may name `{user}` and `{token}` (from `--pairs`, one pair per
@@ -39,6 +41,9 @@ pub struct FireArgs {
     /// (a warm-up's users are not the measured run's).
     #[arg(long, default_value_t = 0)]
     skip: usize,
+    /// Connections sending at once; request i goes on connection i mod this.
+    #[arg(long, default_value_t = 1)]
+    connections: u64,
 }
 
 pub async fn run(a: FireArgs) -> Result<()> {
@@ -54,24 +59,31 @@ pub async fn run(a: FireArgs) -> Result<()> {
     if a.pairs.is_some() && (pairs.len() as u64) < a.n {
         return Err(format!("--pairs has {} pairs left, {} requests asked", pairs.len(), a.n));
     }
-    let mut conn = Conn::connect(&a.addr).await?;
-    let mut statuses: BTreeMap<u16, u64> = BTreeMap::new();
+    let connections = a.connections.clamp(1, a.n.max(1));
+    let mut conns = Vec::new();
+    for _ in 0..connections {
+        conns.push(Conn::connect(&a.addr).await?);
+    }
+    let a = std::sync::Arc::new(a);
+    let pairs = std::sync::Arc::new(pairs);
     let started = Instant::now();
-    for i in 0..a.n {
-        let n = ((i + a.skip as u64) % a.users.max(1)) + 1;
-        let (user, token) = pairs.get(i as usize).map(|(u, t)| (u.as_str(), t.as_str())).unwrap_or(("", ""));
-        let mut req = format!("{} {} HTTP/1.1\r\nHost: bench\r\n", a.method, a.path);
-        for h in &a.headers {
-            let h = h.replace("{user}", user).replace("{token}", token).replace("{n}", &n.to_string());
-            req.push_str(&h);
-            req.push_str("\r\n");
+    let mut sending = tokio::task::JoinSet::new();
+    for (c, mut conn) in conns.into_iter().enumerate() {
+        let (a, pairs) = (a.clone(), pairs.clone());
+        sending.spawn(async move {
+            let mut statuses: BTreeMap<u16, u64> = BTreeMap::new();
+            for i in (c as u64..a.n).step_by(connections as usize) {
+                let status = conn.roundtrip(request(&a, &pairs, i).as_bytes()).await?;
+                *statuses.entry(status).or_default() += 1;
+            }
+            Ok::<_, String>(statuses)
+        });
+    }
+    let mut statuses: BTreeMap<u16, u64> = BTreeMap::new();
+    while let Some(done) = sending.join_next().await {
+        for (status, count) in done.map_err(|e| e.to_string())?? {
+            *statuses.entry(status).or_default() += count;
         }
-        if a.method == "POST" || a.method == "PUT" {
-            req.push_str("Content-Length: 0\r\n");
-        }
-        req.push_str("\r\n");
-        let status = conn.roundtrip(req.as_bytes()).await?;
-        *statuses.entry(status).or_default() += 1;
     }
     let elapsed = started.elapsed().as_secs_f64();
     let statuses: BTreeMap<String, u64> = statuses.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
@@ -80,6 +92,23 @@ pub async fn run(a: FireArgs) -> Result<()> {
         serde_json::json!({"requests": a.n, "seconds": elapsed, "statuses": statuses})
     );
     Ok(())
+}
+
+/// Request `i` (0-based) of the run.
+fn request(a: &FireArgs, pairs: &[(String, String)], i: u64) -> String {
+    let n = ((i + a.skip as u64) % a.users.max(1)) + 1;
+    let (user, token) = pairs.get(i as usize).map(|(u, t)| (u.as_str(), t.as_str())).unwrap_or(("", ""));
+    let mut req = format!("{} {} HTTP/1.1\r\nHost: bench\r\n", a.method, a.path);
+    for h in &a.headers {
+        let h = h.replace("{user}", user).replace("{token}", token).replace("{n}", &n.to_string());
+        req.push_str(&h);
+        req.push_str("\r\n");
+    }
+    if a.method == "POST" || a.method == "PUT" {
+        req.push_str("Content-Length: 0\r\n");
+    }
+    req.push_str("\r\n");
+    req
 }
 
 /// One client connection speaking plain HTTP/1.1 with keep-alive.
