@@ -43,7 +43,7 @@
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
@@ -223,10 +223,7 @@ where
                     continue;
                 }
             }
-            // Only a client that sent ahead has bytes the allowance could hold back.
-            if !limited.unread.is_empty() {
-                limited.hand_over(early::declared_body(&head));
-            }
+            limited.hand_over(early::declared_body(&head));
             let reused = self.serve(limited, head, persistent, backstop, shutdown).await?;
             let (next, settings) = reused.consume();
             limited = next.into_any().downcast::<LimitedStream>().ok()?;
@@ -390,12 +387,40 @@ pub struct LimitedStream {
     /// it is given, so bytes handed over with it were lost, and so were the requests in them.
     /// Empty, with no allocation, unless a client sent ahead.
     unread: Vec<u8>,
-    /// How many of the `unread` bytes pingora's session may read: the body its head declared
-    /// (`None`: all, for a body of unknown length). The rest is the next request, which pingora
-    /// would read while it forwards this one and take for bytes sent after the end of a body (a
-    /// 400); its reads wait instead, as they would on a client that sent nothing more.
+    /// How many more bytes pingora's session may read: what is left of the body its head
+    /// declared (`None`: all, for a body of unknown length or a tunnel). Past it comes the next
+    /// request, which pingora would read while it forwards this one (its look at the connection
+    /// while it waits for the upstream) and take for bytes sent after the end of a body: it drops
+    /// the request at the upstream unanswered and answers nothing. Its reads wait instead, and
+    /// what arrives is kept in `unread` for the next head (see `poll_after_request`).
     allowance: Option<usize>,
+    /// Set by the proxy for a request whose upstream answer must be heard whatever the client
+    /// does (a protected order: its token is settled by that answer, see [`hold_client`]).
+    held: AtomicBool,
+    /// How the client left while a held request was at the upstream: told to the loop's next
+    /// read, once the answer is out, instead of to pingora.
+    departed: Option<Departed>,
     _slot: Slot,
+}
+
+/// A client's end of its connection, noticed while a held request was at the upstream.
+#[derive(Debug, Clone, Copy)]
+enum Departed {
+    Closed,
+    Failed(io::ErrorKind),
+}
+
+/// Marks the request `session` serves as one whose upstream answer must be heard whatever the
+/// client does next (contract section 12, one admission, one order): a client that closes its
+/// connection, resets it, or sends more after a protected order would otherwise make pingora drop
+/// the order at the upstream unanswered, and its claim would be released while the upstream may
+/// have taken the order, so one token could place any number of them. The connection's reads
+/// then wait until the answer has come (and settled the token); how the client left is seen by
+/// the next read, once the answer is written (or fails to be).
+pub fn hold_client(session: &pingora::protocols::http::ServerSession) {
+    if let Some(limited) = session.stream().and_then(|stream| stream.as_any().downcast_ref::<LimitedStream>()) {
+        limited.held.store(true, Ordering::Relaxed);
+    }
 }
 
 impl LimitedStream {
@@ -410,6 +435,8 @@ impl LimitedStream {
             pending: Vec::new(),
             unread: Vec::new(),
             allowance: None,
+            held: AtomicBool::new(false),
+            departed: None,
             _slot: slot,
         };
         stream.expect_head(limits, true);
@@ -424,6 +451,7 @@ impl LimitedStream {
         let idle = if fresh { limits.idle_timeout.min(limits.header_timeout) } else { limits.idle_timeout };
         self.deadline = now + idle;
         self.allowance = None;
+        *self.held.get_mut() = false;
         self.phase = Phase::Head { held: Vec::new(), end: HeadEnd::default(), first_byte: false, fresh, started: now };
     }
 
@@ -494,6 +522,11 @@ impl LimitedStream {
             let before = buf.filled().len();
             if !self.unread.is_empty() {
                 self.take_unread(buf);
+            } else if let Some(departed) = self.departed {
+                // The client left during the last request: nothing more comes (an empty read).
+                if let Departed::Failed(kind) = departed {
+                    return Poll::Ready(Err(kind.into()));
+                }
             } else {
                 match Pin::new(&mut self.inner).poll_read(cx, buf) {
                     Poll::Pending => {
@@ -565,23 +598,7 @@ impl LimitedStream {
         loop {
             match &mut self.phase {
                 Phase::Head { .. } => return self.poll_head(cx, buf),
-                Phase::Serving if !self.unread.is_empty() => {
-                    match self.allowance {
-                        // Woken by nothing: pingora reads while it forwards, and stops at the
-                        // response; the next request is the loop's.
-                        Some(0) => return Poll::Pending,
-                        Some(left) => {
-                            let mut body = ReadBuf::new(buf.initialize_unfilled_to(left.min(buf.remaining())));
-                            self.take_unread(&mut body);
-                            let taken = body.filled().len();
-                            buf.advance(taken);
-                            self.allowance = Some(left - taken);
-                        }
-                        None => self.take_unread(buf),
-                    }
-                    return Poll::Ready(Ok(()));
-                }
-                Phase::Serving => return Pin::new(&mut self.inner).poll_read(cx, buf),
+                Phase::Serving => return self.poll_serving(cx, buf),
                 Phase::Release { bytes, at } => {
                     let n = (bytes.len() - *at).min(buf.remaining());
                     buf.put_slice(&bytes[*at..*at + n]);
@@ -627,6 +644,75 @@ impl LimitedStream {
 }
 
 impl LimitedStream {
+    /// pingora's reads while it serves a request: the body the head declared, from what the
+    /// client sent ahead first, then nothing (see `allowance`).
+    fn poll_serving(&mut self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        match self.allowance {
+            Some(0) => self.poll_after_request(cx),
+            Some(left) => {
+                let mut body = ReadBuf::new(buf.initialize_unfilled_to(left.min(buf.remaining())));
+                if self.unread.is_empty() {
+                    // A body cut short (an empty read) is pingora's to refuse: no whole request
+                    // reached the upstream.
+                    ready!(Pin::new(&mut self.inner).poll_read(cx, &mut body))?;
+                } else {
+                    self.take_unread(&mut body);
+                }
+                let taken = body.filled().len();
+                buf.advance(taken);
+                self.allowance = Some(left - taken);
+                Poll::Ready(Ok(()))
+            }
+            None if !self.unread.is_empty() => {
+                self.take_unread(buf);
+                Poll::Ready(Ok(()))
+            }
+            None if self.departed.is_some() => Poll::Pending,
+            None => {
+                let before = buf.filled().len();
+                let read = ready!(Pin::new(&mut self.inner).poll_read(cx, buf));
+                if !self.held.load(Ordering::Relaxed) {
+                    return Poll::Ready(read);
+                }
+                // A body whose end only pingora knows (chunked): a held request's client that
+                // leaves is kept from pingora as past the end (a body cut short then waits for
+                // pingora's body timeout, and its request is refused as any unfinished body).
+                match read {
+                    Ok(()) if buf.filled().len() > before => Poll::Ready(Ok(())),
+                    Ok(()) => self.depart(Departed::Closed),
+                    Err(e) => self.depart(Departed::Failed(e.kind())),
+                }
+            }
+        }
+    }
+
+    /// pingora's look at the connection once the whole request is its own, while it waits for the
+    /// upstream's answer. What the client sends now is its next request: kept in `unread` (up to
+    /// `max_request_head`, then left in the socket) for the loop, and pingora waits, woken by the
+    /// answer. A client that closes or resets the connection is pingora's to see, which then
+    /// gives up the request as nginx does; a held request's is kept for after the answer.
+    fn poll_after_request(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let mut scratch = [0u8; 2048];
+        while self.departed.is_none() && self.unread.len() < self.max_head {
+            let mut read = ReadBuf::new(&mut scratch);
+            let result = ready!(Pin::new(&mut self.inner).poll_read(cx, &mut read));
+            let held = self.held.load(Ordering::Relaxed);
+            match result {
+                Ok(()) if !read.filled().is_empty() => self.unread.extend_from_slice(read.filled()),
+                Ok(()) if held => return self.depart(Departed::Closed),
+                Err(e) if held => return self.depart(Departed::Failed(e.kind())),
+                other => return Poll::Ready(other),
+            }
+        }
+        Poll::Pending
+    }
+
+    /// Keeps a held request's client leaving from pingora: its read waits for the answer.
+    fn depart(&mut self, how: Departed) -> Poll<io::Result<()>> {
+        self.departed = Some(how);
+        Poll::Pending
+    }
+
     /// Moves what `buf` has room for from the front of `unread` into it.
     fn take_unread(&mut self, buf: &mut ReadBuf<'_>) {
         let n = self.unread.len().min(buf.remaining());

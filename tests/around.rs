@@ -8,6 +8,8 @@ use std::time::Duration;
 
 use common::*;
 use serde_json::Value;
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
 
 /// A room whose protected route is the demo API's echo, so the upstream's view of a protected
 /// request can be read back. Admission is quick so tokens come at once.
@@ -343,4 +345,67 @@ async fn a_claim_left_by_a_dead_proxy_expires_with_claim_timeout() {
 async fn api_set_fast(api: &DemoApi) {
     let r = http_client().put(api.url("/admin/service-time")).body(r#"{"ms":1}"#).send().await.unwrap();
     assert!(r.status().is_success(), "{r:?}");
+}
+
+// ---- an order's answer is heard, whatever its client does ------------------------------------
+
+/// The raw order `user` sends with `token`, keeping the connection open.
+fn raw_order(user: &str, token: &str) -> String {
+    format!("POST /api/orders HTTP/1.1\r\nHost: shop\r\nX-User-Id: {user}\r\nX-Entry-Token: {token}\r\nContent-Length: 2\r\n\r\n{{}}")
+}
+
+/// A client that makes a move while its order is at the upstream (half-closes, closes or resets
+/// its connection, or sends its next request) cannot end the order there: the upstream, a
+/// backend that goes on with an order whatever its connection does, answers 201 and that answer
+/// spends the token, so the same token never places a second order. (pingora dropped the
+/// order at the upstream at the client's first move and the claim was released: one token
+/// placed an order per try.) A client still reading gets its answer, and a next request sent
+/// meanwhile is answered after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_order_is_settled_by_its_answer_whatever_its_client_does() {
+    let redis = RedisServer::start();
+    let upstream = Recorder::start_slow(201, Duration::from_millis(300)).await;
+    let proxy = Proxy::builder(&redis.url(), upstream.addr())
+        .yaml("admission: {interval: 20ms, batch_size: 50}")
+        .start()
+        .await;
+    let moves = ["half-closes", "closes", "resets", "sends its next request"];
+    for (i, move_) in moves.iter().enumerate() {
+        let user = format!("user{i}");
+        let token = proxy.until_ready(&user, Duration::from_secs(10)).await;
+        let mut stream = TcpStream::connect(proxy.addr()).await.unwrap();
+        stream.write_all(raw_order(&user, &token).as_bytes()).await.unwrap();
+        let reached = wait_until(Duration::from_secs(5), Duration::from_millis(5), || async { upstream.lines().len() == i + 1 });
+        assert!(reached.await, "{move_}: the order reached the upstream");
+        match *move_ {
+            "half-closes" => {
+                stream.shutdown().await.unwrap();
+                let answer = read_response(&mut stream).await;
+                assert!(answer.starts_with("HTTP/1.1 201 "), "{move_}: {answer:?}");
+            }
+            "closes" => drop(stream),
+            "resets" => {
+                stream.set_zero_linger().unwrap();
+                drop(stream);
+            }
+            _ => {
+                let next = format!("GET /queue/status HTTP/1.1\r\nHost: shop\r\nX-User-Id: {user}\r\n\r\n");
+                stream.write_all(next.as_bytes()).await.unwrap();
+                let answer = read_response(&mut stream).await;
+                assert!(answer.starts_with("HTTP/1.1 201 "), "{move_}: the order's answer first: {answer:?}");
+                let answer = read_response(&mut stream).await;
+                assert!(answer.contains(r#"{"status":"NOT_IN_QUEUE","pollAfter":null}"#), "{move_}: then the next: {answer:?}");
+            }
+        }
+        // While the order is out its claim holds (409); once answered the token is spent (403).
+        let repeat = loop {
+            let r = proxy.order(&user, Some(&token)).await;
+            if r.status != 409 {
+                break r;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        assert_eq!(repeat.status, 403, "{move_}: the repeat with the token: {}", repeat.body);
+        assert_eq!(upstream.lines().len(), i + 1, "{move_}: one order reached the upstream");
+    }
 }

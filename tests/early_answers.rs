@@ -57,33 +57,6 @@ async fn assert_held(proxy: &Proxy, want: f64, ctx: &str) {
     assert!(reached, "{ctx}: waitroom_held_polls is not {want}");
 }
 
-/// One response off `stream`, by its Content-Length (every answer here has one).
-async fn read_response(stream: &mut TcpStream) -> String {
-    let mut buf = Vec::new();
-    let mut byte = [0u8; 1];
-    let read = async {
-        loop {
-            if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
-                let len: usize = head
-                    .lines()
-                    .find_map(|l| l.strip_prefix("content-length:"))
-                    .map_or(0, |v| v.trim().parse().unwrap());
-                if buf.len() == end + 4 + len {
-                    return;
-                }
-            }
-            // One byte at a time, so that nothing of a next response is taken with this one.
-            match stream.read(&mut byte).await {
-                Ok(0) | Err(_) => return,
-                Ok(_) => buf.push(byte[0]),
-            }
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(5), read).await.expect("a whole response within 5 s");
-    String::from_utf8_lossy(&buf).into_owned()
-}
-
 /// The response with its `date` line's value blanked, after checking it is one (an IMF-fixdate,
 /// 29 characters): the one thing two answers a moment apart may differ in.
 fn dateless(response: &str) -> String {
@@ -218,6 +191,40 @@ async fn pipelined_requests_are_each_answered_in_order() {
             assert!(answer.starts_with("HTTP/1.1 200 ") && answer.contains(body), "{ctx}, answer {i}: {answer:?}");
         }
     }
+}
+
+/// A request sent while the one before it is at the upstream (a pipelining client whose next
+/// request is a packet of its own) waits for that answer, and both are answered in order on the
+/// one connection, whichever path takes the next. (pingora read it as bytes sent after the end
+/// of the body, dropped the forwarded request and answered neither.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_sent_while_one_is_forwarded_waits_its_turn() {
+    let redis = RedisServer::start();
+    let upstream = Recorder::start_slow(200, Duration::from_millis(300)).await;
+    let proxy = Proxy::builder(&redis.url(), upstream.addr()).yaml(NO_ADMISSION).start().await;
+    let (prefix, id) = (proxy.endpoint_prefix(), proxy.identity_header());
+    let forwarded = |path: &str| format!("POST {path} HTTP/1.1\r\nHost: room\r\nContent-Length: 2\r\n\r\n{{}}");
+    let status = format!("GET {prefix}/status HTTP/1.1\r\nHost: room\r\n{id}: u1\r\n\r\n");
+    let mut stream = TcpStream::connect(proxy.addr()).await.unwrap();
+    let mut seen = 0;
+    for (ctx, next) in [("an early answer next", status.clone()), ("a forwarded one next", forwarded("/api/two"))] {
+        stream.write_all(forwarded("/api/one").as_bytes()).await.unwrap();
+        seen += 1;
+        let reached = wait_until(Duration::from_secs(5), Duration::from_millis(5), || async { upstream.lines().len() == seen });
+        assert!(reached.await, "{ctx}: the first request reached the upstream");
+        stream.write_all(next.as_bytes()).await.unwrap();
+        let answer = read_response(&mut stream).await;
+        assert!(answer.starts_with("HTTP/1.1 200 Recorded\r\n"), "{ctx}: the forwarded one's answer first: {answer:?}");
+        let answer = read_response(&mut stream).await;
+        assert!(answer.starts_with("HTTP/1.1 200 "), "{ctx}: then the next's: {answer:?}");
+        if next.contains("/api/two") {
+            seen += 1;
+            assert!(answer.contains("Recorded"), "{ctx}: {answer:?}");
+        } else {
+            assert!(answer.contains(r#""status":"NOT_IN_QUEUE""#), "{ctx}: {answer:?}");
+        }
+    }
+    assert_eq!(upstream.lines(), ["POST /api/one HTTP/1.1", "POST /api/one HTTP/1.1", "POST /api/two HTTP/1.1"]);
 }
 
 /// A status head that declares a body, its body a request of its own: answered once, as the full

@@ -205,15 +205,19 @@ async fn write<S: AsyncWrite + Unpin>(stream: &mut S, response: &[u8]) -> io::Re
 
 /// How many bytes of body `head` declares, when it says so plainly: one `Content-Length` of
 /// digits only and no `Transfer-Encoding`. `None` otherwise (and for a head httparse cannot
-/// read): the connection then gives pingora every byte it holds, as before it kept any, so a
-/// length read differently here than by pingora can never move where the next request starts.
+/// read, and for a request that may become a tunnel: `Upgrade`, `CONNECT`): the connection then
+/// gives pingora every byte it holds, as before it kept any, so a length read differently here
+/// than by pingora can never move where the next request starts.
 pub fn declared_body(head: &[u8]) -> Option<usize> {
     let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut parsed = httparse::Request::new(&mut fields);
     let Ok(httparse::Status::Complete(_)) = parsed.parse(head) else { return None };
+    if parsed.method == Some("CONNECT") {
+        return None;
+    }
     let mut length = None;
     for field in parsed.headers.iter() {
-        if field.name.eq_ignore_ascii_case("transfer-encoding") {
+        if field.name.eq_ignore_ascii_case("transfer-encoding") || field.name.eq_ignore_ascii_case("upgrade") {
             return None;
         }
         if field.name.eq_ignore_ascii_case("content-length") {
@@ -319,9 +323,12 @@ mod tests {
             "Transfer-Encoding: chunked\r\n",
             "Content-Length: 5\r\nTransfer-Encoding: chunked\r\n",
             "Content-Length: 99999999999999999999999\r\n",
+            "Upgrade: websocket\r\nConnection: upgrade\r\n",
+            "upgrade: h2c\r\n",
         ] {
             assert_eq!(declared_body(head(unclear).as_bytes()), None, "{unclear:?}");
         }
+        assert_eq!(declared_body(b"CONNECT shop:443 HTTP/1.1\r\nHost: shop:443\r\n\r\n"), None);
         assert_eq!(declared_body(b"not a head"), None);
     }
 }

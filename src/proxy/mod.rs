@@ -367,7 +367,11 @@ impl ProxyHttp for Waitroom {
                 Err(refusal) => refusal,
             },
             Endpoint::Protected => match protected::check(config, &self.room, self.state.spent(), session, ctx).await {
-                None => return Ok(false),
+                None => {
+                    // Claimed: the upstream's answer settles the token, so it must be heard.
+                    crate::limits::hold_client(session);
+                    return Ok(false);
+                }
                 Some(refusal) => refusal,
             },
         };

@@ -108,3 +108,31 @@ fn response_complete(buf: &[u8]) -> bool {
     }
     false // no framing: the body ends when the server closes
 }
+
+/// One response off `stream`, by its Content-Length (every answer the tests read this way has
+/// one), taking nothing of the response after it.
+pub async fn read_response(stream: &mut TcpStream) -> String {
+    let mut buf = Vec::new();
+    let mut byte = [0u8; 1];
+    let read = async {
+        loop {
+            if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+                let len: usize = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length:"))
+                    .map_or(0, |v| v.trim().parse().unwrap());
+                if buf.len() == end + 4 + len {
+                    return;
+                }
+            }
+            // One byte at a time, so that nothing of a next response is taken with this one.
+            match stream.read(&mut byte).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => buf.push(byte[0]),
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(5), read).await.expect("a whole response within 5 s");
+    String::from_utf8_lossy(&buf).into_owned()
+}

@@ -4,6 +4,7 @@
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -30,6 +31,18 @@ impl Recorder {
     /// As [`Recorder::start`], each answer also carrying `headers` (e.g. an origin's
     /// `Waitroom-Command`).
     pub async fn start_with_headers(status: u16, headers: &[(&str, &str)]) -> Recorder {
+        Recorder::start_with(status, headers, Duration::ZERO).await
+    }
+
+    /// As [`Recorder::start`], each answer sent `delay` after the request was read, whether or
+    /// not the proxy is still there to read it: a backend (Express, Django, Rails) that goes on
+    /// with an order its client's connection dropped, unlike the demo API, whose hyper server
+    /// drops the order's future.
+    pub async fn start_slow(status: u16, delay: Duration) -> Recorder {
+        Recorder::start_with(status, &[], delay).await
+    }
+
+    async fn start_with(status: u16, headers: &[(&str, &str)], delay: Duration) -> Recorder {
         let extra: String = headers.iter().map(|(name, value)| format!("{name}: {value}\r\n")).collect();
         let extra: Arc<str> = extra.into();
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind recorder");
@@ -38,7 +51,7 @@ impl Recorder {
         let log = seen.clone();
         let task = tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
-                tokio::spawn(serve(stream, status, extra.clone(), log.clone()));
+                tokio::spawn(serve(stream, status, extra.clone(), log.clone(), delay));
             }
         });
         Recorder { addr, seen, task }
@@ -64,7 +77,7 @@ impl Drop for Recorder {
     }
 }
 
-async fn serve(mut stream: TcpStream, status: u16, extra: Arc<str>, log: Arc<Mutex<Vec<Seen>>>) {
+async fn serve(mut stream: TcpStream, status: u16, extra: Arc<str>, log: Arc<Mutex<Vec<Seen>>>, delay: Duration) {
     let mut buf = Vec::new();
     let mut chunk = [0u8; 4096];
     loop {
@@ -110,6 +123,7 @@ async fn serve(mut stream: TcpStream, status: u16, extra: Arc<str>, log: Arc<Mut
             buf.drain(..length);
         }
         log.lock().unwrap().push(Seen { line, headers });
+        tokio::time::sleep(delay).await;
         let answer = format!("HTTP/1.1 {status} Recorded\r\nContent-Type: application/json\r\n{extra}Content-Length: 2\r\n\r\n{{}}");
         if stream.write_all(answer.as_bytes()).await.is_err() {
             return;
