@@ -36,6 +36,13 @@
 //! instead of a reset. Every value is read from the running settings when a head is awaited, so a
 //! reload applies from each connection's next request.
 //!
+//! While pingora serves a request the stream gives it exactly the body the head declares (a
+//! length, or chunked up to its last chunk), never the client's next request: pingora's look at
+//! the connection while it waits for the upstream would take that, or the client closing, for the
+//! end of the exchange and drop the request at the upstream unanswered. What arrives then is kept
+//! for the next head; a claimed order ([`hold_client`]) also keeps the client's leaving from
+//! pingora until the upstream's answer has settled its token.
+//!
 //! A request body is pingora's again (its per-read timeout); the proxy's own endpoints bound
 //! theirs by `header_timeout` in total (408, see [`crate::proxy`]), and the upstream's answer by
 //! `upstream_timeout` (504).
@@ -331,6 +338,80 @@ impl HeadEnd {
     }
 }
 
+/// Where a chunked request body ends (RFC 9112, 7.1), fed as pingora reads it: after the last
+/// chunk (size 0) and the empty line that ends its trailer section. Strict: every line ends in
+/// CRLF; what it cannot read as that framing (`Fed::Lost`) makes the connection give pingora
+/// every byte from then on, as for a body of unknown length, and pingora's own parser refuses
+/// what it refuses. Reading a body's end differently from pingora can only make pingora wait for
+/// body bytes held back (its body timeout then refuses the request) or see bytes past its end
+/// (the 400 it gave before): never move where the next request starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ChunkedEnd {
+    /// In a chunk's size line: the size so far, and whether a digit came.
+    Size { size: u64, digits: bool },
+    /// Past the size, in a chunk extension, up to the line's CR.
+    Extension { size: u64 },
+    /// The size line's CR came.
+    SizeLf { size: u64 },
+    Data { left: u64 },
+    DataCr,
+    DataLf,
+    /// Past the last chunk, at the start of a trailer line or of the final empty line.
+    TrailerStart,
+    TrailerLine,
+    /// The final empty line's CR came.
+    EndLf,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Fed {
+    More,
+    /// The body ends after this many of the bytes fed.
+    End(usize),
+    Lost,
+}
+
+impl ChunkedEnd {
+    const START: ChunkedEnd = ChunkedEnd::Size { size: 0, digits: false };
+
+    fn feed(&mut self, bytes: &[u8]) -> Fed {
+        use ChunkedEnd::*;
+        let mut i = 0;
+        while i < bytes.len() {
+            if let Data { left } = *self {
+                let take = left.min((bytes.len() - i) as u64);
+                i += take as usize;
+                *self = if take == left { DataCr } else { Data { left: left - take } };
+                continue;
+            }
+            let b = bytes[i];
+            *self = match (*self, b) {
+                (Size { size, .. }, b'0'..=b'9' | b'a'..=b'f' | b'A'..=b'F') => {
+                    let digit = u64::from((b as char).to_digit(16).unwrap_or(0));
+                    match size.checked_mul(16).and_then(|s| s.checked_add(digit)) {
+                        Some(size) => Size { size, digits: true },
+                        None => return Fed::Lost,
+                    }
+                }
+                (Size { size, digits: true }, b';' | b' ' | b'\t') => Extension { size },
+                (Size { size, digits: true } | Extension { size }, b'\r') => SizeLf { size },
+                (Extension { size }, b) if b != b'\n' => Extension { size },
+                (SizeLf { size: 0 }, b'\n') => TrailerStart,
+                (SizeLf { size }, b'\n') => Data { left: size },
+                (DataCr, b'\r') => DataLf,
+                (DataLf, b'\n') => ChunkedEnd::START,
+                (TrailerStart, b'\r') => EndLf,
+                (TrailerStart | TrailerLine, b) if b != b'\n' => TrailerLine,
+                (TrailerLine, b'\n') => TrailerStart,
+                (EndLf, b'\n') => return Fed::End(i + 1),
+                _ => return Fed::Lost,
+            };
+            i += 1;
+        }
+        Fed::More
+    }
+}
+
 /// Why a limit closed a connection (the label of `waitroom_connections_closed_total`).
 #[derive(Debug, Clone, Copy)]
 enum Closed {
@@ -388,12 +469,12 @@ pub struct LimitedStream {
     /// Empty, with no allocation, unless a client sent ahead.
     unread: Vec<u8>,
     /// How many more bytes pingora's session may read: what is left of the body its head
-    /// declared (`None`: all, for a body of unknown length or a tunnel). Past it comes the next
+    /// declared (all, for a body of unknown framing or a tunnel). Past it comes the next
     /// request, which pingora would read while it forwards this one (its look at the connection
     /// while it waits for the upstream) and take for bytes sent after the end of a body: it drops
     /// the request at the upstream unanswered and answers nothing. Its reads wait instead, and
     /// what arrives is kept in `unread` for the next head (see `poll_after_request`).
-    allowance: Option<usize>,
+    allowance: Allowance,
     /// Set by the proxy for a request whose upstream answer must be heard whatever the client
     /// does (a protected order: its token is settled by that answer, see [`hold_client`]).
     held: AtomicBool,
@@ -401,6 +482,28 @@ pub struct LimitedStream {
     /// read, once the answer is out, instead of to pingora.
     departed: Option<Departed>,
     _slot: Slot,
+}
+
+/// What of the connection's bytes pingora may read while it serves a request (see
+/// `LimitedStream::allowance`).
+#[derive(Debug, Clone, Copy)]
+enum Allowance {
+    /// Everything: a body of unknown framing, a tunnel, or no forwarded request.
+    All,
+    /// This many more bytes of body.
+    Length(usize),
+    /// A chunked body, up to its end.
+    Chunked(ChunkedEnd),
+}
+
+impl From<early::Body> for Allowance {
+    fn from(body: early::Body) -> Allowance {
+        match body {
+            early::Body::Length(length) => Allowance::Length(length),
+            early::Body::Chunked => Allowance::Chunked(ChunkedEnd::START),
+            early::Body::Unknown => Allowance::All,
+        }
+    }
 }
 
 /// A client's end of its connection, noticed while a held request was at the upstream.
@@ -434,7 +537,7 @@ impl LimitedStream {
             max_head: limits.max_request_head,
             pending: Vec::new(),
             unread: Vec::new(),
-            allowance: None,
+            allowance: Allowance::All,
             held: AtomicBool::new(false),
             departed: None,
             _slot: slot,
@@ -450,7 +553,7 @@ impl LimitedStream {
         self.max_head = limits.max_request_head;
         let idle = if fresh { limits.idle_timeout.min(limits.header_timeout) } else { limits.idle_timeout };
         self.deadline = now + idle;
-        self.allowance = None;
+        self.allowance = Allowance::All;
         *self.held.get_mut() = false;
         self.phase = Phase::Head { held: Vec::new(), end: HeadEnd::default(), first_byte: false, fresh, started: now };
     }
@@ -648,41 +751,62 @@ impl LimitedStream {
     /// client sent ahead first, then nothing (see `allowance`).
     fn poll_serving(&mut self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         match self.allowance {
-            Some(0) => self.poll_after_request(cx),
-            Some(left) => {
+            Allowance::Length(0) => self.poll_after_request(cx),
+            Allowance::Length(left) => {
                 let mut body = ReadBuf::new(buf.initialize_unfilled_to(left.min(buf.remaining())));
-                if self.unread.is_empty() {
-                    // A body cut short (an empty read) is pingora's to refuse: no whole request
-                    // reached the upstream.
-                    ready!(Pin::new(&mut self.inner).poll_read(cx, &mut body))?;
-                } else {
-                    self.take_unread(&mut body);
-                }
+                ready!(self.poll_body(cx, &mut body))?;
                 let taken = body.filled().len();
                 buf.advance(taken);
-                self.allowance = Some(left - taken);
+                self.allowance = Allowance::Length(left - taken);
                 Poll::Ready(Ok(()))
             }
-            None if !self.unread.is_empty() => {
+            Allowance::Chunked(mut end) => {
+                let before = buf.filled().len();
+                ready!(self.poll_body(cx, buf))?;
+                self.allowance = match end.feed(&buf.filled()[before..]) {
+                    Fed::More => Allowance::Chunked(end),
+                    Fed::End(at) => {
+                        // What came with the body's end is the next request's.
+                        let after = buf.filled()[before + at..].to_vec();
+                        self.unread.splice(0..0, after);
+                        buf.set_filled(before + at);
+                        Allowance::Length(0)
+                    }
+                    Fed::Lost => Allowance::All,
+                };
+                Poll::Ready(Ok(()))
+            }
+            Allowance::All if !self.unread.is_empty() => {
                 self.take_unread(buf);
                 Poll::Ready(Ok(()))
             }
-            None if self.departed.is_some() => Poll::Pending,
-            None => {
+            Allowance::All if self.departed.is_some() => Poll::Pending,
+            Allowance::All => {
                 let before = buf.filled().len();
                 let read = ready!(Pin::new(&mut self.inner).poll_read(cx, buf));
                 if !self.held.load(Ordering::Relaxed) {
                     return Poll::Ready(read);
                 }
-                // A body whose end only pingora knows (chunked): a held request's client that
-                // leaves is kept from pingora as past the end (a body cut short then waits for
-                // pingora's body timeout, and its request is refused as any unfinished body).
+                // A body whose end only pingora knows: a held request's client that leaves is
+                // kept from pingora as past the end (a body cut short then waits for pingora's
+                // body timeout, and its request is refused as any unfinished body).
                 match read {
                     Ok(()) if buf.filled().len() > before => Poll::Ready(Ok(())),
                     Ok(()) => self.depart(Departed::Closed),
                     Err(e) => self.depart(Departed::Failed(e.kind())),
                 }
             }
+        }
+    }
+
+    /// Body bytes for pingora, what the client sent ahead first. A body cut short (an empty read)
+    /// is pingora's to refuse: no whole request reached the upstream.
+    fn poll_body(&mut self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        if self.unread.is_empty() {
+            Pin::new(&mut self.inner).poll_read(cx, buf)
+        } else {
+            self.take_unread(buf);
+            Poll::Ready(Ok(()))
         }
     }
 
@@ -723,9 +847,9 @@ impl LimitedStream {
         }
     }
 
-    /// The head about to go to pingora declares `body` bytes of body (`None`: unknown).
-    fn hand_over(&mut self, body: Option<usize>) {
-        self.allowance = body;
+    /// The head about to go to pingora frames its body as `body`.
+    fn hand_over(&mut self, body: early::Body) {
+        self.allowance = body.into();
     }
 }
 
@@ -876,6 +1000,45 @@ mod tests {
         (LimitedStream::new(Box::new(server), slot, limits), client)
     }
 
+    #[test]
+    fn a_chunked_body_ends_after_its_last_chunk_and_trailers() {
+        let end = |pieces: &[&[u8]]| {
+            let mut at = ChunkedEnd::START;
+            let mut fed = 0;
+            for piece in pieces {
+                match at.feed(piece) {
+                    Fed::More => fed += piece.len(),
+                    Fed::End(n) => return Some(fed + n),
+                    Fed::Lost => return None,
+                }
+            }
+            Some(usize::MAX)
+        };
+        let body: &[u8] = b"5\r\nhello\r\n1A;name=\"x\"\r\nabcdefghijklmnopqrstuvwxyz\r\n0\r\n\r\n";
+        let next = b"GET / HTTP/1.1\r\n\r\n";
+        let whole = [body, next].concat();
+        assert_eq!(end(&[&whole]), Some(body.len()));
+        // Fed a byte at a time, as a trickling client sends it.
+        let bytes: Vec<&[u8]> = whole.chunks(1).collect();
+        assert_eq!(end(&bytes), Some(body.len()));
+        // A chunk's data may hold anything, a chunk's framing included.
+        assert_eq!(end(&[b"5\r\n0\r\n\r\n\r\n0\r\n\r\n"]), Some(15));
+        assert_eq!(end(&[b"0\r\nExpires: never\r\nX-A: b\r\n\r\nGET"]), Some(29));
+        assert_eq!(end(&[b"000\r\n\r\n"]), Some(7));
+        assert_eq!(end(&[b"5\r\nhel"]), Some(usize::MAX), "not over yet");
+        for lost in [
+            &b"\r\n"[..],
+            b"g\r\n",
+            b"5\nhello\r\n0\r\n\r\n",
+            b"5\r\nhelloX\r\n",
+            b"0\r\n\n",
+            b"0\r\nX: y\n\n",
+            b"1ffffffffffffffff\r\n",
+        ] {
+            assert_eq!(end(&[lost]), None, "{:?}", String::from_utf8_lossy(lost));
+        }
+    }
+
     #[tokio::test]
     async fn a_split_head_is_handed_on_whole_and_only_once_complete() {
         let (mut s, mut client) = connection(&limits(5000, 5000, 1024));
@@ -899,7 +1062,7 @@ mod tests {
         client.write_all(b"POST / HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}GET /next HTTP/1.1\r\n\r\n").await.unwrap();
         let n = s.read(&mut buf).await.unwrap();
         assert!(buf[..n].ends_with(b"\r\n\r\n"), "the head alone");
-        s.hand_over(Some(2));
+        s.hand_over(early::Body::Length(2));
         let n = s.read(&mut buf).await.unwrap();
         assert_eq!(&buf[..n], b"{}", "the declared body");
         assert!(tokio::time::timeout(Duration::from_millis(100), s.read(&mut buf)).await.is_err(), "the next request waits");

@@ -349,9 +349,11 @@ async fn api_set_fast(api: &DemoApi) {
 
 // ---- an order's answer is heard, whatever its client does ------------------------------------
 
-/// The raw order `user` sends with `token`, keeping the connection open.
-fn raw_order(user: &str, token: &str) -> String {
-    format!("POST /api/orders HTTP/1.1\r\nHost: shop\r\nX-User-Id: {user}\r\nX-Entry-Token: {token}\r\nContent-Length: 2\r\n\r\n{{}}")
+/// The raw order `user` sends with `token`, keeping the connection open; its body chunked or
+/// of a declared length.
+fn raw_order(user: &str, token: &str, chunked: bool) -> String {
+    let body = if chunked { "Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n" } else { "Content-Length: 2\r\n\r\n{}" };
+    format!("POST /api/orders HTTP/1.1\r\nHost: shop\r\nX-User-Id: {user}\r\nX-Entry-Token: {token}\r\n{body}")
 }
 
 /// A client that makes a move while its order is at the upstream (half-closes, closes or resets
@@ -370,14 +372,16 @@ async fn an_order_is_settled_by_its_answer_whatever_its_client_does() {
         .start()
         .await;
     let moves = ["half-closes", "closes", "resets", "sends its next request"];
-    for (i, move_) in moves.iter().enumerate() {
+    let tries = moves.iter().flat_map(|m| [(*m, false), (*m, true)]);
+    for (i, (move_, chunked)) in tries.enumerate() {
+        let move_ = format!("{move_}{}", if chunked { " (chunked order)" } else { "" });
         let user = format!("user{i}");
         let token = proxy.until_ready(&user, Duration::from_secs(10)).await;
         let mut stream = TcpStream::connect(proxy.addr()).await.unwrap();
-        stream.write_all(raw_order(&user, &token).as_bytes()).await.unwrap();
+        stream.write_all(raw_order(&user, &token, chunked).as_bytes()).await.unwrap();
         let reached = wait_until(Duration::from_secs(5), Duration::from_millis(5), || async { upstream.lines().len() == i + 1 });
         assert!(reached.await, "{move_}: the order reached the upstream");
-        match *move_ {
+        match move_.split(" (").next().unwrap() {
             "half-closes" => {
                 stream.shutdown().await.unwrap();
                 let answer = read_response(&mut stream).await;

@@ -203,35 +203,74 @@ async fn write<S: AsyncWrite + Unpin>(stream: &mut S, response: &[u8]) -> io::Re
     }
 }
 
-/// How many bytes of body `head` declares, when it says so plainly: one `Content-Length` of
-/// digits only and no `Transfer-Encoding`. `None` otherwise (and for a head httparse cannot
-/// read, and for a request that may become a tunnel: `Upgrade`, `CONNECT`): the connection then
-/// gives pingora every byte it holds, as before it kept any, so a length read differently here
-/// than by pingora can never move where the next request starts.
-pub fn declared_body(head: &[u8]) -> Option<usize> {
+/// How a request's body is framed, as its head declares it (see [`declared_body`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Body {
+    /// `Content-Length` bytes (0 without one).
+    Length(usize),
+    /// `Transfer-Encoding: chunked` alone: the body ends with its last chunk.
+    Chunked,
+    /// Anything less plain: the connection cannot tell where the body ends.
+    Unknown,
+}
+
+/// How `head` frames its body, when it says so plainly: one `Content-Length` of digits only, or
+/// one `Transfer-Encoding: chunked` and no length. [`Body::Unknown`] otherwise (and for a head
+/// with a framing field that httparse cannot read, and for a request that may become a tunnel:
+/// `Upgrade`, `CONNECT`): the
+/// connection then gives pingora every byte it holds, as before it kept any, so a framing read
+/// differently here than by pingora can never move where the next request starts.
+pub fn declared_body(head: &[u8]) -> Body {
+    // Every forwarded head comes here: most declare nothing, and need no parse to say so.
+    if !may_frame(head) {
+        return Body::Length(0);
+    }
     let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut parsed = httparse::Request::new(&mut fields);
-    let Ok(httparse::Status::Complete(_)) = parsed.parse(head) else { return None };
+    let Ok(httparse::Status::Complete(_)) = parsed.parse(head) else { return Body::Unknown };
     if parsed.method == Some("CONNECT") {
-        return None;
+        return Body::Unknown;
     }
-    let mut length = None;
+    let mut framing = Body::Length(0);
+    let mut framed = false;
     for field in parsed.headers.iter() {
-        if field.name.eq_ignore_ascii_case("transfer-encoding") || field.name.eq_ignore_ascii_case("upgrade") {
-            return None;
-        }
-        if field.name.eq_ignore_ascii_case("content-length") {
-            if length.is_some() {
-                return None;
-            }
+        let name = field.name;
+        let plain = if name.eq_ignore_ascii_case("upgrade") {
+            None
+        } else if name.eq_ignore_ascii_case("transfer-encoding") {
+            field.value.trim_ascii().eq_ignore_ascii_case(b"chunked").then_some(Body::Chunked)
+        } else if name.eq_ignore_ascii_case("content-length") {
             let digits = field.value.trim_ascii();
-            if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
-                return None;
+            let length = (!digits.is_empty() && digits.iter().all(u8::is_ascii_digit))
+                .then(|| std::str::from_utf8(digits).ok()?.parse().ok())
+                .flatten();
+            length.map(Body::Length)
+        } else {
+            continue;
+        };
+        // A second framing field, even an equal one, is not plain.
+        match plain {
+            Some(body) if !framed => {
+                framing = body;
+                framed = true;
             }
-            length = Some(std::str::from_utf8(digits).ok()?.parse().ok()?);
+            _ => return Body::Unknown,
         }
     }
-    Some(length.unwrap_or(0))
+    framing
+}
+
+/// Whether `head` may declare a body or a tunnel: it names `CONNECT`, or a line of it starts with
+/// a field named `Content-Length`, `Transfer-Encoding` or `Upgrade`, in any case. Every field's
+/// name starts a line, right after its line feed (httparse, as pingora runs it, refuses a space
+/// before a name or its colon), so a head with none of these declares no body.
+fn may_frame(head: &[u8]) -> bool {
+    const NAMES: [&[u8]; 3] = [b"content-length:", b"transfer-encoding:", b"upgrade:"];
+    head.starts_with(b"CONNECT ")
+        || memchr::memchr_iter(b'\n', head).any(|at| {
+            let line = &head[at + 1..];
+            NAMES.iter().any(|name| line.get(..name.len()).is_some_and(|start| start.eq_ignore_ascii_case(name)))
+        })
 }
 
 /// pingora's `RequestHeader` for `head`, as pingora builds it (`HttpSession::read_request`), if
@@ -309,26 +348,35 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_a_plain_length_is_a_declared_body() {
+    fn only_a_plain_framing_is_a_declared_body() {
         let head = |fields: &str| format!("POST /x HTTP/1.1\r\nHost: a\r\n{fields}\r\n");
-        assert_eq!(declared_body(head("").as_bytes()), Some(0));
-        assert_eq!(declared_body(head("Content-Length: 12\r\n").as_bytes()), Some(12));
-        assert_eq!(declared_body(head("content-length:  7 \r\n").as_bytes()), Some(7));
+        assert_eq!(declared_body(head("").as_bytes()), Body::Length(0));
+        assert_eq!(declared_body(head("Content-Length: 12\r\n").as_bytes()), Body::Length(12));
+        assert_eq!(declared_body(head("content-length:  7 \r\n").as_bytes()), Body::Length(7));
+        assert_eq!(declared_body(head("Transfer-Encoding: chunked\r\n").as_bytes()), Body::Chunked);
+        assert_eq!(declared_body(head("transfer-encoding: Chunked \r\n").as_bytes()), Body::Chunked);
         for unclear in [
             "Content-Length: +5\r\n",
             "Content-Length: 5, 5\r\n",
             "Content-Length: -1\r\n",
             "Content-Length: \r\n",
             "Content-Length: 5\r\nContent-Length: 5\r\n",
-            "Transfer-Encoding: chunked\r\n",
+            "Transfer-Encoding: gzip, chunked\r\n",
+            "Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n",
             "Content-Length: 5\r\nTransfer-Encoding: chunked\r\n",
+            "Transfer-Encoding: chunked\r\nContent-Length: 5\r\n",
             "Content-Length: 99999999999999999999999\r\n",
             "Upgrade: websocket\r\nConnection: upgrade\r\n",
             "upgrade: h2c\r\n",
         ] {
-            assert_eq!(declared_body(head(unclear).as_bytes()), None, "{unclear:?}");
+            assert_eq!(declared_body(head(unclear).as_bytes()), Body::Unknown, "{unclear:?}");
         }
-        assert_eq!(declared_body(b"CONNECT shop:443 HTTP/1.1\r\nHost: shop:443\r\n\r\n"), None);
-        assert_eq!(declared_body(b"not a head"), None);
+        assert_eq!(declared_body(b"CONNECT shop:443 HTTP/1.1\r\nHost: shop:443\r\n\r\n"), Body::Unknown);
+        // Names only like a framing field's, and framing words elsewhere, frame nothing.
+        let lookalikes = "Content-Length-Hint: 5\r\nX-Upgrade: h2c\r\nCookie: content-length:5\r\n";
+        assert_eq!(declared_body(head(lookalikes).as_bytes()), Body::Length(0));
+        assert_eq!(declared_body(b"GET /x HTTP/1.1\nhost: a\ncontent-length: 3\n\n"), Body::Length(3));
+        // A head httparse cannot read, whatever pingora then makes of it.
+        assert_eq!(declared_body(b"not a head\r\nContent-Length: 5\r\n\r\n"), Body::Unknown);
     }
 }
