@@ -95,18 +95,7 @@ PIDS+=($!)
 wait_until 10 demo-order-api curl -fsS -o /dev/null "http://127.0.0.1:$P_API/admin/stats"
 "$WRBENCH" seed-queue --prefix bench --count 100000 | rcli --pipe >/dev/null
 
-cat >"$OUT/waitroom.yaml" <<EOF
-listen: "127.0.0.1:$P_WR"
-metrics_listen: "127.0.0.1:$P_WM"
-upstream: "127.0.0.1:$P_API"
-redis: { url: "redis://127.0.0.1:$P_REDIS", key_prefix: bench }
-protected:
-  - { method: GET, path: /echo/protected }
-admission: { interval: 1h, batch_size: 1 }
-endpoints: { hold: 0s }
-queue: { capacity: 2000000 }
-shutdown: { grace: 1s }
-EOF
+{ bench_paths_room "$P_WR" "$P_WM" "$P_API" "$P_REDIS"; echo "shutdown: { grace: 1s }"; } >"$OUT/waitroom.yaml"
 cat >"$OUT/nginx.conf" <<EOF
 $([ "$(id -u)" -eq 0 ] && echo "user root;")
 worker_processes 1;

@@ -35,17 +35,7 @@ declare -A PORT PID
 start() { # NAME BIN
   local port metrics
   read -r port metrics <<<"$(free_ports 2)"
-  cat >"$1.yaml" <<EOF
-listen: "127.0.0.1:$port"
-metrics_listen: "127.0.0.1:$metrics"
-upstream: "127.0.0.1:$AP"
-redis: { url: "redis://127.0.0.1:$RP", key_prefix: bench }
-protected:
-  - { method: GET, path: /echo/protected }
-admission: { interval: 1h, batch_size: 1 }
-endpoints: { hold: 0s }
-queue: { capacity: 2000000 }
-EOF
+  bench_paths_room "$port" "$metrics" "$AP" "$RP" >"$1.yaml"
   RUST_LOG=info,waitroom::access=off "$2" --config "$1.yaml" 2>"$1.log" &
   PIDS+=($!) PORT[$1]=$port PID[$1]=$!
   wait_until 30 "waitroom $1" curl -fsS -o /dev/null "http://127.0.0.1:$metrics/readyz"

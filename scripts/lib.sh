@@ -177,3 +177,21 @@ ensure_cargo() {
   fi
   command -v cargo >/dev/null 2>&1 || die "cargo not found: install Rust first (https://rustup.rs)"
 }
+
+# bench_paths_room LISTEN_PORT METRICS_PORT UPSTREAM_PORT REDIS_PORT: the room bench/callgrind.sh
+# and bench/cpu-per-request.sh measure paths in, as YAML on stdout: the demo API's echo as the
+# protected route, nobody admitted (tokens are seeded), no held polls, room for a seeded line.
+# One definition, so the two scripts' numbers stay numbers of the same room.
+bench_paths_room() {
+  cat <<EOF
+listen: "127.0.0.1:$1"
+metrics_listen: "127.0.0.1:$2"
+upstream: "127.0.0.1:$3"
+redis: { url: "redis://127.0.0.1:$4", key_prefix: bench }
+protected:
+  - { method: GET, path: /echo/protected }
+admission: { interval: 1h, batch_size: 1 }
+endpoints: { hold: 0s }
+queue: { capacity: 2000000 }
+EOF
+}

@@ -217,9 +217,9 @@ pub enum Body {
 /// How `head` frames its body, when it says so plainly: one `Content-Length` of digits only, or
 /// one `Transfer-Encoding: chunked` and no length. [`Body::Unknown`] otherwise (and for a head
 /// with a framing field that httparse cannot read, and for a request that may become a tunnel:
-/// `Upgrade`, `CONNECT`): the
-/// connection then gives pingora every byte it holds, as before it kept any, so a framing read
-/// differently here than by pingora can never move where the next request starts.
+/// `Upgrade`, `CONNECT`): the connection then gives pingora every byte it holds, as before it
+/// kept any, so a framing read differently here than by pingora can never move where the next
+/// request starts.
 pub fn declared_body(head: &[u8]) -> Body {
     // Every forwarded head comes here: most declare nothing, and need no parse to say so.
     if !may_frame(head) {
