@@ -60,6 +60,61 @@ async fn concurrent_enters_share_calls_and_each_gets_its_own_answer() {
         }
     }
     assert_eq!(full, 50);
+    // Numbered as INCRs of their own would have: the warm-up took 1, the places 2 to 151, and
+    // the counter stands at the last of them.
+    let mut numbers: Vec<u64> = scores(&mut conn, &room.keys().queue).await;
+    numbers.sort_unstable();
+    assert_eq!(numbers, (2..=151).collect::<Vec<u64>>());
+    assert_eq!(counter(&mut conn, &room).await, 151);
+}
+
+async fn scores(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> Vec<u64> {
+    let line: Vec<(String, f64)> =
+        redis::cmd("ZRANGE").arg(key).arg(0).arg(-1).arg("WITHSCORES").query_async(conn).await.unwrap();
+    line.into_iter().map(|(_, score)| score as u64).collect()
+}
+
+async fn counter(conn: &mut redis::aio::MultiplexedConnection, room: &Room) -> u64 {
+    redis::cmd("GET").arg(&room.keys().seq).query_async(conn).await.unwrap()
+}
+
+/// A member whose command fails (here a token key of the wrong type) fails its whole group, and
+/// the places its group took before it stay in the line: the counter still stands past their
+/// numbers, so no later enter is given a number that is already in the line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_group_leaves_no_number_to_be_given_again() {
+    let redis = RedisServer::start();
+    let room = Arc::new(library_room(&redis, "g"));
+    enter(&room, "warm-up", 100).await.unwrap();
+    let mut conn = redis.conn().await;
+    let _: () = redis::cmd("RPUSH").arg(room.keys().token("broken")).arg("x").query_async(&mut conn).await.unwrap();
+    // One call out and hanging, so the twenty-one enters behind it gather in one group, in the
+    // order they are made.
+    redis.freeze();
+    let first = {
+        let room = Arc::clone(&room);
+        tokio::spawn(async move { enter(&room, "first", 100).await })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let users: Vec<String> =
+        (0..10).map(|i| format!("u{i}")).chain(["broken".to_owned()]).chain((10..20).map(|i| format!("u{i}"))).collect();
+    let group = join_all(users.iter().map(|user| enter(&room, user, 100)));
+    let thaw = async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        redis.thaw();
+    };
+    let (outcomes, ()) = tokio::join!(group, thaw);
+    assert!(first.await.unwrap().is_ok());
+    assert!(outcomes.iter().all(Result::is_err), "the group failed as one: {outcomes:?}");
+
+    let taken = scores(&mut conn, &room.keys().queue).await;
+    assert_eq!(taken.len(), 12, "warm-up, first, and the ten before the broken member");
+    assert_eq!(counter(&mut conn, &room).await, *taken.iter().max().unwrap());
+    enter(&room, "late", 100).await.unwrap();
+    let mut numbers = scores(&mut conn, &room.keys().queue).await;
+    numbers.sort_unstable();
+    numbers.dedup();
+    assert_eq!(numbers.len(), 13, "a number given twice: {numbers:?}");
 }
 
 /// Users whose places were lost (abandonment) and new users, entering together: each place
