@@ -3,7 +3,8 @@
 //! connection and on the second request of a keep-alive one), an idle connection at
 //! `idle_timeout`, a head over `max_request_head` gets 431, a connection beyond
 //! `max_connections` is refused while the others are served, a silent upstream gets the client a
-//! 504 within `upstream_timeout` without spending the token, and a stalled body on enter gets 408.
+//! 504 within `upstream_timeout` without spending the token, a stalled body on enter gets 408, and
+//! a client that never reads its answers is closed once an answer has waited 30 s to be written.
 //!
 //! Timings are checked with a lower bound (a limit never strikes early) and a generous upper
 //! one (the suite shares two cores with everything else).
@@ -310,6 +311,61 @@ async fn a_silent_upstream_gets_504_within_upstream_timeout_and_the_token_surviv
     let retry = proxy.order("alice", Some(&token)).await;
     assert_eq!(retry.status, 201, "{}", retry.body);
     assert_eq!(proxy.order("alice", Some(&token)).await.status, 403);
+}
+
+/// A client that sends request after request and never reads an answer: once its answers fill
+/// the socket, the proxy's write of the next one waits at most 30 s (the bound pingora puts on its
+/// own writes), then the connection is closed; meanwhile everyone else is answered. Without the
+/// bound, the connection would hold its slot and its buffers for as long as the client liked.
+#[tokio::test]
+async fn a_client_that_never_reads_is_closed_when_its_answer_cannot_be_written() {
+    const WRITE_BOUND: Duration = Duration::from_secs(30);
+    let (_redis, _api, proxy) = room("limits: {header_timeout: 60s, idle_timeout: 120s}").await;
+    // On a connection of its own, closed, so the gauge below counts only the stuck one.
+    let mut entering = TcpStream::connect(proxy.addr()).await.unwrap();
+    let enter = "POST /queue/enter HTTP/1.1\r\nHost: waitroom\r\nX-User-Id: alice\r\nContent-Length: 0\r\n\r\n";
+    entering.write_all(enter.as_bytes()).await.unwrap();
+    assert!(read_response(&mut entering).await.starts_with("HTTP/1.1 200"));
+    drop(entering);
+
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    // A small receive window, so the answers soon fill it.
+    socket.set_recv_buffer_size(4096).unwrap();
+    let stuck = socket.connect(proxy.addr()).await.unwrap();
+    let (_unread, mut writer) = stuck.into_split();
+    // Requests until the proxy stops reading them.
+    let polls = status_request("alice").repeat(100);
+    let mut sent = 0;
+    while tokio::time::timeout(Duration::from_secs(2), writer.write_all(polls.as_bytes())).await.is_ok() {
+        sent += 100;
+        assert!(sent < 1_000_000, "the proxy kept reading requests whose answers nobody read");
+    }
+    // The kernel grows the proxy's send buffer for a while after that; the proxy is blocked on
+    // an answer once it has answered nothing for a few seconds (a status call is counted once
+    // its answer is written).
+    let answered = || async { proxy.counter(r#"waitroom_request_duration_seconds_count{endpoint="status"}"#).await };
+    let (mut last, mut blocked) = (answered().await, Instant::now());
+    while blocked.elapsed() < Duration::from_secs(3) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let now = answered().await;
+        if now != last {
+            (last, blocked) = (now, Instant::now());
+        }
+    }
+    let open = || async { proxy.metric("waitroom_open_connections").await };
+
+    tokio::time::sleep_until((blocked + WRITE_BOUND - Duration::from_secs(4)).into()).await;
+    assert_eq!(open().await, Some(1.0), "closed before the write bound (or the entering one still open)");
+    let mut other = served_connection(&proxy).await;
+    other.write_all(status_request("alice").as_bytes()).await.unwrap();
+    assert!(read_response(&mut other).await.starts_with("HTTP/1.1 200"), "another client is answered");
+    drop(other);
+
+    let closed = wait_until(Duration::from_secs(4) + SLACK, Duration::from_millis(100), || async {
+        open().await == Some(0.0)
+    })
+    .await;
+    assert!(closed, "still open {:?} after the proxy's answer stopped being written", blocked.elapsed());
 }
 
 #[tokio::test]
