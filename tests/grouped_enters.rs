@@ -78,27 +78,36 @@ async fn counter(conn: &mut redis::aio::MultiplexedConnection, room: &Room) -> u
     redis::cmd("GET").arg(&room.keys().seq).query_async(conn).await.unwrap()
 }
 
-/// A member whose command fails (here a token key of the wrong type) fails its whole group, and
-/// the places its group took before it stay in the line: the counter still stands past their
-/// numbers, so no later enter is given a number that is already in the line.
+/// A member whose command fails (here its address's counter is a key of the wrong type) fails
+/// its whole group, and the places its group took before it stay in the line: the counter still
+/// stands past their numbers, so no later enter is given a number that is already in the line.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_group_leaves_no_number_to_be_given_again() {
     let redis = RedisServer::start();
     let room = Arc::new(library_room(&redis, "g"));
-    enter(&room, "warm-up", 100).await.unwrap();
+    // Each from an address of its own, counted: the broken member's count cannot be read.
+    let enter = |room: &Arc<Room>, user: &str| {
+        let (room, user) = (Arc::clone(room), user.to_owned());
+        async move {
+            let request = EnterRequest { per_address: Some((user.as_str(), 1000)), ..request(&user, 100) };
+            Ok::<_, StoreError>(room.enter_grouped(request, &RoomRules::OFF).await?.outcome)
+        }
+    };
+    enter(&room, "warm-up").await.unwrap();
     let mut conn = redis.conn().await;
-    let _: () = redis::cmd("RPUSH").arg(room.keys().token("broken")).arg("x").query_async(&mut conn).await.unwrap();
+    let broken = room.keys().abuse_counter("broken");
+    let _: () = redis::cmd("RPUSH").arg(broken).arg("x").query_async(&mut conn).await.unwrap();
     // One call out and hanging, so the twenty-one enters behind it gather in one group, in the
     // order they are made.
     redis.freeze();
     let first = {
         let room = Arc::clone(&room);
-        tokio::spawn(async move { enter(&room, "first", 100).await })
+        tokio::spawn(async move { enter(&room, "first").await })
     };
     tokio::time::sleep(Duration::from_millis(50)).await;
     let users: Vec<String> =
         (0..10).map(|i| format!("u{i}")).chain(["broken".to_owned()]).chain((10..20).map(|i| format!("u{i}"))).collect();
-    let group = join_all(users.iter().map(|user| enter(&room, user, 100)));
+    let group = join_all(users.iter().map(|user| enter(&room, user)));
     let thaw = async {
         tokio::time::sleep(Duration::from_millis(100)).await;
         redis.thaw();
@@ -110,7 +119,7 @@ async fn a_failed_group_leaves_no_number_to_be_given_again() {
     let taken = scores(&mut conn, &room.keys().queue).await;
     assert_eq!(taken.len(), 12, "warm-up, first, and the ten before the broken member");
     assert_eq!(counter(&mut conn, &room).await, *taken.iter().max().unwrap());
-    enter(&room, "late", 100).await.unwrap();
+    enter(&room, "late").await.unwrap();
     let mut numbers = scores(&mut conn, &room.keys().queue).await;
     numbers.sort_unstable();
     numbers.dedup();
@@ -157,6 +166,58 @@ async fn lost_places_and_new_ones_in_one_group_each_get_their_place() {
         assert_eq!(*outcome, EnterOutcome::Waiting { position: place, already: kept }, "{user}");
     }
     assert_eq!(zrange_all(&mut conn, &room.keys().queue).await, model);
+}
+
+/// A token given in a group is seen by the members after it: the group reads its members'
+/// tokens once, before any of them runs, so a user who comes again in the same call reads again.
+/// The instant pass admits alice (the line is empty and the interval has room); alice once more
+/// is READY with the same token, and so is dave, who held one before the group; carol, queued
+/// by the group, is already waiting when she comes again in it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_given_in_a_group_is_seen_by_the_members_after_it() {
+    let redis = RedisServer::start();
+    let room = Arc::new(library_room(&redis, "g"));
+    let rules = RoomRules { instant: true, ..RoomRules::fixed(Duration::from_secs(3600), 1, Duration::from_secs(60)) };
+    let enter = |user: &'static str| {
+        let room = Arc::clone(&room);
+        async move { room.enter_grouped(request(user, 100), &rules).await.unwrap().outcome }
+    };
+    let mut conn = redis.conn().await;
+    for holder in ["bob", "dave"] {
+        let _: () = redis::cmd("SET")
+            .arg(room.keys().token(holder))
+            .arg(format!("{holder}s-token"))
+            .arg("PX")
+            .arg(60_000)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+    enter("bob").await; // loads the script
+    reset_stats(&redis).await;
+    // One call out and hanging (bob's, who spends no admission), so the enters behind it gather
+    // in one group, in the order they are made.
+    redis.freeze();
+    let first = tokio::spawn(enter("bob"));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let group = join_all(["alice", "alice", "dave", "carol", "alice", "carol"].map(enter));
+    let thaw = async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        redis.thaw();
+    };
+    let (outcomes, ()) = tokio::join!(group, thaw);
+    assert!(matches!(first.await.unwrap(), EnterOutcome::Ready { .. }));
+    assert_eq!(evalsha_calls(&redis).await, 2, "bob's call and the group's");
+
+    let EnterOutcome::Instant { token, .. } = &outcomes[0] else { panic!("alice: {:?}", outcomes[0]) };
+    for again in [&outcomes[1], &outcomes[4]] {
+        assert!(matches!(again, EnterOutcome::Ready { token: t, .. } if t == token), "alice again: {again:?}");
+    }
+    assert!(matches!(&outcomes[2], EnterOutcome::Ready { token, .. } if token == "daves-token"), "{:?}", outcomes[2]);
+    // The interval's one admission is spent: carol waits, first in the line.
+    assert_eq!(outcomes[3], EnterOutcome::Waiting { position: 1, already: false });
+    assert_eq!(outcomes[5], EnterOutcome::Waiting { position: 1, already: true });
+    assert_eq!(zrange_all(&mut conn, &room.keys().queue).await, ["carol"]);
 }
 
 /// The same user entering many times at once (a double click, a retrying client), in one group:

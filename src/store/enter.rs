@@ -33,13 +33,7 @@ script! {
     }
     reply EnterReply {
         "READY" => Ready { token: String, remaining_ms: i64, instant: bool, abandoned: i64 },
-        "WAITING" => Waiting {
-            position: i64,
-            already: bool,
-            abandoned: i64,
-            arrival: Option<i64>,
-            epoch: Option<String>,
-        },
+        "WAITING" => Waiting { position: i64, already: bool, abandoned: i64, arrival: Option<i64> },
         "FULL" => Full { abandoned: i64 },
         "LIMITED" => Limited { retry_secs: i64, abandoned: i64 },
         "CLOSED" => Closed {},
@@ -175,12 +169,22 @@ impl Room {
                 .key(self.keys.abuse_counter(&member.address));
         }
         super::push_tiers(&mut call, terms.tiers.iter().copied());
-        let replies: Vec<Vec<Value>> = self.run(&call).await?;
-        replies.into_iter().map(|reply| Ok(entered(EnterReply::decode(reply)?))).collect()
+        decode_group(self.run(&call).await?, members.len())
     }
 }
 
-fn entered(reply: EnterReply) -> Entered {
+/// The script's flat reply: the room's epoch, then each member's reply in their order.
+fn decode_group(reply: Vec<Value>, members: usize) -> Result<Vec<Entered>, StoreError> {
+    let mut values = reply.into_iter();
+    let epoch: Option<String> = super::script::field(FILE, "epoch", values.next())?;
+    let entered = (0..members)
+        .map(|_| EnterReply::take(&mut values).map(|reply| entered(reply, epoch.as_deref())))
+        .collect::<Result<_, _>>()?;
+    super::script::nothing_left(FILE, values)?;
+    Ok(entered)
+}
+
+fn entered(reply: EnterReply, epoch: Option<&str>) -> Entered {
     let (outcome, abandoned, arrival) = match reply {
         EnterReply::Ready { token, remaining_ms, instant, abandoned } => {
             let remaining_ms = remaining_ms.max(0) as u64;
@@ -191,9 +195,9 @@ fn entered(reply: EnterReply) -> Entered {
             };
             (outcome, abandoned, None)
         }
-        EnterReply::Waiting { position, already, abandoned, arrival, epoch } => {
+        EnterReply::Waiting { position, already, abandoned, arrival } => {
             let arrival = match (arrival, epoch) {
-                (Some(number), Some(epoch)) if number >= 1 => Some((number as u64, epoch)),
+                (Some(number), Some(epoch)) if number >= 1 => Some((number as u64, epoch.to_owned())),
                 _ => None,
             };
             (EnterOutcome::Waiting { position: position.max(1) as u64, already }, abandoned, arrival)
@@ -217,30 +221,47 @@ mod tests {
         Value::BulkString(s.as_bytes().to_vec())
     }
 
-    /// The reply as Lua sends it: the tag, then that tag's fields.
-    fn decode(fields: Vec<Value>) -> Result<Entered, StoreError> {
-        Ok(entered(EnterReply::decode(fields)?))
-    }
-
     #[test]
-    fn each_tag_decodes_its_own_fields() {
+    fn each_member_decodes_its_own_tag_and_fields() {
         use Value::{Int, Nil};
-        let waiting = decode(vec![text("WAITING"), Int(3), Int(1), Int(1), Int(42), text("e1")]).unwrap();
+        let group = vec![
+            text("e1"),
+            text("WAITING"),
+            Int(3),
+            Int(1),
+            Int(1),
+            Int(42),
+            text("READY"),
+            text("t"),
+            Int(9),
+            Int(1),
+            Int(0),
+            text("FULL"),
+            Int(1),
+            text("CLOSED"),
+            text("LIMITED"),
+            Int(5),
+            Int(0),
+        ];
+        let entered = decode_group(group, 5).unwrap();
         assert_eq!(
-            waiting,
+            entered[0],
             Entered {
                 outcome: EnterOutcome::Waiting { position: 3, already: true },
                 abandoned: 1,
                 arrival: Some((42, "e1".into())),
             }
         );
-        let instant = decode(vec![text("READY"), text("t"), Int(9), Int(1), Int(0)]).unwrap();
-        assert_eq!(instant.outcome, EnterOutcome::Instant { token: "t".into(), remaining_ms: 9 });
-        let unseeded = decode(vec![text("WAITING"), Int(1), Int(0), Int(0), Int(7), Nil]).unwrap();
-        assert_eq!(unseeded.arrival, None, "no epoch yet");
-        assert_eq!(decode(vec![text("FULL"), Int(1)]).unwrap().abandoned, 1);
-        assert!(decode(vec![text("READY"), Int(0)]).is_err(), "READY without its token");
-        assert!(decode(vec![text("FULL"), Int(0), Int(0)]).is_err(), "more than declared");
-        assert!(decode(vec![text("ELSEWHERE"), Int(0)]).is_err());
+        assert_eq!(entered[1].outcome, EnterOutcome::Instant { token: "t".into(), remaining_ms: 9 });
+        assert_eq!((&entered[2].outcome, entered[2].abandoned), (&EnterOutcome::Full, 1));
+        assert_eq!(entered[3].outcome, EnterOutcome::Closed);
+        assert_eq!(entered[4].outcome, EnterOutcome::Limited { retry_secs: 5 });
+
+        let unseeded = decode_group(vec![Nil, text("WAITING"), Int(1), Int(0), Int(0), Int(7)], 1).unwrap();
+        assert_eq!(unseeded[0].arrival, None, "no epoch yet");
+        assert!(decode_group(vec![Nil, text("READY"), Int(0)], 1).is_err(), "READY without its fields");
+        assert!(decode_group(vec![Nil, text("FULL"), Int(0), Int(0)], 1).is_err(), "more than declared");
+        assert!(decode_group(vec![Nil, text("FULL"), Int(0)], 2).is_err(), "a member without a reply");
+        assert!(decode_group(vec![Nil, text("ELSEWHERE"), Int(0)], 1).is_err());
     }
 }

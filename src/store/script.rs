@@ -249,18 +249,26 @@ macro_rules! script_reply {
             $($variant { $($field: $field_ty),* }),+
         }
 
+        // A script reads its reply whole (`decode`) or as one of a group's (`take`).
+        #[allow(dead_code)]
         impl $reply {
             fn decode(reply: Vec<redis::Value>) -> Result<$reply, $crate::store::StoreError> {
                 let mut values = reply.into_iter();
+                let decoded = $reply::take(&mut values)?;
+                $crate::store::script::nothing_left(FILE, values)?;
+                Ok(decoded)
+            }
+
+            /// One reply from a flat array of them (a group's, one after another): its tag and
+            /// that tag's fields, leaving the rest.
+            fn take(values: &mut impl Iterator<Item = redis::Value>) -> Result<$reply, $crate::store::StoreError> {
                 let tag: String = $crate::store::script::field(FILE, "tag", values.next())?;
-                let decoded = match tag.as_str() {
+                Ok(match tag.as_str() {
                     $($tag => $reply::$variant {
                         $($field: $crate::store::script::field(FILE, stringify!($field), values.next())?),*
                     },)+
                     other => return Err($crate::store::StoreError::Reply(format!("{FILE}: unknown tag {other}"))),
-                };
-                $crate::store::script::nothing_left(FILE, values)?;
-                Ok(decoded)
+                })
             }
         }
     };
