@@ -20,21 +20,59 @@
 -- (a restart from an older snapshot, a failover to a replica that lagged), and runs this script
 -- again once it notices such a loss (with no claim), so Redis forgets the token once more.
 
-local function settle(user_token, user_claim, token, user, claim, spend)
-  if redis.call('GET', user_claim) == claim then
-    redis.call('DEL', user_claim)
+local n = tonumber(members)
+local keys, argv = KEYS, ARGV
+
+-- The claims and tokens as Redis holds them before the group changes anything, with one MGET
+-- each rather than two GETs a member; the keys to delete and the spent users, with one DEL and
+-- one ZREM at the end. A member sees what the members before it did: a user who came earlier in
+-- the same call has the deletes written first and reads again (`seen`).
+local claim_keys, token_keys = {}, {}
+for i = 1, n do
+  local k = KEYS_REST + 2 * (i - 1)
+  token_keys[i], claim_keys[i] = keys[k], keys[k + 1]
+end
+local claims_now = redis.call('MGET', unpack(claim_keys, 1, n))
+local tokens_now = redis.call('MGET', unpack(token_keys, 1, n))
+local gone, gone_n = {}, 0
+local spent_users, spent_n = {}, 0
+local function write_deletes()
+  if gone_n > 0 then
+    redis.call('DEL', unpack(gone, 1, gone_n))
+    gone_n = 0
   end
-  if spend and redis.call('GET', user_token) == token then
-    redis.call('PUBLISH', spent_channel, redis.call('PTTL', user_token) .. ' ' .. token .. ' ' .. user)
-    redis.call('ZREM', tokens, user)
-    return redis.call('DEL', user_token)
+  if spent_n > 0 then
+    redis.call('ZREM', tokens, unpack(spent_users, 1, spent_n))
+    spent_n = 0
   end
-  return 0
 end
 
+local seen = {}
 local replies = {}
-for i = 0, tonumber(members) - 1 do
-  local k, a = KEYS_REST + 2 * i, REST + 4 * i
-  replies[i + 1] = settle(KEYS[k], KEYS[k + 1], ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3] == '1')
+for i = 1, n do
+  local a = REST + 4 * (i - 1)
+  local token, user, claim, spend = argv[a], argv[a + 1], argv[a + 2], argv[a + 3] == '1'
+  local user_token, user_claim = token_keys[i], claim_keys[i]
+  local claim_now, token_now = claims_now[i], tokens_now[i]
+  if seen[user] then
+    write_deletes()
+    claim_now, token_now = redis.call('GET', user_claim), redis.call('GET', user_token)
+  end
+  seen[user] = true
+  if claim_now == claim then
+    gone_n = gone_n + 1
+    gone[gone_n] = user_claim
+  end
+  if spend and token_now == token then
+    redis.call('PUBLISH', spent_channel, redis.call('PTTL', user_token) .. ' ' .. token .. ' ' .. user)
+    gone_n = gone_n + 1
+    gone[gone_n] = user_token
+    spent_n = spent_n + 1
+    spent_users[spent_n] = user
+    replies[i] = 1
+  else
+    replies[i] = 0
+  end
 end
+write_deletes()
 return replies

@@ -169,3 +169,55 @@ async fn parallel_settles_share_calls_and_spend_only_the_used_tokens() {
     expected.sort();
     assert_eq!(heard, expected);
 }
+
+/// Two settles of one user in the same group (a double submit whose two answers came back
+/// together): the group reads its members' claims and tokens once, before any of them runs, so
+/// the second reads again and finds what the first did. The token is spent once, announced
+/// once, and the second settle is told it removed nothing, as a call of its own would be.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_user_settled_twice_in_a_group_is_spent_once() {
+    let redis = RedisServer::start();
+    let room = Arc::new(library_room(&redis, "g"));
+    let users: Vec<String> = ["holder", "alice", "bob"].map(String::from).to_vec();
+    let tokens = mint(&redis, &room, &users).await;
+    for (user, token) in users.iter().zip(&tokens) {
+        assert_eq!(room.claim(user, token, &format!("{user}/r"), HOLD).await.unwrap(), Claim::Claimed);
+    }
+    let mut announced = redis::Client::open(redis.url()).unwrap().get_async_pubsub().await.unwrap();
+    announced.subscribe(&room.keys().spent).await.unwrap();
+    assert!(!room.consume("nobody", "none", "", true).await.unwrap()); // loads the script
+    reset_stats(&redis).await;
+
+    let settle = |i: usize| {
+        let (room, user, token) = (Arc::clone(&room), users[i].clone(), tokens[i].clone());
+        async move { room.consume_grouped(&user, &token, &format!("{user}/r"), true).await.unwrap() }
+    };
+    // One call out and hanging (the holder's), so the settles behind it gather in one group.
+    redis.freeze();
+    let first = tokio::spawn(settle(0));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let group = join_all([1, 1, 2, 1].map(settle));
+    let thaw = async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        redis.thaw();
+    };
+    let (spent, ()) = tokio::join!(group, thaw);
+    assert!(first.await.unwrap());
+    assert_eq!(evalsha_calls(&redis).await, 2, "the holder's call and the group's");
+    assert_eq!(spent, [true, false, true, false]);
+    for user in &users {
+        assert_eq!(get(&redis, &room.keys().token(user)).await, None, "{user}'s token is spent");
+        assert_eq!(get(&redis, &room.keys().claim(user)).await, None, "{user}'s claim ended");
+    }
+    assert!(zrange_all(&mut redis.conn().await, &room.keys().tokens).await.is_empty());
+    let mut messages = announced.on_message();
+    let mut heard = Vec::new();
+    while let Ok(Some(message)) = tokio::time::timeout(Duration::from_secs(1), futures::StreamExt::next(&mut messages)).await {
+        let text: String = message.get_payload().unwrap();
+        heard.push(text.split_once(' ').unwrap().1.to_owned());
+    }
+    heard.sort();
+    let mut expected: Vec<String> = users.iter().zip(&tokens).map(|(user, token)| format!("{token} {user}")).collect();
+    expected.sort();
+    assert_eq!(heard, expected, "each spend announced once");
+}

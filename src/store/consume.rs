@@ -77,17 +77,20 @@ pub(super) mod claim {
                 call.key(user_token).key(user_claim);
                 call.arg(member.token.as_str()).arg(member.claim.as_str());
             }
-            let replies: Vec<Vec<redis::Value>> = self.run(&call).await?;
-            replies
-                .into_iter()
-                .map(|reply| {
-                    Ok(match Reply::decode(reply)? {
+            let replies: Vec<redis::Value> = self.run(&call).await?;
+            let mut values = replies.into_iter();
+            let claims = members
+                .iter()
+                .map(|_| {
+                    Ok(match Reply::take(&mut values)? {
                         Reply::Claimed {} => Claim::Claimed,
                         Reply::InUse {} => Claim::InUse,
                         Reply::Invalid {} => Claim::Invalid,
                     })
                 })
-                .collect()
+                .collect::<Result<_, StoreError>>()?;
+            crate::store::script::nothing_left(FILE, values)?;
+            Ok(claims)
         }
     }
 
