@@ -16,20 +16,23 @@
 --   room, admitted_minute
 --                    the room's state and the minute of admissions (see room_state.lua)
 --   room_clock       the room's clock, which abandonment reads (see room_clock.lua)
---   then, from KEYS[KEYS_REST], three per member:
+--   then, from KEYS[KEYS_REST], per member:
 --   user_token       the member's token
---   user_clock       the member's poll clock (see poll_clock.lua)
+--   user_clock       the member's poll clock (see poll_clock.lua), only when polls are enforced
 --   address_counter  the identities the member's client address brought in (sorted set,
---                    score = the minute, in Redis time, that counted each)
+--                    score = the minute, in Redis time, that counted each), only with a
+--                    per-address limit
+--   (a key the call's switches leave unused is not sent: each costs Redis a Lua string)
 -- ARGV
 --   capacity, per_address (identities per address per minute, 0 = no limit),
 --   abandon_ms (0 = off),
 --   ttl_ms, interval_us, batch_size, min_batch (0 = not adaptive), max_active (0 = no cap),
 --   listens          log admissions for the measured rate,
+--   instant          admission.instant: members carry a token for an instant pass,
 --   poll_factor, members (how many),
---   then, from ARGV[REST], two per member:
+--   then, from ARGV[REST], per member:
 --   user             the member's id
---   instant_token    the token to issue if the member may pass at once, '' when instant is off
+--   instant_token    the token to issue if the member may pass at once, only when instant
 --   and after the members, the poll clock's tiers.
 --
 -- Reply: one flat array: the room's epoch (nil before the first seed), then each member's
@@ -175,7 +178,7 @@ local function enter(user, instant_token, user_token, user_clock, address_counte
     end
   end
 
-  if instant_token ~= '' and room_state == 'open' and instant_pass(user, user_token, instant_token) then
+  if instant_token and room_state == 'open' and instant_pass(user, user_token, instant_token) then
     stop_poll_clock(user_clock)
     return 'READY', instant_token, redis.call('PTTL', user_token), 1, abandoned
   end
@@ -206,7 +209,10 @@ end
 -- poll clock reads starts past the members.
 local n = tonumber(members)
 local first_arg = REST
-REST = REST + 2 * n
+local args_each = instant and 2 or 1
+REST = REST + args_each * n
+local clocks = enforcing()
+local keys_each = 1 + (clocks and 1 or 0) + (limit > 0 and 1 or 0)
 -- Globals read through Redis's protected environment: once, not once a member.
 local argv, keys = ARGV, KEYS
 
@@ -215,8 +221,8 @@ local argv, keys = ARGV, KEYS
 -- so a user who came earlier in the same call reads again, after the pending places.
 local users, token_keys = {}, {}
 for i = 1, n do
-  users[i] = argv[first_arg + 2 * (i - 1)]
-  token_keys[i] = keys[KEYS_REST + 3 * (i - 1)]
+  users[i] = argv[first_arg + args_each * (i - 1)]
+  token_keys[i] = keys[KEYS_REST + keys_each * (i - 1)]
 end
 local held_tokens = redis.call('MGET', unpack(token_keys, 1, n))
 local scores = redis.call('ZMSCORE', queue, unpack(users, 1, n))
@@ -239,7 +245,13 @@ end
 local ok, failure = pcall(function()
   for i = 1, n do
     local user = users[i]
-    local k = KEYS_REST + 3 * (i - 1)
+    local k = KEYS_REST + keys_each * (i - 1) + 1
+    local user_clock, address_counter, instant_token = nil, nil, nil
+    if clocks then
+      user_clock, k = keys[k], k + 1
+    end
+    if limit > 0 then address_counter = keys[k] end
+    if instant then instant_token = argv[first_arg + args_each * (i - 1) + 1] end
     local held, score = held_tokens[i], scores[i]
     if seen[user] then
       write_places()
@@ -247,7 +259,7 @@ local ok, failure = pcall(function()
       score = redis.call('ZSCORE', queue, user)
     end
     seen[user] = true
-    answer(enter(user, argv[first_arg + 2 * i - 1], token_keys[i], keys[k + 1], keys[k + 2], held, score))
+    answer(enter(user, instant_token, token_keys[i], user_clock, address_counter, held, score))
   end
 end)
 if counted > 0 then redis.call('INCRBY', seq, counted) end

@@ -318,3 +318,54 @@ async fn a_hanging_redis_fails_every_member_at_the_timeout() {
     }
     assert!(took < Duration::from_secs(2), "the enters waited {took:?}");
 }
+
+/// Every switch that sends something per member on at once (enforced polls: a poll clock key;
+/// a per-address limit: the address's counter; the instant pass: a fresh token), in one group:
+/// each member's keys and arguments are its own. One instant pass (the interval's one
+/// admission), then waiting places; each member's poll clock started, each address counted its
+/// own user, and a second identity from a full address is LIMITED.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_member_reads_its_own_keys_with_every_switch_on() {
+    let redis = RedisServer::start();
+    let room = Arc::new(library_room(&redis, "g"));
+    let rules = RoomRules { instant: true, ..RoomRules::fixed(Duration::from_secs(3600), 1, Duration::from_secs(60)) };
+    let thresholds = [(1, Duration::from_secs(10))];
+    let enter = |user: String, address: String| {
+        let room = Arc::clone(&room);
+        async move {
+            let poll = PollClock { on_time_factor: Some(0.8), thresholds: &thresholds };
+            let request = EnterRequest { user: &user, capacity: 100, per_address: Some((&address, 1)), poll };
+            (user.clone(), address.clone(), room.enter_grouped(request, &rules).await.unwrap().outcome)
+        }
+    };
+    let mut conn = redis.conn().await;
+    let _: () = redis::cmd("SET").arg(room.keys().token("holder")).arg("t").arg("PX").arg(60_000)
+        .query_async(&mut conn).await.unwrap();
+    enter("holder".into(), "a-holder".into()).await; // loads the script
+    reset_stats(&redis).await;
+    redis.freeze();
+    let first = tokio::spawn(enter("holder".into(), "a-holder".into()));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let members = (0..6).map(|i| (format!("u{i}"), format!("a{i}"))).chain([("second".to_owned(), "a3".to_owned())]);
+    let group = join_all(members.map(|(user, address)| enter(user, address)));
+    let thaw = async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        redis.thaw();
+    };
+    let (outcomes, ()) = tokio::join!(group, thaw);
+    first.await.unwrap();
+    assert_eq!(evalsha_calls(&redis).await, 2, "the holder's call and the group's");
+
+    assert!(matches!(outcomes[0].2, EnterOutcome::Instant { .. }), "{:?}", outcomes[0]);
+    for (place, (user, address, outcome)) in outcomes[1..6].iter().enumerate() {
+        assert_eq!(*outcome, EnterOutcome::Waiting { position: place as u64 + 1, already: false }, "{user}");
+        let clock: Option<String> = redis::cmd("GET").arg(room.keys().poll_clock(user)).query_async(&mut conn).await.unwrap();
+        assert!(clock.is_some(), "{user}'s poll clock started");
+        let counted: Vec<String> = zrange_all(&mut conn, &room.keys().abuse_counter(address)).await;
+        assert_eq!(counted, [user.clone()], "{address} counted {user}");
+    }
+    assert!(matches!(outcomes[6].2, EnterOutcome::Limited { .. }), "{:?}", outcomes[6]);
+    let clock: Option<String> = redis::cmd("GET").arg(room.keys().poll_clock("u0")).query_async(&mut conn).await.unwrap();
+    assert_eq!(clock, None, "READY enforces nothing");
+    assert_eq!(zrange_all(&mut conn, &room.keys().queue).await, ["u1", "u2", "u3", "u4", "u5"]);
+}

@@ -28,6 +28,7 @@ script! {
         min_batch: u32,
         max_active: u64,
         listens: bool,
+        instant: bool,
         poll_factor: f64,
         members: u64,
     }
@@ -157,16 +158,27 @@ impl Room {
             min_batch: rules.min_batch.unwrap_or(0),
             max_active: rules.max_active,
             listens: rules.listens(),
+            instant: rules.instant,
             poll_factor: terms.poll_factor,
             members: members.len() as u64,
         };
+        // Only what the switches use goes with each member, as the script's header says: the
+        // poll clock's key when polls are enforced, the address's counter with a per-address
+        // limit, a fresh token when an instant pass may be given.
+        let clocks = terms.poll_factor > 0.0;
         let mut call = invoke(&self.keys, args);
         for member in members {
-            let instant_token = if rules.instant { uuid::Uuid::new_v4().to_string() } else { String::new() };
-            call.arg(member.user.as_str()).arg(instant_token);
-            call.key(self.keys.token(&member.user))
-                .key(self.keys.poll_clock(&member.user))
-                .key(self.keys.abuse_counter(&member.address));
+            call.arg(member.user.as_str());
+            if rules.instant {
+                call.arg(uuid::Uuid::new_v4().to_string());
+            }
+            call.key(self.keys.token(&member.user));
+            if clocks {
+                call.key(self.keys.poll_clock(&member.user));
+            }
+            if terms.per_address > 0 {
+                call.key(self.keys.abuse_counter(&member.address));
+            }
         }
         super::push_tiers(&mut call, terms.tiers.iter().copied());
         decode_group(self.run(&call).await?, members.len())
