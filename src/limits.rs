@@ -211,6 +211,7 @@ where
         // A limit on requests per connection is counted by pingora's sessions only.
         let early = self.app.server_options().and_then(|o| o.keepalive_request_limit).is_none();
         let mut stopping = shutdown.clone();
+        let mut fresh = true;
         loop {
             // Between requests a connection waits here, before pingora's session exists, and
             // reads the next head itself: pingora's request future (9 kB) and its 4 KiB head
@@ -218,12 +219,22 @@ where
             // little more than its socket, and a request's head costs its own size. (pingora
             // keeps nothing past a head: what a pipelining client sent after one waits in the
             // stream, `LimitedStream::unread`, and the next head is read from there first.)
-            // A head already there is served even when the server is stopping, as pingora does.
+            // A stopping server closes an idle keep-alive connection, as nginx does, even when
+            // a head reached the socket while the stop's wake-up waited for a thread (the two
+            // race on a busy machine, and a keep-alive client retries a request that its reused
+            // connection closed on unanswered). Served still: a fresh connection's first head
+            // (accepted before the stop) and what a pipelining client sent earlier, which the
+            // proxy took off the socket already (`unread`): those are in flight.
+            let idle_keepalive = !fresh && !limited.has_unread();
             let head = tokio::select! {
                 biased;
                 head = limited.read_head() => head.ok()??,
                 _ = stopping.wait_for(|stop| *stop) => return None,
             };
+            if idle_keepalive && *stopping.borrow() {
+                return None;
+            }
+            fresh = false;
             if early {
                 if let Some(call) = early::take(&self.connections.state, &head) {
                     limited = self.answer_early(limited, call, shutdown).await?;
@@ -845,6 +856,11 @@ impl LimitedStream {
         if self.unread.is_empty() {
             self.unread = Vec::new();
         }
+    }
+
+    /// Whether a client's bytes wait here, taken off the socket during an earlier request.
+    fn has_unread(&self) -> bool {
+        !self.unread.is_empty()
     }
 
     /// The head about to go to pingora frames its body as `body`.
