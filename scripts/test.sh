@@ -67,5 +67,7 @@ log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 # Keep cargo's own exit status (pipefail) and add up every binary's result line at the end, so the
 # run closes on the suite's total rather than on the last (possibly empty) test binary.
-cargo test "$@" 2>&1 | tee "$log"
+# --no-fail-fast: a failing test binary does not hide what the binaries after it would say (cargo
+# still exits non-zero, and the line below counts every failure).
+cargo test --no-fail-fast "$@" 2>&1 | tee "$log"
 awk '/^test result:/ { p += $4; f += $6 } END { printf "tests: %d passed, %d failed\n", p, f }' "$log"

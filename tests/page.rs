@@ -284,10 +284,17 @@ async fn shopper_waits_and_orders_in_headless_chromium() {
     let _turn = BROWSERS.read().await;
     let chromium = browser_ready().await;
 
-    // One admission a second, so the page sees its position fall before its turn; the script
-    // fills the line with a few others right before the page loads. The contract's default hold
-    // (2 s): the page's last polls are held, and READY reaches it through one.
-    let (_redis, api, proxy) = start_room("admission: {interval: 1s, batch_size: 1}\nendpoints: {hold: ~}").await;
+    // One admission every 700 ms and a poll every second, so the page sees its position fall
+    // before its turn; the script fills the line with a few others right before the page loads.
+    // The contract's default hold (2 s): the page's last polls are held, and READY reaches it
+    // through one. The interval is what makes that certain: a held poll starts at an estimated
+    // wait of 2 s at most, position 2 at most, so its admission comes within 1.4 s, well inside
+    // the hold. With one admission a second a hold started at position 2 just after a tick could
+    // end as the second tick came, and the page then learned READY from the plain poll after it.
+    let (_redis, api, proxy) = start_room(
+        "admission: {interval: 700ms, batch_size: 1}\nendpoints: {hold: ~}\npoll_after: [{min_wait: 0s, poll_after: 1s}]",
+    )
+    .await;
     let artifacts = artifact_dir("shopper");
     let summary = run_browser_script(
         "node tests/page/e2e.mjs",
