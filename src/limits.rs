@@ -221,10 +221,10 @@ where
             // stream, `LimitedStream::unread`, and the next head is read from there first.)
             // A stopping server closes an idle keep-alive connection, as nginx does, even when
             // a head reached the socket while the stop's wake-up waited for a thread (the two
-            // race on a busy machine, and a keep-alive client retries a request that its reused
-            // connection closed on unanswered). Served still: a fresh connection's first head
-            // (accepted before the stop) and what a pipelining client sent earlier, which the
-            // proxy took off the socket already (`unread`): those are in flight.
+            // race on a busy machine, and HTTP clients retry an idempotent request that a reused
+            // connection closed without an answer). Served still: a fresh connection's first
+            // head (accepted before the stop) and what a pipelining client sent earlier, which
+            // the proxy took off the socket already (`unread`): those are in flight.
             let idle_keepalive = !fresh && !limited.has_unread();
             let head = tokio::select! {
                 biased;
