@@ -1122,6 +1122,13 @@ mod tests {
         assert_eq!(rest, b"tail");
     }
 
+    /// `app` behind the connection loop, in a room that is never called.
+    fn guarded<A: HttpServerApp + Send + Sync + 'static>(app: A) -> Arc<Guarded<A>> {
+        let state = RoomState::new(Config::parse("upstream: 127.0.0.1:1").unwrap());
+        let room = Arc::new(Room::new(&state.settings().config.redis).unwrap());
+        Arc::new(Guarded::new(app, Connections::new(state), room))
+    }
+
     /// An app that serves nothing: only the loop around it is measured.
     struct Nothing;
 
@@ -1138,14 +1145,76 @@ mod tests {
     /// compilers, not for a session (over 400 bytes) coming back.
     #[tokio::test]
     async fn an_idle_connections_loop_state_stays_small() {
-        let state = RoomState::new(Config::parse("upstream: 127.0.0.1:1").unwrap());
-        let room = Arc::new(Room::new(&state.settings().config.redis).unwrap());
-        let guarded = Arc::new(Guarded::new(Nothing, Connections::new(state), room));
+        let guarded = guarded(Nothing);
         let (server, _client) = tokio::io::duplex(1024);
         let (_stop, shutdown) = tokio::sync::watch::channel(false);
         let connection = ServerApp::process_new(&guarded, Box::new(server), &shutdown);
         let size = std::mem::size_of_val(&*connection);
         assert!(size <= 512, "the connection loop's state is {size} bytes");
+    }
+
+    /// An app that answers every request with an empty 204 and counts them.
+    #[derive(Default)]
+    struct Counting(AtomicUsize);
+
+    #[async_trait]
+    impl HttpServerApp for Counting {
+        async fn process_new_http(self: &Arc<Self>, mut session: ServerSession, _: &ShutdownWatch) -> Option<ReusedHttpStream> {
+            if !session.read_request().await.ok()? {
+                return None;
+            }
+            self.0.fetch_add(1, Ordering::SeqCst);
+            let answer = pingora::http::ResponseHeader::build(204, None).ok()?;
+            session.write_response_header(Box::new(answer)).await.ok()?;
+            let settings = HttpPersistentSettings::for_session(&session);
+            let reusable = session.finish().await.ok()??;
+            Some(ReusedHttpStream::from_reusable_stream(reusable, settings))
+        }
+    }
+
+    /// The client's bytes until the server closes, or what came within 5 s.
+    async fn until_closed(client: &mut DuplexStream) -> String {
+        let mut got = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(5), client.read_to_end(&mut got)).await;
+        String::from_utf8_lossy(&got).into_owned()
+    }
+
+    /// The stop and the next head of an idle keep-alive connection arrive together (on a busy
+    /// machine the stop's wake-up can wait for a thread while the head reaches the socket): the
+    /// connection is closed unanswered, as nginx closes its idle keep-alive connections. The
+    /// test's runtime has one thread, so the loop first runs again with both already there.
+    #[tokio::test]
+    async fn a_stopping_server_closes_an_idle_keep_alive_connection_whose_head_came_with_the_stop() {
+        let guarded = guarded(Counting::default());
+        let (server, mut client) = tokio::io::duplex(4096);
+        let (stop, shutdown) = tokio::sync::watch::channel(false);
+        let loop_ = guarded.clone();
+        let connection = tokio::spawn(async move { loop_.process_new(Box::new(server), &shutdown).await });
+
+        client.write_all(b"GET /a HTTP/1.1\r\nHost: shop\r\n\r\n").await.unwrap();
+        let mut first = [0u8; 256];
+        let n = client.read(&mut first).await.unwrap();
+        assert!(first[..n].starts_with(b"HTTP/1.1 204"), "{:?}", String::from_utf8_lossy(&first[..n]));
+
+        stop.send(true).unwrap();
+        client.write_all(b"GET /b HTTP/1.1\r\nHost: shop\r\n\r\n").await.unwrap();
+        assert_eq!(until_closed(&mut client).await, "", "the head that came with the stop was answered");
+        assert!(connection.await.unwrap().is_none());
+        assert_eq!(guarded.app.0.load(Ordering::SeqCst), 1, "only the request before the stop was served");
+    }
+
+    /// A connection accepted before the stop is served its first head even when the stop came
+    /// first: that request is in flight. It is then closed.
+    #[tokio::test]
+    async fn a_stopping_server_serves_a_fresh_connections_first_head() {
+        let guarded = guarded(Counting::default());
+        let (server, mut client) = tokio::io::duplex(4096);
+        let (stop, shutdown) = tokio::sync::watch::channel(false);
+        client.write_all(b"GET /a HTTP/1.1\r\nHost: shop\r\n\r\n").await.unwrap();
+        stop.send(true).unwrap();
+        let answer = tokio::join!(guarded.process_new(Box::new(server), &shutdown), until_closed(&mut client)).1;
+        assert!(answer.starts_with("HTTP/1.1 204"), "{answer:?}");
+        assert_eq!(guarded.app.0.load(Ordering::SeqCst), 1);
     }
 
     #[tokio::test]
