@@ -744,6 +744,24 @@ async fn no_user_is_lost_or_admitted_twice_while_processes_die() {
             unspent.contains(l.id.as_str()),
             l.reuse
         );
+        // Which proxy served the order, whether it was killed, and what it logged of this user
+        // and of Redis: where to look when this fires.
+        let labelled = proxies
+            .iter()
+            .flatten()
+            .map(|p| ("running", p))
+            .chain(dead.iter().map(|p| ("killed", p)));
+        for (i, (fate, proxy)) in labelled.enumerate() {
+            let logs = proxy.logs();
+            let lines: Vec<&str> = logs
+                .lines()
+                .filter(|line| line.contains(l.id.as_str()) || line.contains("redis"))
+                .collect();
+            if lines.iter().any(|line| line.contains(l.id.as_str())) {
+                let shown = &lines[..lines.len().min(80)];
+                println!("chaos: proxy {i} ({fate}) logged ({} lines):\n{}", lines.len(), shown.join("\n"));
+            }
+        }
     }
     let unexpected: Vec<(&str, &String)> = logs
         .iter()
