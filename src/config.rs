@@ -20,6 +20,7 @@ pub mod schema;
 mod structure;
 
 pub use crate::identity::{IdentityConfig, JwtConfig};
+pub use raw::UnknownOutcome;
 
 /// The shortest admission interval served: the ticker and the Redis schedule count in
 /// microseconds, but below a millisecond a tick's own round trip is the interval.
@@ -282,12 +283,36 @@ pub mod raw {
         #[serde(default = "d_claim_timeout")]
         #[schemars(with = "Duration")]
         pub claim_timeout: String,
+        /// What an order whose outcome is unknown (sent, and no status line came back) does to
+        /// its token: `spend` (the upstream may have placed it) or `release` (for an order API
+        /// that deduplicates orders on the token header).
+        #[serde(default)]
+        pub unknown_outcome: UnknownOutcome,
+        /// Whether a 3xx answer to a protected request spends its token (an order API that
+        /// answers a placed order with a redirect, POST then 303).
+        #[serde(default)]
+        pub spend_on_redirect: bool,
     }
 
     impl Default for Token {
         fn default() -> Self {
-            Token { header: d_token_header(), ttl: d_token_ttl(), claim_timeout: d_claim_timeout() }
+            Token {
+                header: d_token_header(),
+                ttl: d_token_ttl(),
+                claim_timeout: d_claim_timeout(),
+                unknown_outcome: UnknownOutcome::default(),
+                spend_on_redirect: false,
+            }
         }
+    }
+
+    /// `token.unknown_outcome`.
+    #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+    #[serde(rename_all = "lowercase")]
+    pub enum UnknownOutcome {
+        #[default]
+        Spend,
+        Release,
     }
 
     /// A protected request: its method and its path.
@@ -506,6 +531,10 @@ pub mod raw {
         /// Beyond it, new connections are refused.
         #[serde(default = "d_max_connections")]
         pub max_connections: i64,
+        /// Above 0: at most this many connections open at once from one client address, the TCP
+        /// peer's IP (no header has been read when a connection opens); 0: no such limit.
+        #[serde(default)]
+        pub max_connections_per_address: i64,
         /// An upstream that has not answered by then gets the client a 504 (100ms to 24h).
         #[serde(default = "d_upstream_timeout")]
         #[schemars(with = "Duration")]
@@ -522,6 +551,7 @@ pub mod raw {
                 header_timeout: d_header_timeout(),
                 idle_timeout: d_idle_timeout(),
                 max_connections: d_max_connections(),
+                max_connections_per_address: 0,
                 upstream_timeout: d_upstream_timeout(),
                 max_request_head: d_max_request_head(),
             }
@@ -745,6 +775,20 @@ pub struct TokenConfig {
     /// How long a protected request's claim on a token holds when nobody ends it (a proxy that
     /// died mid-request); never past the token's own expiry.
     pub claim_timeout: Duration,
+    /// Whether an order sent upstream with no status line back spends its token.
+    pub unknown_outcome: UnknownOutcome,
+    /// Whether a 3xx answer spends the token, as a 2xx does.
+    pub spend_on_redirect: bool,
+}
+
+impl TokenConfig {
+    /// What spends a token besides a 2xx.
+    pub fn spend_terms(&self) -> crate::rules::SpendTerms {
+        crate::rules::SpendTerms {
+            on_redirect: self.spend_on_redirect,
+            on_unknown: self.unknown_outcome == UnknownOutcome::Spend,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -797,6 +841,8 @@ pub struct LimitsConfig {
     pub header_timeout: Duration,
     pub idle_timeout: Duration,
     pub max_connections: usize,
+    /// Open connections from one peer IP at most; 0: no limit.
+    pub max_connections_per_address: usize,
     pub upstream_timeout: Duration,
     /// Bytes of request line + headers (the blank line included).
     pub max_request_head: usize,
@@ -941,6 +987,8 @@ impl Config {
                     header: token_header.expect(unwrap),
                     ttl: ttl.expect(unwrap),
                     claim_timeout: claim_timeout.expect(unwrap),
+                    unknown_outcome: raw.token.unknown_outcome,
+                    spend_on_redirect: raw.token.spend_on_redirect,
                 },
                 protected: protected.expect(unwrap),
                 admission: admission.expect(unwrap),
@@ -1448,6 +1496,12 @@ impl Validator {
                 Ok(n) => Some(n as usize),
                 Err(_) => self.fail("limits.max_connections", "is too large"),
             });
+        let max_connections_per_address = self
+            .non_negative("limits.max_connections_per_address", l.max_connections_per_address)
+            .and_then(|n| match u32::try_from(n) {
+                Ok(n) => Some(n as usize),
+                Err(_) => self.fail("limits.max_connections_per_address", "is too large"),
+            });
         let max_request_head = match parse_size(&l.max_request_head) {
             Ok(n) if LIMIT_HEAD_RANGE.contains(&n) => Some(n as usize),
             Ok(_) => self.fail("limits.max_request_head", "must be from 1KiB to 512KiB"),
@@ -1458,6 +1512,7 @@ impl Validator {
             header_timeout: header_timeout?,
             idle_timeout: idle_timeout?,
             max_connections: max_connections?,
+            max_connections_per_address: max_connections_per_address?,
             upstream_timeout: upstream_timeout?,
             max_request_head: max_request_head?,
         })
@@ -1505,7 +1560,10 @@ impl Validator {
     }
 
     /// The token is read here, once: a variable that is named but unset or empty would leave an
-    /// admin API nobody can use, so it is refused like a missing JWT secret.
+    /// admin API nobody can use, so it is refused like a missing JWT secret. So is one with
+    /// whitespace at either end (a secret file's trailing newline): no client sends that in a
+    /// bearer header, and trimming it quietly would make a different token than the one stored.
+    /// The value itself is never part of a message.
     fn admin(&mut self, a: raw::Admin) -> Option<AdminConfig> {
         let token_env = a.token_env.map(|name| name.trim().to_owned());
         let token = match token_env.as_deref() {
@@ -1513,7 +1571,15 @@ impl Validator {
             Some("") => return self.fail("admin.token_env", "must name an environment variable (or leave the key out)"),
             Some(name) => match std::env::var_os(name) {
                 Some(value) if !value.is_empty() => {
-                    Some(Secret(std::os::unix::ffi::OsStringExt::into_vec(value)))
+                    let value = std::os::unix::ffi::OsStringExt::into_vec(value);
+                    let text = String::from_utf8_lossy(&value);
+                    if text.trim() != text {
+                        return self.fail(
+                            "admin.token_env",
+                            format!("environment variable {name} starts or ends with whitespace (a trailing newline?): remove it"),
+                        );
+                    }
+                    Some(Secret(value))
                 }
                 Some(_) => return self.fail("admin.token_env", format!("environment variable {name} is empty")),
                 None => return self.fail("admin.token_env", format!("environment variable {name} is not set")),
@@ -1610,6 +1676,7 @@ mod tests {
                 header_timeout: Duration::from_secs(10),
                 idle_timeout: Duration::from_secs(60),
                 max_connections: 10_000,
+                max_connections_per_address: 0,
                 upstream_timeout: Duration::from_secs(30),
                 max_request_head: 32 * 1024,
             }
@@ -1651,6 +1718,18 @@ mod tests {
         assert!(got[0].starts_with("limits.max_connections: is too large"), "{got:?}");
         assert!(got[1].starts_with("limits.max_request_head: '2MB' is ambiguous"), "{got:?}");
         assert!(problems("upstream: a:1\nlimits: {max_request_hed: 1KiB}")[0].starts_with("limits.max_request_hed: unknown key"));
+    }
+
+    #[test]
+    fn the_connections_per_address_limit_is_off_at_zero_and_never_negative() {
+        let c = Config::parse("upstream: a:1\nlimits: {max_connections_per_address: 100}").unwrap();
+        assert_eq!(c.limits.max_connections_per_address, 100);
+        assert_eq!(
+            problems("upstream: a:1\nlimits: {max_connections_per_address: -1}"),
+            vec!["limits.max_connections_per_address: must be 0 or more"]
+        );
+        let got = problems("upstream: a:1\nlimits: {max_connections_per_address: 99999999999}");
+        assert_eq!(got, vec!["limits.max_connections_per_address: is too large"]);
     }
 
     #[test]
@@ -1813,6 +1892,28 @@ mod tests {
         ] {
             assert_eq!(problems(&sentinel(extra)), vec![line], "{extra}");
         }
+    }
+
+    #[test]
+    fn an_admin_token_with_whitespace_at_either_end_is_refused_without_showing_it() {
+        let admin = |name: &str| format!("upstream: a:1\nadmin: {{token_env: {name}}}");
+        std::env::set_var("WAITROOM_CONFIG_TEST_ADMIN_OK", "tok-3f1c");
+        let c = Config::parse(&admin("WAITROOM_CONFIG_TEST_ADMIN_OK")).unwrap();
+        assert_eq!(c.admin.token.as_ref().map(Secret::expose), Some(&b"tok-3f1c"[..]));
+        for (i, value) in ["tok-3f1c\n", "tok-3f1c\r\n", " tok-3f1c", "\ttok-3f1c", "tok-3f1c\u{a0}", "\n"].iter().enumerate() {
+            let name = format!("WAITROOM_CONFIG_TEST_ADMIN_WS{i}");
+            std::env::set_var(&name, value);
+            let got = problems(&admin(&name));
+            assert_eq!(
+                got,
+                vec![format!("admin.token_env: environment variable {name} starts or ends with whitespace (a trailing newline?): remove it")],
+                "{value:?}"
+            );
+            assert!(!got[0].contains("tok-3f1c"), "the token never reaches a message: {got:?}");
+        }
+        // Inside the token, whitespace is the operator's choice.
+        std::env::set_var("WAITROOM_CONFIG_TEST_ADMIN_INNER", "tok 3f1c");
+        assert!(problems(&admin("WAITROOM_CONFIG_TEST_ADMIN_INNER")).is_empty());
     }
 
     #[test]

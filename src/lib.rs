@@ -7,6 +7,7 @@
 
 pub mod admission;
 pub mod admin;
+pub mod claims;
 pub mod cli;
 pub mod config;
 pub mod control;

@@ -24,9 +24,9 @@
 //!   gathers a response's small writes until pingora flushes them, in place of pingora's L4
 //!   write buffer, so a waiting connection keeps no write buffer either;
 //! - the listener's connection filter (pingora's `connection_filter` feature) refuses a
-//!   connection beyond `max_connections` before pingora spawns a task for it. It only reads the
-//!   count; [`Guarded`] takes the slot, so the limit holds exactly even when a burst is accepted
-//!   faster than tasks start.
+//!   connection beyond `max_connections`, or beyond `max_connections_per_address` from its peer's
+//!   IP, before pingora spawns a task for it. It only reads the counts; [`Guarded`] takes the
+//!   slot, so the limits hold exactly even when a burst is accepted faster than tasks start.
 //!
 //! Deadlines, per request head: while no byte has arrived the connection is idle and is closed at
 //! `idle_timeout` (a fresh connection: at the earlier of `idle_timeout` and `header_timeout`);
@@ -50,8 +50,10 @@
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
+use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
@@ -103,36 +105,98 @@ fn too_large_response() -> Vec<u8> {
 pub struct Connections {
     state: Arc<RoomState>,
     open: AtomicUsize,
+    /// Open connections per peer IP, counted whether or not `max_connections_per_address` is on,
+    /// so a reload that turns it on finds the connections already open. An address leaves the map
+    /// with its last connection: the map never holds more entries than there are connections.
+    by_address: Mutex<HashMap<IpAddr, usize>>,
+}
+
+/// Which limit refused a connection: the `limit` label of `waitroom_connections_closed_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Refused {
+    Total,
+    PerAddress,
 }
 
 impl Connections {
     pub fn new(state: Arc<RoomState>) -> Arc<Connections> {
-        Arc::new(Connections { state, open: AtomicUsize::new(0) })
+        Arc::new(Connections { state, open: AtomicUsize::new(0), by_address: Mutex::new(HashMap::new()) })
     }
 
-    fn max(&self) -> usize {
-        self.state.settings().config.limits.max_connections
+    /// `max_connections` and `max_connections_per_address` as the running settings have them.
+    fn max(&self) -> (usize, usize) {
+        let settings = self.state.settings();
+        let limits = &settings.config.limits;
+        (limits.max_connections, limits.max_connections_per_address)
     }
 
     pub fn open(&self) -> usize {
         self.open.load(Ordering::Acquire)
     }
 
-    /// A slot for one more connection, or `None` at `max_connections`.
-    fn take(self: &Arc<Self>) -> Option<Slot> {
-        let max = self.max();
-        self.open.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1)).ok()?;
+    fn by_address(&self) -> std::sync::MutexGuard<'_, HashMap<IpAddr, usize>> {
+        self.by_address.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether a connection from `ip` would be refused now, without taking anything.
+    fn refuses(&self, ip: Option<IpAddr>) -> Option<Refused> {
+        let (max, per_address) = self.max();
+        if self.open() >= max {
+            return Some(Refused::Total);
+        }
+        let ip = ip.filter(|_| per_address > 0)?;
+        (self.by_address().get(&ip).copied().unwrap_or(0) >= per_address).then_some(Refused::PerAddress)
+    }
+
+    /// A slot for one more connection from `ip` (the peer's, when the socket tells it), or which
+    /// limit refuses it.
+    fn take(self: &Arc<Self>, ip: Option<IpAddr>) -> Result<Slot, Refused> {
+        let (max, per_address) = self.max();
+        self.open
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1))
+            .map_err(|_| Refused::Total)?;
+        // From here on the slot frees what it took when dropped, refused or not.
+        let mut slot = Slot { connections: self.clone(), ip: None };
         metrics::OPEN_CONNECTIONS.inc();
-        Some(Slot(self.clone()))
+        if let Some(ip) = ip {
+            let mut by_address = self.by_address();
+            // A refused address has connections open, so no empty entry is left behind.
+            let count = by_address.entry(ip).or_insert(0);
+            if per_address > 0 && *count >= per_address {
+                return Err(Refused::PerAddress);
+            }
+            *count += 1;
+            slot.ip = Some(ip);
+        }
+        Ok(slot)
     }
 }
 
+/// The peer's IP, v4-mapped IPv6 as IPv4: one client is one address whichever way the listener
+/// was bound.
+fn peer_ip(addr: &std::net::SocketAddr) -> IpAddr {
+    addr.ip().to_canonical()
+}
+
 /// One open connection; dropping it (with the connection's stream) frees the slot.
-struct Slot(Arc<Connections>);
+struct Slot {
+    connections: Arc<Connections>,
+    /// The address the connection is counted under, if any.
+    ip: Option<IpAddr>,
+}
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        self.0.open.fetch_sub(1, Ordering::AcqRel);
+        if let Some(ip) = self.ip {
+            let mut by_address = self.connections.by_address();
+            if let Some(count) = by_address.get_mut(&ip) {
+                *count -= 1;
+                if *count == 0 {
+                    by_address.remove(&ip);
+                }
+            }
+        }
+        self.connections.open.fetch_sub(1, Ordering::AcqRel);
         metrics::OPEN_CONNECTIONS.dec();
     }
 }
@@ -143,12 +207,17 @@ impl std::fmt::Debug for Slot {
     }
 }
 
-fn refused() {
-    metrics::CONNECTIONS_CLOSED_TOTAL.with_label_values(&["max_connections"]).inc();
+fn refused(limit: Refused) {
+    let label = match limit {
+        Refused::Total => "max_connections",
+        Refused::PerAddress => "max_connections_per_address",
+    };
+    metrics::CONNECTIONS_CLOSED_TOTAL.with_label_values(&[label]).inc();
 }
 
-/// The listener's early cut: at `max_connections`, a new connection is closed in the accept loop
-/// itself, before pingora spawns a task for it.
+/// The listener's early cut: at `max_connections`, or at `max_connections_per_address` for the
+/// peer's IP, a new connection is closed in the accept loop itself, before pingora spawns a task
+/// for it.
 pub struct AtCapacity(pub Arc<Connections>);
 
 impl std::fmt::Debug for AtCapacity {
@@ -159,12 +228,14 @@ impl std::fmt::Debug for AtCapacity {
 
 #[async_trait]
 impl ConnectionFilter for AtCapacity {
-    async fn should_accept(&self, _addr: Option<&std::net::SocketAddr>) -> bool {
-        let accept = self.0.open() < self.0.max();
-        if !accept {
-            refused();
+    async fn should_accept(&self, addr: Option<&std::net::SocketAddr>) -> bool {
+        match self.0.refuses(addr.map(peer_ip)) {
+            Some(limit) => {
+                refused(limit);
+                false
+            }
+            None => true,
         }
-        accept
     }
 }
 
@@ -198,9 +269,13 @@ where
     /// stream wrapped and told, before every request, that a head is due. h2c and TLS are not
     /// served on `listen`, so the other branches of that loop are not needed here.
     async fn process_new(self: &Arc<Self>, stream: Stream, shutdown: &ShutdownWatch) -> Option<Stream> {
-        let Some(slot) = self.connections.take() else {
-            refused();
-            return None; // dropping the stream closes it at once
+        let peer = stream.get_socket_digest().and_then(|d| d.peer_addr().and_then(|a| a.as_inet()).map(peer_ip));
+        let slot = match self.connections.take(peer) {
+            Ok(slot) => slot,
+            Err(limit) => {
+                refused(limit);
+                return None; // dropping the stream closes it at once
+            }
         };
         let (mut limited, backstop) = {
             let settings = self.connections.state.settings();
@@ -235,6 +310,17 @@ where
                 return None;
             }
             fresh = false;
+            if let Some(refusal) = early::bad_request_line(&head) {
+                // Never pingora's to repair (see `early::bad_request_line`).
+                tracing::debug!("request line refused");
+                let _ = tokio::time::timeout(crate::proxy::WRITE_TIMEOUT, async {
+                    use tokio::io::AsyncWriteExt;
+                    limited.write_all(&refusal).await?;
+                    limited.flush().await
+                })
+                .await;
+                return None;
+            }
             if early {
                 if let Some(call) = early::take(&self.connections.state, &head) {
                     limited = self.answer_early(limited, call, shutdown).await?;
@@ -489,6 +575,13 @@ pub struct LimitedStream {
     /// Set by the proxy for a request whose upstream answer must be heard whatever the client
     /// does (a protected order: its token is settled by that answer, see [`hold_client`]).
     held: AtomicBool,
+    /// The body the head being served declares, whether or not it asks to switch protocols.
+    declared: early::Body,
+    /// The head asks to switch protocols: pingora may read every byte (a tunnel after a 101) ...
+    switch: bool,
+    /// ... unless the proxy forwards it without its `Upgrade` ([`forwarding`]): then only the
+    /// declared body, as for any request.
+    switch_dropped: AtomicBool,
     /// How the client left while a held request was at the upstream: told to the loop's next
     /// read, once the answer is out, instead of to pingora.
     departed: Option<Departed>,
@@ -537,6 +630,33 @@ pub fn hold_client(session: &pingora::protocols::http::ServerSession) {
     }
 }
 
+/// Tells the connection under `session` whether its request is forwarded without its `Upgrade`
+/// (`drop_switch`, see [`crate::proxy`]), and returns what the connection can vouch for of where
+/// the request ends, or `None` for a stream that is not the connection loop's.
+pub fn forwarding(session: &pingora::protocols::http::ServerSession, drop_switch: bool) -> Option<Delimited> {
+    let limited = session.stream().and_then(|stream| stream.as_any().downcast_ref::<LimitedStream>())?;
+    if drop_switch {
+        limited.switch_dropped.store(true, Ordering::Relaxed);
+    }
+    Some(match limited.declared {
+        early::Body::Unknown => Delimited::Not,
+        _ if limited.switch && !drop_switch => Delimited::UnlessSwitched,
+        _ => Delimited::Yes,
+    })
+}
+
+/// Whether the connection knows where a request ends, and so where the next one starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Delimited {
+    /// Its body's end is plain (a length, or chunked alone).
+    Yes,
+    /// It may switch protocols: every byte after its head may be the new protocol's.
+    UnlessSwitched,
+    /// Only pingora reads where its body ends: what the client sends after it cannot be told
+    /// apart from it, and may be taken for more body or for an error after the request was sent.
+    Not,
+}
+
 impl LimitedStream {
     fn new(inner: Stream, slot: Slot, limits: &LimitsConfig) -> LimitedStream {
         let mut stream = LimitedStream {
@@ -550,6 +670,9 @@ impl LimitedStream {
             unread: Vec::new(),
             allowance: Allowance::All,
             held: AtomicBool::new(false),
+            declared: early::Body::Length(0),
+            switch: false,
+            switch_dropped: AtomicBool::new(false),
             departed: None,
             _slot: slot,
         };
@@ -566,6 +689,9 @@ impl LimitedStream {
         self.deadline = now + idle;
         self.allowance = Allowance::All;
         *self.held.get_mut() = false;
+        self.declared = early::Body::Length(0);
+        self.switch = false;
+        *self.switch_dropped.get_mut() = false;
         self.phase = Phase::Head { held: Vec::new(), end: HeadEnd::default(), first_byte: false, fresh, started: now };
     }
 
@@ -761,6 +887,11 @@ impl LimitedStream {
     /// pingora's reads while it serves a request: the body the head declared, from what the
     /// client sent ahead first, then nothing (see `allowance`).
     fn poll_serving(&mut self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        if self.switch && *self.switch_dropped.get_mut() {
+            // Forwarded without its Upgrade: a request like any other, its body as declared.
+            self.switch = false;
+            self.allowance = self.declared.into();
+        }
         match self.allowance {
             Allowance::Length(0) => self.poll_after_request(cx),
             Allowance::Length(left) => {
@@ -863,9 +994,11 @@ impl LimitedStream {
         !self.unread.is_empty()
     }
 
-    /// The head about to go to pingora frames its body as `body`.
-    fn hand_over(&mut self, body: early::Body) {
-        self.allowance = body.into();
+    /// The head about to go to pingora frames what follows it as `framing`.
+    fn hand_over(&mut self, framing: early::Framing) {
+        self.declared = framing.body;
+        self.switch = framing.switch;
+        self.allowance = if framing.switch { Allowance::All } else { framing.body.into() };
     }
 }
 
@@ -1003,6 +1136,7 @@ mod tests {
             header_timeout: Duration::from_millis(header_ms),
             idle_timeout: Duration::from_millis(idle_ms),
             max_connections: 10,
+            max_connections_per_address: 0,
             upstream_timeout: Duration::from_secs(30),
             max_request_head: max_head,
         }
@@ -1011,9 +1145,32 @@ mod tests {
     /// A limited stream as pingora would read it, and the client's end of its socket.
     fn connection(limits: &LimitsConfig) -> (LimitedStream, DuplexStream) {
         let state = RoomState::new(Config::parse("upstream: 127.0.0.1:1").unwrap());
-        let slot = Connections::new(state).take().unwrap();
+        let slot = Connections::new(state).take(None).unwrap();
         let (server, client) = tokio::io::duplex(64 * 1024);
         (LimitedStream::new(Box::new(server), slot, limits), client)
+    }
+
+    #[test]
+    fn each_address_has_its_own_count_and_leaves_the_map_with_its_last_connection() {
+        let yaml = "upstream: 127.0.0.1:1\nlimits: {max_connections: 4, max_connections_per_address: 2}";
+        let connections = Connections::new(RoomState::new(Config::parse(yaml).unwrap()));
+        let (a, b): (IpAddr, IpAddr) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
+        assert_eq!(peer_ip(&"[::ffff:10.0.0.1]:443".parse().unwrap()), a, "one client whichever way listen is bound");
+        let a1 = connections.take(Some(a)).unwrap();
+        let a2 = connections.take(Some(peer_ip(&"[::ffff:10.0.0.1]:443".parse().unwrap()))).unwrap();
+        assert_eq!(connections.refuses(Some(a)), Some(Refused::PerAddress));
+        assert_eq!(connections.take(Some(a)).err(), Some(Refused::PerAddress));
+        assert_eq!(connections.open(), 2, "a refused connection gives its slot back");
+        assert_eq!(connections.refuses(Some(b)), None, "another address is not touched");
+        let b1 = connections.take(Some(b)).unwrap();
+        let unknown = connections.take(None).unwrap();
+        assert_eq!(connections.take(Some(b)).err(), Some(Refused::Total), "max_connections still holds");
+        drop(a1);
+        let a3 = connections.take(Some(a)).unwrap();
+        assert_eq!(connections.by_address().get(&a), Some(&2));
+        drop((a2, a3, b1, unknown));
+        assert!(connections.by_address().is_empty(), "{:?}", connections.by_address());
+        assert_eq!(connections.open(), 0);
     }
 
     #[test]
@@ -1078,7 +1235,7 @@ mod tests {
         client.write_all(b"POST / HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}GET /next HTTP/1.1\r\n\r\n").await.unwrap();
         let n = s.read(&mut buf).await.unwrap();
         assert!(buf[..n].ends_with(b"\r\n\r\n"), "the head alone");
-        s.hand_over(early::Body::Length(2));
+        s.hand_over(early::Framing { body: early::Body::Length(2), switch: false });
         let n = s.read(&mut buf).await.unwrap();
         assert_eq!(&buf[..n], b"{}", "the declared body");
         assert!(tokio::time::timeout(Duration::from_millis(100), s.read(&mut buf)).await.is_err(), "the next request waits");

@@ -132,6 +132,9 @@ pub fn run(config: Config, config_path: PathBuf) -> Result<(), StartError> {
     event_watcher.threads = Some(1);
     let mut reloader = background_service("reloader", Reloader::new(state.clone(), config_path));
     reloader.threads = Some(1);
+    let mut claim_keeper =
+        background_service("claim keeper", crate::claims::ClaimKeeper::new(state.clone(), Room::new(&redis)?));
+    claim_keeper.threads = Some(1);
     let mut drain = background_service("drain", Drain::new(state));
     drain.threads = Some(1);
 
@@ -143,6 +146,7 @@ pub fn run(config: Config, config_path: PathBuf) -> Result<(), StartError> {
     server.add_service(mode_watcher);
     server.add_service(event_watcher);
     server.add_service(reloader);
+    server.add_service(claim_keeper);
     server.add_service(drain);
 
     tracing::info!(%listen, %metrics_listen, %upstream, "waitroom starting");

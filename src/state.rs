@@ -11,6 +11,7 @@ use std::sync::Arc;
 use arc_swap::{ArcSwap, ArcSwapOption, Guard};
 
 use crate::admission::{LatencyHistogram, Pacing, RoomView};
+use crate::claims::LiveClaims;
 use crate::config::Config;
 use crate::control::Mode;
 use crate::event::EventState;
@@ -40,6 +41,8 @@ pub struct RoomState {
     event: EventState,
     /// Status polls held open until their user is admitted (contract section 13).
     held: HeldPolls,
+    /// Claims of this proxy's orders in flight, renewed while their request lasts.
+    claims: LiveClaims,
 }
 
 impl RoomState {
@@ -55,6 +58,7 @@ impl RoomState {
             mode: AtomicU8::new(Mode::Open.to_u8()),
             event: EventState::default(),
             held: HeldPolls::default(),
+            claims: LiveClaims::default(),
         })
     }
 
@@ -94,6 +98,10 @@ impl RoomState {
 
     pub fn event(&self) -> &EventState {
         &self.event
+    }
+
+    pub fn claims(&self) -> &LiveClaims {
+        &self.claims
     }
 
     pub fn held(&self) -> &HeldPolls {

@@ -665,6 +665,43 @@ async fn a_claim_holds_the_current_token_for_one_request() {
     assert_eq!(room.claim("alice", &token, "r5", hold).await.unwrap(), Claim::Invalid);
 }
 
+/// A claim in flight is renewed only while it is still its request's, and never past its token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keeping_claims_renews_only_a_requests_own_claim() {
+    let redis = RedisServer::start();
+    let (room, keys, mut conn) = open(&redis, "keep").await;
+    let users = ["alice".to_string(), "bob".to_string(), "carol".to_string()];
+    enter_all(&room, &users).await;
+    assert_eq!(admit(&room, LONG, 3, TTL).await.unwrap().admitted, 3);
+    let alice = live_token(&room, "alice", "alice's token").await;
+    let bob = live_token(&room, "bob", "bob's token").await;
+    let short = Duration::from_millis(500);
+    assert_eq!(room.claim("alice", &alice, "a1", short).await.unwrap(), Claim::Claimed);
+    assert_eq!(room.claim("bob", &bob, "b1", short).await.unwrap(), Claim::Claimed);
+
+    // alice's by its own id, bob's by another request's id, carol's that does not exist.
+    let kept = room
+        .keep_claims(&[("alice", "a1"), ("bob", "b0"), ("carol", "c1")], Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(kept, 1);
+    let held = query::<i64>(&mut conn, "PTTL", &keys.claim("alice")).await;
+    assert!((29_000..=30_000).contains(&held), "renewed for claim_timeout: {held}");
+    let held = query::<i64>(&mut conn, "PTTL", &keys.claim("bob")).await;
+    assert!(held <= 500, "another request's claim is not renewed: {held}");
+    assert_eq!(get(&mut conn, &keys.claim("carol")).await, None, "no claim is made by renewing");
+
+    // Never past the token's own expiry.
+    room.keep_claims(&[("alice", "a1")], Duration::from_secs(3_600)).await.unwrap();
+    let held = query::<i64>(&mut conn, "PTTL", &keys.claim("alice")).await;
+    assert!(held <= TTL.as_millis() as i64, "never past the token's own expiry: {held}");
+
+    // A settled claim stays settled.
+    assert!(room.consume("alice", &alice, "a1", true).await.unwrap());
+    assert_eq!(room.keep_claims(&[("alice", "a1")], Duration::from_secs(30)).await.unwrap(), 0);
+    assert_eq!(get(&mut conn, &keys.claim("alice")).await, None);
+}
+
 // ---- consume ----------------------------------------------------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -214,29 +214,46 @@ pub enum Body {
     Unknown,
 }
 
+/// What a head says of what follows it: its body's framing, and whether it asks to switch
+/// protocols (`Upgrade`), in which case every byte after the head may be the new protocol's
+/// unless the proxy forwards it without its `Upgrade` (contract section 12).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Framing {
+    pub body: Body,
+    pub switch: bool,
+}
+
+impl Framing {
+    const NONE: Framing = Framing { body: Body::Length(0), switch: false };
+
+    fn unknown() -> Framing {
+        Framing { body: Body::Unknown, switch: false }
+    }
+}
+
 /// How `head` frames its body, when it says so plainly: one `Content-Length` of digits only, or
 /// one `Transfer-Encoding: chunked` and no length. [`Body::Unknown`] otherwise (and for a head
-/// with a framing field that httparse cannot read, and for a request that may become a tunnel:
-/// `Upgrade`, `CONNECT`): the connection then gives pingora every byte it holds, as before it
-/// kept any, so a framing read differently here than by pingora can never move where the next
-/// request starts.
-pub fn declared_body(head: &[u8]) -> Body {
+/// with a framing field that httparse cannot read, and for `CONNECT`, a tunnel): the connection
+/// then gives pingora every byte it holds, so a framing read differently here than by pingora can
+/// never move where the next request starts. An `Upgrade` field is told apart (`switch`).
+pub fn declared_body(head: &[u8]) -> Framing {
     // Every forwarded head comes here: most declare nothing, and need no parse to say so.
     if !may_frame(head) {
-        return Body::Length(0);
+        return Framing::NONE;
     }
     let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut parsed = httparse::Request::new(&mut fields);
-    let Ok(httparse::Status::Complete(_)) = parsed.parse(head) else { return Body::Unknown };
+    let Ok(httparse::Status::Complete(_)) = parsed.parse(head) else { return Framing::unknown() };
     if parsed.method == Some("CONNECT") {
-        return Body::Unknown;
+        return Framing::unknown();
     }
-    let mut framing = Body::Length(0);
+    let mut framing = Framing::NONE;
     let mut framed = false;
     for field in parsed.headers.iter() {
         let name = field.name;
         let plain = if name.eq_ignore_ascii_case("upgrade") {
-            None
+            framing.switch = true;
+            continue;
         } else if name.eq_ignore_ascii_case("transfer-encoding") {
             field.value.trim_ascii().eq_ignore_ascii_case(b"chunked").then_some(Body::Chunked)
         } else if name.eq_ignore_ascii_case("content-length") {
@@ -251,13 +268,46 @@ pub fn declared_body(head: &[u8]) -> Body {
         // A second framing field, even an equal one, is not plain.
         match plain {
             Some(body) if !framed => {
-                framing = body;
+                framing.body = body;
                 framed = true;
             }
-            _ => return Body::Unknown,
+            _ => framing.body = Body::Unknown,
         }
     }
     framing
+}
+
+/// The answer to a request line that is not exactly `METHOD SP target SP HTTP/1.x` (contract
+/// section 12), or `None` for a plain one. pingora repairs such a line (two spaces, a tab, a NUL
+/// or a CR before the version) into a target ending in `%20` or `%09`, a path no rule protects,
+/// which a backend that trims whitespace routes as the protected one: so it is refused here,
+/// before pingora sees it, and the connection is closed (what follows cannot be trusted either).
+pub fn bad_request_line(head: &[u8]) -> Option<Vec<u8>> {
+    let start = head.iter().position(|&b| b != b'\r' && b != b'\n').unwrap_or(head.len());
+    let rest = &head[start..];
+    let line = match memchr::memchr(b'\n', rest) {
+        Some(end) => &rest[..end],
+        None => rest,
+    };
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    if plain_request_line(line) {
+        return None;
+    }
+    Some(render(&Answer::error(400, "the request line must be METHOD, one space, the target, one space, HTTP/1.x"), false))
+}
+
+fn plain_request_line(line: &[u8]) -> bool {
+    let mut parts = line.splitn(3, |&b| b == b' ');
+    let (Some(method), Some(target), Some(version)) = (parts.next(), parts.next(), parts.next()) else {
+        return false;
+    };
+    // RFC 9110's token characters.
+    let tchar = |b: &u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(b);
+    !method.is_empty()
+        && method.iter().all(tchar)
+        && !target.is_empty()
+        && target.iter().all(|&b| b > b' ' && b != 0x7f)
+        && matches!(version, b"HTTP/1.1" | b"HTTP/1.0")
 }
 
 /// Whether `head` may declare a body or a tunnel: it names `CONNECT`, or a line of it starts with
@@ -350,6 +400,14 @@ mod tests {
     #[test]
     fn only_a_plain_framing_is_a_declared_body() {
         let head = |fields: &str| format!("POST /x HTTP/1.1\r\nHost: a\r\n{fields}\r\n");
+        let declared_body = |head: &[u8]| {
+            let framing = super::declared_body(head);
+            if framing.switch {
+                Body::Unknown
+            } else {
+                framing.body
+            }
+        };
         assert_eq!(declared_body(head("").as_bytes()), Body::Length(0));
         assert_eq!(declared_body(head("Content-Length: 12\r\n").as_bytes()), Body::Length(12));
         assert_eq!(declared_body(head("content-length:  7 \r\n").as_bytes()), Body::Length(7));
@@ -378,5 +436,47 @@ mod tests {
         assert_eq!(declared_body(b"GET /x HTTP/1.1\nhost: a\ncontent-length: 3\n\n"), Body::Length(3));
         // A head httparse cannot read, whatever pingora then makes of it.
         assert_eq!(declared_body(b"not a head\r\nContent-Length: 5\r\n\r\n"), Body::Unknown);
+    }
+
+    #[test]
+    fn a_switch_keeps_the_framing_it_would_have_without_it() {
+        let framing = super::declared_body(b"POST /o HTTP/1.1\r\nUpgrade: h2c\r\nContent-Length: 2\r\n\r\n");
+        assert_eq!(framing, Framing { body: Body::Length(2), switch: true });
+        let framing = super::declared_body(b"GET /ws HTTP/1.1\r\nupgrade: websocket\r\nConnection: upgrade\r\n\r\n");
+        assert_eq!(framing, Framing { body: Body::Length(0), switch: true });
+        let framing =
+            super::declared_body(b"POST /o HTTP/1.1\r\nUpgrade: h2c\r\nTransfer-Encoding: gzip, chunked\r\n\r\n");
+        assert_eq!(framing, Framing { body: Body::Unknown, switch: true });
+    }
+
+    #[test]
+    fn only_a_plain_request_line_passes() {
+        for plain in [
+            "POST /api/orders HTTP/1.1\r\nHost: a\r\n\r\n",
+            "\r\nGET /x?y=1 HTTP/1.0\r\n\r\n",
+            "GET http://a/b HTTP/1.1\nHost: a\n\n",
+            "OPTIONS * HTTP/1.1\r\n\r\n",
+        ] {
+            assert_eq!(bad_request_line(plain.as_bytes()), None, "{plain:?}");
+        }
+        for repaired in [
+            "POST /api/orders  HTTP/1.1\r\n\r\n",
+            "POST /api/orders\tHTTP/1.1\r\n\r\n",
+            "POST /api/orders\t HTTP/1.1\r\n\r\n",
+            "POST /api/orders\x0b HTTP/1.1\r\n\r\n",
+            "POST /api/orders\0 HTTP/1.1\r\n\r\n",
+            "POST /api/orders\r HTTP/1.1\r\n\r\n",
+            "POST  /api/orders HTTP/1.1\r\n\r\n",
+            "POST /api/orders HTTP/1.1 \r\n\r\n",
+            "POST /api/orders HTTP/2.0\r\n\r\n",
+            "POST /api/orders\r\n\r\n",
+            " POST /api/orders HTTP/1.1\r\n\r\n",
+            "POST /api/ord ers HTTP/1.1\r\n\r\n",
+        ] {
+            let answer = bad_request_line(repaired.as_bytes()).expect(repaired);
+            let answer = String::from_utf8(answer).unwrap();
+            assert!(answer.starts_with("HTTP/1.1 400 Bad Request\r\n"), "{answer}");
+            assert!(answer.contains("Connection: close\r\n"), "{answer}");
+        }
     }
 }

@@ -4,10 +4,13 @@
 //! Phases used, in request order:
 //! - `request_filter`: answer enter/status ourselves; check a protected request's token;
 //! - `upstream_peer`: the one upstream, a prebuilt peer;
-//! - `upstream_response_filter`: spend the token on a 2xx (or release its claim) before the
-//!   client sees the response;
+//! - `upstream_request_filter`: the verified identity onto a protected request; from here on a
+//!   protected request has reached the upstream, and its outcome is unknown until a status line;
+//! - `upstream_response_filter`: the status line settles the token (spent on a 2xx, or released)
+//!   before the client sees the response; `Waitroom-Command` never reaches a client;
 //! - `fail_to_proxy`: a JSON 502 when the upstream cannot be reached, 504 when it does not answer
-//!   within `limits.upstream_timeout`;
+//!   within `limits.upstream_timeout`; for an order sent with no status line back, saying that
+//!   its outcome is unknown;
 //! - `logging`: metrics and the access log, once the response is done.
 
 mod answer;
@@ -34,10 +37,11 @@ pub use answer::Answer;
 
 use crate::config::{Config, IdentityConfig};
 use crate::identity::Refusal;
+use crate::limits::Delimited;
 use crate::logging;
 use crate::metrics;
 use crate::paths::{self, PathRefusal, Verdict};
-use crate::rules;
+use crate::rules::{self, Outcome};
 use crate::state::{InFlight, RoomState};
 use crate::store::Room;
 
@@ -103,6 +107,9 @@ pub struct Ctx {
     /// The token a protected request claimed: spent if the upstream answers 2xx, else released.
     claimed: Option<protected::Claimed>,
     upstream_started: Option<Instant>,
+    /// The request's head has gone to the upstream: from here on, no status line back means the
+    /// upstream may have acted on it.
+    sent: bool,
     upstream_status: Option<u16>,
     /// Counts the request for a graceful stop until the context is dropped.
     _in_flight: InFlight,
@@ -126,15 +133,37 @@ impl Waitroom {
 }
 
 impl Waitroom {
-    /// Releases a claim that no upstream answer settled (unreachable, timed out, the client went
-    /// away), so the user may retry.
-    async fn release_unsettled(&self, ctx: &mut Ctx) {
-        if let (Some(claimed), Some(user)) = (ctx.claimed.take(), ctx.user.as_deref()) {
-            // Cloned, not borrowed: a settings guard must not be held across an await.
-            let lifetimes = self.state.settings().config.token.clone();
-            protected::settle(&self.room, self.state.spent(), user, claimed, None, &lifetimes).await;
+    /// Settles a claim that no status line settled: an order that reached the upstream has an
+    /// unknown outcome (spent unless `token.unknown_outcome: release`); one that never did is
+    /// released, so the user may retry, and so is one whose client stopped sending its body
+    /// (`error` from downstream): the upstream holds an unfinished request, which it cannot take
+    /// for an order (a client that leaves once its body is whole is kept from pingora until the
+    /// answer, see [`crate::limits::hold_client`]). Returns the outcome, if it held a claim.
+    async fn settle_unanswered(&self, ctx: &mut Ctx, error: Option<&Error>) -> Option<Outcome> {
+        let (Some(claimed), Some(user)) = (ctx.claimed.take(), ctx.user.as_deref()) else { return None };
+        let cut_short = error.is_some_and(|e| matches!(e.esource(), ErrorSource::Downstream));
+        let outcome = if ctx.sent && !cut_short { Outcome::Unknown } else { Outcome::NotSent };
+        if outcome == Outcome::Unknown {
+            metrics::PROTECTED_BY_RESULT.with("unknown", |count| count.inc());
+            tracing::warn!(user, "an order reached the upstream and no status line came back: its outcome is unknown");
         }
+        // Cloned, not borrowed: a settings guard must not be held across an await.
+        let lifetimes = self.state.settings().config.token.clone();
+        protected::settle(&self.room, self.state.spent(), user, claimed, outcome, &lifetimes).await;
+        Some(outcome)
     }
+}
+
+/// `Upgrade` and `HTTP2-Settings`: what a request that asks to switch protocols carries.
+const HTTP2_SETTINGS: &str = "http2-settings";
+
+/// Whether a request that asks to switch protocols is forwarded without asking (contract
+/// section 12): a protected one always, any other unless it asks for WebSocket alone. A tunnel
+/// carries bytes no rule looks at, and `h2c` would carry requests the room never classifies.
+fn drops_switch(endpoint: Endpoint, upgrade: &http::HeaderValue, headers: &http::HeaderMap) -> bool {
+    let websocket = headers.get_all(http::header::UPGRADE).iter().count() == 1
+        && upgrade.as_bytes().trim_ascii().eq_ignore_ascii_case(b"websocket");
+    endpoint == Endpoint::Protected || !websocket
 }
 
 /// Keeps the identity header (trusted-header mode) and the token header out of `Connection`'s
@@ -278,6 +307,16 @@ fn answer_fields(answer: &Answer) -> impl Iterator<Item = (&'static str, Field)>
     .filter_map(|(name, value)| Some((name, value?)))
 }
 
+/// What a client is told of an order that reached the upstream with no status line back.
+fn unknown_outcome(state: &RoomState, code: u16) -> String {
+    let why = if code == 504 { "the upstream did not answer in time" } else { "the upstream's connection failed" };
+    let token = match state.settings().config.token.unknown_outcome {
+        crate::config::UnknownOutcome::Spend => "the entry token is spent",
+        crate::config::UnknownOutcome::Release => "the entry token may be used again",
+    };
+    format!("the order's outcome is unknown: {why}; {token}")
+}
+
 /// Writes an answer of the proxy's own.
 async fn write_answer(session: &mut Session, answer: Answer) -> Result<()> {
     let mut header = ResponseHeader::build(answer.status, Some(5))?;
@@ -318,6 +357,7 @@ impl ProxyHttp for Waitroom {
             user: None,
             claimed: None,
             upstream_started: None,
+            sent: false,
             upstream_status: None,
             _in_flight: self.state.request_started(),
         }
@@ -340,6 +380,20 @@ impl ProxyHttp for Waitroom {
                 return Ok(true);
             }
         };
+        let headers = &session.req_header().headers;
+        let switch = headers.get(http::header::UPGRADE);
+        let drop_switch = switch.is_some_and(|upgrade| drops_switch(ctx.endpoint, upgrade, headers));
+        if drop_switch {
+            let request = session.req_header_mut();
+            request.remove_header(&http::header::UPGRADE);
+            request.remove_header(HTTP2_SETTINGS);
+        }
+        let delimited = crate::limits::forwarding(session, drop_switch);
+        if delimited.is_some_and(|d| d != Delimited::Yes) {
+            // No answer may promise that the next request will be read: the connection cannot
+            // tell where it starts.
+            session.set_keepalive(None);
+        }
         if let Some(refusal) = own_body_refusal(session, ctx.endpoint, config.limits.header_timeout).await? {
             write_answer(session, refusal).await?;
             return Ok(true);
@@ -372,7 +426,14 @@ impl ProxyHttp for Waitroom {
                 },
                 Err(refusal) => refusal,
             },
-            Endpoint::Protected => match protected::check(config, &self.room, self.state.spent(), session, ctx).await {
+            // What follows a body the connection cannot delimit could reach pingora as more body
+            // or as an error after the order was sent, and the order's outcome would be lost:
+            // refused before the claim, not released after it.
+            Endpoint::Protected if delimited == Some(Delimited::Not) => {
+                metrics::PROTECTED_BY_RESULT.with("forbidden", |count| count.inc());
+                Answer::error(400, "the request's body framing is ambiguous: one Content-Length, or Transfer-Encoding: chunked alone")
+            }
+            Endpoint::Protected => match protected::check(&self.state, config, &self.room, session, ctx).await {
                 None => {
                     // Claimed: the upstream's answer settles the token, so it must be heard.
                     crate::limits::hold_client(session);
@@ -416,6 +477,7 @@ impl ProxyHttp for Waitroom {
         if ctx.endpoint != Endpoint::Protected {
             return Ok(());
         }
+        ctx.sent = true;
         if let (IdentityConfig::Jwt(verifier), Some(user)) = (&self.state.settings().config.identity, &ctx.user) {
             // The verified identity replaces whatever the client sent under that name, so the
             // upstream can credit the order to the user the room admitted.
@@ -432,6 +494,9 @@ impl ProxyHttp for Waitroom {
     ) -> Result<()> {
         if ctx.endpoint == Endpoint::Protected {
             crate::control::from_origin(&self.state, &self.room, upstream_response, ctx.user.as_deref()).await;
+        } else {
+            // Obeyed only on protected responses, and never shown to a client.
+            upstream_response.remove_header(crate::control::ORIGIN_HEADER);
         }
         let status = upstream_response.status.as_u16();
         if status < 200 {
@@ -450,9 +515,32 @@ impl ProxyHttp for Waitroom {
         }
         if let (Some(claimed), Some(user)) = (ctx.claimed.take(), ctx.user.as_deref()) {
             let lifetimes = self.state.settings().config.token.clone();
-            protected::settle(&self.room, self.state.spent(), user, claimed, Some(status), &lifetimes).await;
+            protected::settle(&self.room, self.state.spent(), user, claimed, Outcome::Answered(status), &lifetimes).await;
         }
         Ok(())
+    }
+
+    /// A protected request is never sent twice: pingora retries a request whose reused upstream
+    /// connection failed, and an order that reached the upstream before it failed may have been
+    /// placed.
+    fn error_while_proxy(
+        &self,
+        peer: &HttpPeer,
+        session: &mut Session,
+        e: Box<Error>,
+        ctx: &mut Ctx,
+        client_reused: bool,
+    ) -> Box<Error> {
+        let mut e = e.more_context(format!("Peer: {peer}"));
+        if ctx.endpoint == Endpoint::Protected
+            || !session.req_header().method.is_idempotent()
+            || session.as_ref().retry_buffer_truncated()
+        {
+            e.set_retry(false);
+        } else {
+            e.retry.decide_reuse(client_reused);
+        }
+        e
     }
 
     async fn fail_to_proxy(&self, session: &mut Session, e: &Error, ctx: &mut Ctx) -> FailToProxy
@@ -468,8 +556,8 @@ impl ProxyHttp for Waitroom {
                 self.state.latencies().record(started.elapsed());
             }
         }
-        // Released before the error answer leaves, so the user's immediate retry is not a 409.
-        self.release_unsettled(ctx).await;
+        // Settled before the error answer leaves, so the user's immediate retry is not a 409.
+        let unknown = self.settle_unanswered(ctx, Some(e)).await == Some(Outcome::Unknown);
         let code = match e.etype() {
             ErrorType::HTTPStatus(code) => *code,
             _ if timed_out => 504,
@@ -487,6 +575,7 @@ impl ProxyHttp for Waitroom {
         // Only a response not yet started can be replaced by ours.
         if code > 0 && session.response_written().is_none() {
             let answer = match code {
+                502 | 504 if unknown => Answer::error(code, &unknown_outcome(&self.state, code)),
                 502 => Answer::error(502, "the upstream could not be reached"),
                 504 => Answer::error(504, "the upstream did not answer in time"),
                 408 => Answer::error(408, "the request body did not arrive in time"),
@@ -501,7 +590,7 @@ impl ProxyHttp for Waitroom {
     }
 
     async fn logging(&self, session: &mut Session, error: Option<&Error>, ctx: &mut Ctx) {
-        self.release_unsettled(ctx).await;
+        self.settle_unanswered(ctx, error).await;
         let elapsed = ctx.started.elapsed();
         let endpoint = ctx.endpoint.label();
         metrics::REQUEST_DURATION_BY_ENDPOINT.with(endpoint, |duration| duration.observe(elapsed.as_secs_f64()));

@@ -1,6 +1,8 @@
 //! A protected request (`protected` method + path): forwarded only with the user's current entry
-//! token, claimed for this one request as it is forwarded (contract section 12: one admission, one
-//! order), and spent once the upstream answers 2xx; any other outcome releases the claim.
+//! token, claimed for this one request as it is forwarded and for as long as it is in flight
+//! (contract section 12: one admission, one order), and settled by the upstream's status line:
+//! a 2xx spends it; an order sent with no status line back has an unknown outcome, which spends it
+//! too unless `token.unknown_outcome: release`; anything else releases the claim.
 //! Parse (identity, token header) -> apply (claim the token in Redis) -> render (a refusal, or
 //! nothing and the request goes upstream).
 
@@ -10,38 +12,43 @@ use std::time::{Duration, Instant};
 use pingora::proxy::Session;
 
 use super::{identity, Answer, Ctx};
+use crate::claims::Live;
 use crate::config::{Config, TokenConfig};
 use crate::metrics;
-use crate::rules::{self, TokenFate};
+use crate::rules::{self, Outcome, TokenFate};
 use crate::spent::SpentTokens;
+use crate::state::RoomState;
 use crate::store::{Claim, Room};
 
-/// A token this request holds: what settling it needs.
+/// A token this request holds: what settling it needs, and its registration with the proxy's
+/// claim keeper, which renews the claim until this is settled.
 pub struct Claimed {
     pub token: String,
     pub id: String,
+    _live: Live,
 }
 
 /// Returns the refusal to send, or `None` when the request may go upstream.
 pub async fn check(
+    state: &RoomState,
     config: &Config,
     room: &Arc<Room>,
-    spent: &SpentTokens,
     session: &Session,
     ctx: &mut Ctx,
 ) -> Option<Answer> {
-    let (result, refusal) = decide(config, room, spent, session, ctx).await;
+    let (result, refusal) = decide(state, config, room, session, ctx).await;
     metrics::PROTECTED_BY_RESULT.with(result, |count| count.inc());
     refusal
 }
 
 async fn decide(
+    state: &RoomState,
     config: &Config,
     room: &Arc<Room>,
-    spent: &SpentTokens,
     session: &Session,
     ctx: &mut Ctx,
 ) -> (&'static str, Option<Answer>) {
+    let spent = state.spent();
     let user = match identity(config, session) {
         Ok(user) => ctx.user.insert(user),
         Err(problem) => return ("unauthenticated", Some(Answer::identity(problem))),
@@ -64,7 +71,8 @@ async fn decide(
     let id = uuid::Uuid::new_v4().simple().to_string();
     match room.claim_grouped(user, token, &id, config.token.claim_timeout).await {
         Ok(Claim::Claimed) => {
-            ctx.claimed = Some(Claimed { token: token.to_owned(), id });
+            let live = state.claims().register(user, &id);
+            ctx.claimed = Some(Claimed { token: token.to_owned(), id, _live: live });
             ("forwarded", None)
         }
         Ok(Claim::InUse) => ("in_use", Some(Answer::error(409, "this entry token is already in use"))),
@@ -84,19 +92,19 @@ async fn decide(
     }
 }
 
-/// Applies the upstream's verdict to the token that was used: `None` (no answer: unreachable,
-/// timed out, the client went away) releases it like a non-2xx.
+/// Applies what became of the order to the token that was used (see [`rules::token_fate`]).
 pub async fn settle(
     room: &Arc<Room>,
     spent: &SpentTokens,
     user: &str,
     claimed: Claimed,
-    upstream_status: Option<u16>,
+    outcome: Outcome,
     lifetimes: &TokenConfig,
 ) {
-    let Claimed { token, id } = claimed;
+    // The registration lives to the end of this call: the claim is renewed until it is settled.
+    let Claimed { token, id, _live } = claimed;
     let (token_ttl, claim_timeout) = (lifetimes.ttl, lifetimes.claim_timeout);
-    if rules::token_fate(upstream_status) == TokenFate::Keep {
+    if rules::token_fate(outcome, lifetimes.spend_terms()) == TokenFate::Keep {
         // Retrying is the user's right; if this release fails the claim still ends with
         // claim_timeout.
         if let Err(error) = room.consume_grouped(user, &token, &id, false).await {
@@ -118,9 +126,9 @@ pub async fn settle(
         // Expired, or already replaced by a newer token, between the check and now.
         Ok(false) => {}
         Err(error) => {
-            // The order went through; refusing its response now would only hide that from the
-            // user. While Redis is away a repeat is refused anyway (fail closed); keep trying in
-            // the background so the token is gone as soon as Redis is back.
+            // The order went through (or may have); refusing its response now would only hide
+            // that from the user. While Redis is away a repeat is refused anyway (fail closed);
+            // keep trying in the background so the token is gone as soon as Redis is back.
             metrics::REDIS_ERRORS_TOTAL.inc();
             tracing::error!(%error, user, "could not spend an entry token after a successful order; retrying");
             let (room, user) = (room.clone(), user.to_owned());

@@ -10,17 +10,45 @@ pub fn expires_in_secs(remaining_ms: u64) -> u64 {
 /// What a protected request's upstream outcome means for the token it used.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TokenFate {
-    /// The order went through: the token is spent.
+    /// The order went through (or may have): the token is spent.
     Consume,
     /// The order failed (or never reached the backend): the user may retry with the same token.
     Keep,
 }
 
-/// Only a 2xx spends a token; anything else leaves the user free to retry until it expires.
-pub fn token_fate(upstream_status: Option<u16>) -> TokenFate {
-    match upstream_status {
-        Some(s) if (200..300).contains(&s) => TokenFate::Consume,
-        _ => TokenFate::Keep,
+/// How a protected request's exchange with the upstream ended, as far as its token is concerned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The upstream's status line came back: it decides, whatever happens to the exchange after.
+    Answered(u16),
+    /// The request reached the upstream, whole or in part, and no status line came back (a
+    /// timeout, a reset, a closed connection): the upstream may have placed the order.
+    Unknown,
+    /// The request never reached the upstream (refused, or failed before it was sent).
+    NotSent,
+}
+
+/// What the room's settings say of the outcomes that are not a plain 2xx.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SpendTerms {
+    /// `token.spend_on_redirect`: a 3xx is a placed order (POST, then 303 See Other).
+    pub on_redirect: bool,
+    /// `token.unknown_outcome: spend`: an unknown outcome is taken for a placed order.
+    pub on_unknown: bool,
+}
+
+/// A 2xx spends a token, and so do a 3xx and an unknown outcome when the terms say so; anything
+/// else leaves the user free to retry until it expires.
+pub fn token_fate(outcome: Outcome, terms: SpendTerms) -> TokenFate {
+    let spends = match outcome {
+        Outcome::Answered(status) => (200..300).contains(&status) || (terms.on_redirect && (300..400).contains(&status)),
+        Outcome::Unknown => terms.on_unknown,
+        Outcome::NotSent => false,
+    };
+    if spends {
+        TokenFate::Consume
+    } else {
+        TokenFate::Keep
     }
 }
 
@@ -52,14 +80,29 @@ mod tests {
 
 
     #[test]
-    fn only_2xx_spends_a_token() {
-        assert_eq!(token_fate(Some(200)), TokenFate::Consume);
-        assert_eq!(token_fate(Some(201)), TokenFate::Consume);
-        assert_eq!(token_fate(Some(299)), TokenFate::Consume);
-        assert_eq!(token_fate(Some(302)), TokenFate::Keep);
-        assert_eq!(token_fate(Some(409)), TokenFate::Keep);
-        assert_eq!(token_fate(Some(500)), TokenFate::Keep);
-        assert_eq!(token_fate(None), TokenFate::Keep);
+    fn the_status_line_decides_and_the_terms_say_the_rest() {
+        use Outcome::*;
+        let plain = SpendTerms { on_redirect: false, on_unknown: false };
+        for status in [200, 201, 299] {
+            assert_eq!(token_fate(Answered(status), plain), TokenFate::Consume, "{status}");
+        }
+        for status in [100, 302, 303, 409, 500] {
+            assert_eq!(token_fate(Answered(status), plain), TokenFate::Keep, "{status}");
+        }
+        assert_eq!(token_fate(Unknown, plain), TokenFate::Keep);
+        assert_eq!(token_fate(NotSent, plain), TokenFate::Keep);
+
+        let redirects = SpendTerms { on_redirect: true, on_unknown: false };
+        for status in [300, 303, 307, 399] {
+            assert_eq!(token_fate(Answered(status), redirects), TokenFate::Consume, "{status}");
+        }
+        assert_eq!(token_fate(Answered(400), redirects), TokenFate::Keep);
+
+        let unknown = SpendTerms { on_redirect: false, on_unknown: true };
+        assert_eq!(token_fate(Unknown, unknown), TokenFate::Consume);
+        // Nothing was sent: nothing can have been placed, whatever the terms.
+        assert_eq!(token_fate(NotSent, unknown), TokenFate::Keep);
+        assert_eq!(token_fate(Answered(502), unknown), TokenFate::Keep);
     }
 
     #[test]

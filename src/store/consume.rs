@@ -113,6 +113,40 @@ pub(super) mod claim {
     }
 }
 
+pub(super) mod keep {
+    use std::time::Duration;
+
+    use super::{Room, StoreError};
+
+    script! {
+        static SCRIPT = [] "lua/keep_claims.lua";
+        keys []
+        args KeepArgs {
+            claim_ms: u64,
+            members: u64,
+        }
+    }
+
+    impl Room {
+        /// Keeps each of `claims` (user, claim id), the claims of this proxy's orders still in
+        /// flight, for `hold` more (never past its token's expiry), if it is still that
+        /// request's; how many were.
+        pub async fn keep_claims(&self, claims: &[(&str, &str)], hold: Duration) -> Result<u64, StoreError> {
+            if claims.is_empty() {
+                return Ok(0);
+            }
+            let claim_ms = (hold.as_millis() as u64).max(1);
+            let mut call = invoke(&self.keys, KeepArgs { claim_ms, members: claims.len() as u64 });
+            for (user, claim) in claims {
+                let (user_token, user_claim) = self.keys.token_and_claim(user);
+                call.key(user_token).key(user_claim);
+                call.arg(*claim);
+            }
+            self.run(&call).await
+        }
+    }
+}
+
 script! {
     static SCRIPT = [] "lua/consume.lua";
     keys [tokens]

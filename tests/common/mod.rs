@@ -29,7 +29,7 @@ mod store;
 
 pub use answers::*;
 pub use api_tools::api_tool;
-pub use client::{http_client, raw_request, read_response, send, try_send, Resp};
+pub use client::{http_client, raw_request, read_response, send, try_read_response, try_send, Resp};
 pub use demo_api::DemoApi;
 pub use identity_front::IdentityFront;
 pub use process::{listening_addrs, tools_binary};

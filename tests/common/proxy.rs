@@ -15,7 +15,13 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use tempfile::TempDir;
 
-const BIN: &str = env!("CARGO_BIN_EXE_waitroom");
+const BUILT: &str = env!("CARGO_BIN_EXE_waitroom");
+
+/// The proxy the tests run: this tree's, or the binary `WAITROOM_TEST_BIN` names (an older
+/// build, to see a test fail on the bug it is named after).
+fn bin() -> String {
+    std::env::var("WAITROOM_TEST_BIN").unwrap_or_else(|_| BUILT.to_owned())
+}
 const START_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// `t` + 12 hex digits: unique per call, so parallel tests in one Redis could not collide either.
@@ -87,7 +93,7 @@ pub fn run_check_env(config_yaml: &str, env: &[(&str, &str)]) -> Output {
         .expect("tempdir");
     let path = dir.path().join("proxy.yaml");
     std::fs::write(&path, config_yaml).expect("write config");
-    Command::new(BIN)
+    Command::new(bin())
         .arg("--config")
         .arg(&path)
         .arg("--check")
@@ -200,7 +206,7 @@ impl ProxyBuilder {
         std::fs::write(&config_path, serde_yaml::to_string(&config).unwrap())
             .expect("write config");
 
-        let mut cmd = Command::new(BIN);
+        let mut cmd = Command::new(bin());
         cmd.arg("--config")
             .arg(&config_path)
             .current_dir(dir.path());
@@ -440,7 +446,7 @@ impl Proxy {
     }
 
     /// The request `order` sends, for a test to add headers to (e.g. the demo API's
-    /// `X-Demo-Fail` or `X-Demo-Delay-Ms`).
+    /// `X-Demo-Fail`, or `X-Demo-Delay-Ms` when it was started with `--client-delays`).
     pub fn order_request(&self, user: &str, token: Option<&str>) -> reqwest::RequestBuilder {
         let route = self
             .config()

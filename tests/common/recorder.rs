@@ -3,6 +3,7 @@
 //! the proxy, and of exactly what target it carried.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -42,7 +43,18 @@ impl Recorder {
         Recorder::start_with(status, &[], delay).await
     }
 
+    /// As [`Recorder::start_slow`], for the first `slow` requests only: the others are answered
+    /// at once (an order API that was slow for a moment).
+    pub async fn start_slow_first(status: u16, delay: Duration, slow: usize) -> Recorder {
+        Recorder::start_counted(status, &[], delay, slow).await
+    }
+
     async fn start_with(status: u16, headers: &[(&str, &str)], delay: Duration) -> Recorder {
+        Recorder::start_counted(status, headers, delay, usize::MAX).await
+    }
+
+    async fn start_counted(status: u16, headers: &[(&str, &str)], delay: Duration, slow: usize) -> Recorder {
+        let slow = Arc::new(AtomicUsize::new(slow));
         let extra: String = headers.iter().map(|(name, value)| format!("{name}: {value}\r\n")).collect();
         let extra: Arc<str> = extra.into();
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind recorder");
@@ -51,7 +63,7 @@ impl Recorder {
         let log = seen.clone();
         let task = tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
-                tokio::spawn(serve(stream, status, extra.clone(), log.clone(), delay));
+                tokio::spawn(serve(stream, status, extra.clone(), log.clone(), delay, slow.clone()));
             }
         });
         Recorder { addr, seen, task }
@@ -77,7 +89,14 @@ impl Drop for Recorder {
     }
 }
 
-async fn serve(mut stream: TcpStream, status: u16, extra: Arc<str>, log: Arc<Mutex<Vec<Seen>>>, delay: Duration) {
+async fn serve(
+    mut stream: TcpStream,
+    status: u16,
+    extra: Arc<str>,
+    log: Arc<Mutex<Vec<Seen>>>,
+    delay: Duration,
+    slow: Arc<AtomicUsize>,
+) {
     let mut buf = Vec::new();
     let mut chunk = [0u8; 4096];
     loop {
@@ -123,7 +142,9 @@ async fn serve(mut stream: TcpStream, status: u16, extra: Arc<str>, log: Arc<Mut
             buf.drain(..length);
         }
         log.lock().unwrap().push(Seen { line, headers });
-        tokio::time::sleep(delay).await;
+        if slow.fetch_update(Ordering::AcqRel, Ordering::Acquire, |left| left.checked_sub(1)).is_ok() {
+            tokio::time::sleep(delay).await;
+        }
         let answer = format!("HTTP/1.1 {status} Recorded\r\nContent-Type: application/json\r\n{extra}Content-Length: 2\r\n\r\n{{}}");
         if stream.write_all(answer.as_bytes()).await.is_err() {
             return;
