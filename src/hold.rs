@@ -10,12 +10,16 @@
 //! NOT_IN_QUEUE when the place was removed), so a gap in the line never turns into a wrong
 //! READY, and holding costs no Redis call per held user per tick.
 //!
+//! At most one poll per identity is held: a client that opens a second one while its first is
+//! held (a retry behind a silent proxy, two tabs, a script) is answered at once instead, so one
+//! identity cannot take many of the `queue.capacity` slots.
+//!
 //! Scores are compared as the non-negative floats Redis stores (arrival numbers, or a scheduled
 //! event's drawn fractions below 1): for those, the order of the IEEE bit patterns is the
 //! numeric order, so the held polls sit in a `BTreeMap` keyed by the bits and a reading wakes
 //! a prefix of it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -24,12 +28,14 @@ use tokio::sync::oneshot;
 use crate::metrics;
 
 /// Where a held poll sits: its score's bits, then a number that tells apart two polls of the
-/// same score (the same user polling twice at once).
+/// same score.
 type Slot = (u64, u64);
 
 #[derive(Default)]
 struct Inner {
     waiting: BTreeMap<Slot, oneshot::Sender<()>>,
+    /// The identities with a poll held; each leaves with its [`Hold`].
+    users: HashSet<Arc<str>>,
 }
 
 /// This proxy's held polls.
@@ -43,20 +49,30 @@ pub struct HeldPolls {
 }
 
 impl HeldPolls {
-    /// Holds a poll for the user whose place has `score`, unless `limit` polls are held already
-    /// or the proxy is stopping. The poll wakes when the line's front passes the score, or when
-    /// every poll is woken (a closed room, a stop, a room that lost its numbers).
-    pub fn hold(&self, score: f64, limit: usize) -> Option<Hold> {
+    /// Holds a poll for `user`, whose place has `score`, unless `limit` polls are held already,
+    /// `user` has one held, or the proxy is stopping. The poll wakes when the line's front passes
+    /// the score, or when every poll is woken (a closed room, a stop, a room that lost its
+    /// numbers).
+    pub fn hold(&self, user: &str, score: f64, limit: usize) -> Option<Hold> {
         if self.stopping.load(Ordering::Acquire) {
             return None;
         }
-        // Counted first, so two polls racing for the last slot cannot both take it.
-        if self.count.fetch_add(1, Ordering::AcqRel) >= limit {
-            self.count.fetch_sub(1, Ordering::AcqRel);
-            return None;
-        }
+        let user: Arc<str> = {
+            let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+            if inner.users.contains(user) {
+                return None;
+            }
+            // Counted first, so two polls racing for the last slot cannot both take it.
+            if self.count.fetch_add(1, Ordering::AcqRel) >= limit {
+                self.count.fetch_sub(1, Ordering::AcqRel);
+                return None;
+            }
+            let user: Arc<str> = user.into();
+            inner.users.insert(user.clone());
+            user
+        };
         metrics::HELD_POLLS.inc();
-        let mut hold = Hold { slot: None, woken: None, inner: self.inner.clone(), count: self.count.clone() };
+        let mut hold = Hold { slot: None, woken: None, user, inner: self.inner.clone(), count: self.count.clone() };
         hold.wait_for(score, self.next.fetch_add(1, Ordering::Relaxed));
         Some(hold)
     }
@@ -107,6 +123,7 @@ fn bits(score: f64) -> u64 {
 pub struct Hold {
     slot: Option<Slot>,
     woken: Option<oneshot::Receiver<()>>,
+    user: Arc<str>,
     inner: Arc<Mutex<Inner>>,
     count: Arc<AtomicUsize>,
 }
@@ -148,7 +165,12 @@ impl Hold {
 
 impl Drop for Hold {
     fn drop(&mut self) {
-        self.leave();
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(slot) = self.slot.take() {
+            inner.waiting.remove(&slot);
+        }
+        inner.users.remove(&self.user);
+        drop(inner);
         self.count.fetch_sub(1, Ordering::AcqRel);
         metrics::HELD_POLLS.dec();
     }
@@ -166,7 +188,7 @@ mod tests {
     #[tokio::test]
     async fn the_front_wakes_exactly_the_polls_it_has_passed() {
         let held = HeldPolls::default();
-        let mut polls: Vec<Hold> = [3.0, 5.0, 7.0].iter().map(|s| held.hold(*s, 10).unwrap()).collect();
+        let mut polls: Vec<Hold> = [3.0, 5.0, 7.0].iter().map(|s| held.hold(&format!("u{s}"), *s, 10).unwrap()).collect();
         held.front(Some(5.0));
         assert!(is_woken(&mut polls[0]).await, "3 has left a line whose front is 5");
         assert!(!is_woken(&mut polls[1]).await, "5 is the front: still waiting");
@@ -178,8 +200,8 @@ mod tests {
     #[tokio::test]
     async fn drawn_scores_below_one_keep_their_order() {
         let held = HeldPolls::default();
-        let mut early = held.hold(0.125, 10).unwrap();
-        let mut late = held.hold(0.75, 10).unwrap();
+        let mut early = held.hold("early", 0.125, 10).unwrap();
+        let mut late = held.hold("late", 0.75, 10).unwrap();
         held.front(Some(0.5));
         assert!(is_woken(&mut early).await);
         assert!(!is_woken(&mut late).await);
@@ -190,13 +212,13 @@ mod tests {
     #[tokio::test]
     async fn at_most_the_limit_is_held_and_a_dropped_hold_frees_its_slot() {
         let held = HeldPolls::default();
-        let first = held.hold(1.0, 2).unwrap();
-        let _second = held.hold(2.0, 2).unwrap();
-        assert!(held.hold(3.0, 2).is_none());
+        let first = held.hold("a", 1.0, 2).unwrap();
+        let _second = held.hold("b", 2.0, 2).unwrap();
+        assert!(held.hold("c", 3.0, 2).is_none());
         drop(first);
         assert_eq!(held.count.load(Ordering::Acquire), 1);
         assert!(held.inner.lock().unwrap().waiting.len() == 1, "the dropped poll left the map");
-        let third = held.hold(3.0, 2);
+        let third = held.hold("c", 3.0, 2);
         assert!(third.is_some());
         drop(third);
         drop(_second);
@@ -204,20 +226,35 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn one_poll_is_held_per_user_until_it_ends() {
+        let held = HeldPolls::default();
+        let first = held.hold("alice", 1.0, 10).unwrap();
+        assert!(held.hold("alice", 1.0, 10).is_none(), "alice has a poll held");
+        let bob = held.hold("bob", 2.0, 10);
+        assert!(bob.is_some(), "another user is held");
+        assert_eq!(held.count.load(Ordering::Acquire), 2, "a refused poll takes no slot");
+        drop(first);
+        let again = held.hold("alice", 1.0, 10);
+        assert!(again.is_some(), "alice's ended hold let her poll be held again");
+        drop((again, bob));
+        assert!(held.inner.lock().unwrap().users.is_empty(), "every user left with their hold");
+    }
+
+    #[tokio::test]
     async fn a_stop_wakes_every_poll_and_holds_no_new_one() {
         let held = HeldPolls::default();
-        let mut poll = held.hold(9.0, 10).unwrap();
+        let mut poll = held.hold("a", 9.0, 10).unwrap();
         assert!(!held.stopping());
         held.stop();
         assert!(held.stopping());
         assert!(is_woken(&mut poll).await);
-        assert!(held.hold(10.0, 10).is_none());
+        assert!(held.hold("b", 10.0, 10).is_none());
     }
 
     #[tokio::test]
     async fn a_rearmed_poll_waits_for_its_new_score() {
         let held = HeldPolls::default();
-        let mut poll = held.hold(2.0, 10).unwrap();
+        let mut poll = held.hold("a", 2.0, 10).unwrap();
         held.front(Some(3.0));
         assert!(is_woken(&mut poll).await);
         poll.rearm(8.0);

@@ -1,9 +1,10 @@
 //! Held polls (contract section 13), against a real Redis and real sockets: READY reaches a
 //! held poll within 100 ms of the admission, whichever proxy admitted; a hold ends at `hold`
 //! with `pollAfter: 0`; users far back, and every user with `hold: 0s`, are answered at once; a
-//! client that goes away frees its hold; a place removed from the line never turns into READY;
-//! a close and a graceful stop answer held polls; enforced polling and abandonment count a held
-//! poll as on time and as heard from.
+//! client that goes away frees its hold; a second poll of a user already held is answered at
+//! once; a place removed from the line never turns into READY; a close and a graceful stop
+//! answer held polls; enforced polling and abandonment count a held poll as on time and as heard
+//! from.
 
 mod common;
 
@@ -237,6 +238,31 @@ async fn a_client_that_goes_away_frees_its_hold() {
     drop(socket);
     let (_, took) = timed(until_held(&proxy, 0)).await;
     assert!(took < Duration::from_millis(500), "the hold outlived its client by {took:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_poll_of_a_user_already_held_is_answered_at_once() {
+    let (_redis, _api, proxy) = front_room("endpoints: {hold: 5s}").await;
+    enter_all(&proxy, &names("o", 2)).await;
+    let first = poll_all(&proxy, &["o1"]).remove(0);
+    until_held(&proxy, 1).await;
+    // o1 again, on a second connection (the client's first one waits for the held answer):
+    // the tier's pollAfter (2 s by default), not 0, or such a client would ask in a loop.
+    let (r, took) = timed(proxy.status("o1")).await;
+    assert_answer("o1's second poll", &r, 200, waiting(1, 0, 2));
+    assert!(took < Duration::from_secs(1), "o1's second poll answered after {took:?}");
+    assert!(!first.is_finished(), "o1's first poll is still held");
+    assert_eq!(proxy.metric("waitroom_held_polls").await, Some(1.0));
+    // Another identity is held as before.
+    let other = poll_all(&proxy, &["o2"]).remove(0);
+    until_held(&proxy, 2).await;
+    let (r, _) = first.await.unwrap();
+    assert_answer("o1's first poll at the end of the hold", &r, 200, waiting(1, 0, 0));
+    let (r, _) = other.await.unwrap();
+    assert_answer("o2's poll at the end of the hold", &r, 200, waiting(2, 0, 0));
+    // The ended hold let o1 go: the next poll is held again.
+    let _next = poll_all(&proxy, &["o1"]).remove(0);
+    until_held(&proxy, 1).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -118,6 +118,19 @@ async fn without_admin_token_env_there_is_no_admin_api() {
     assert_eq!(ok.status.code(), Some(0), "{}", String::from_utf8_lossy(&ok.stderr));
 }
 
+#[test]
+fn an_admin_token_with_whitespace_at_either_end_is_a_configuration_error() {
+    // A token read from a secret file keeps the file's newline; no client sends it back.
+    let yaml = format!("upstream: 127.0.0.1:1\nadmin: {{token_env: {TOKEN_ENV}}}\n");
+    for padded in [format!("{TOKEN}\n"), format!(" {TOKEN}"), format!("{TOKEN}\t")] {
+        let out = run_check_env(&yaml, &[(TOKEN_ENV, &padded)]);
+        let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert_eq!(out.status.code(), Some(2), "{padded:?}: {said}");
+        assert!(said.contains(&format!("admin.token_env: environment variable {TOKEN_ENV} starts or ends with whitespace")), "{said}");
+        assert!(!said.contains(TOKEN), "the token is never printed: {said}");
+    }
+}
+
 #[tokio::test]
 async fn the_admin_api_wants_the_bearer_token_a_known_path_and_the_right_method() {
     let (_redis, _api, room) = fresh_admin_room("admission: {batch_size: 7}");

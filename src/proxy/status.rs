@@ -85,11 +85,13 @@ pub async fn handle(
         return Some(now.count());
     };
     let limit = usize::try_from(settings.config.queue.capacity.get()).unwrap_or(usize::MAX);
-    let Some(mut hold) = state.held().hold(score, limit) else {
+    let Some(mut hold) = state.held().hold(user, score, limit) else {
         if state.held().stopping() {
             return Some(now.count());
         }
-        // Held polls at their limit: this one is told to come back later, not at once.
+        // Held polls at their limit, or this user's poll held already on another connection:
+        // told to come back later (the tier's pollAfter, at least 1), not at once, or a client
+        // that keeps a poll held would be answered in a loop.
         return Some(Reading { answer: Answer::waiting_unheld(position, pace, &settings.config), ..now }.count());
     };
     let deadline = tokio::time::Instant::now() + settings.config.endpoints.hold;
