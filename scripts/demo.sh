@@ -162,6 +162,8 @@ fi
 # 3. The demo order API, on a port of its own choosing (it prints the address it got)
 # ---------------------------------------------------------------------------------------------
 say "starting demo-order-api ($SLOTS slots, ${SERVICE_MS} ms an order)"
+# Without --client-delays: nothing here sends X-Demo-Delay-Ms, and with it anyone trying the demo
+# by hand could make their own order outlast the proxy's upstream timeout.
 start demo-order-api "$WORKDIR/order-api.log" \
   "$BIN/demo-order-api" --listen 127.0.0.1:0 --slots "$SLOTS" --service-time-ms "$SERVICE_MS"
 API_PID=${PIDS[-1]}

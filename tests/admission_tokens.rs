@@ -213,13 +213,16 @@ async fn orders_seen(api: &DemoApi) -> u64 {
         + s["inFlight"].as_u64().unwrap()
 }
 
+/// Orders of 20 ms, and a test may make one slower with `X-Demo-Delay-Ms`.
+const FAST_API: [&str; 3] = ["--service-time-ms", "20", "--client-delays"];
+
 fn fast_api() -> DemoApi {
-    DemoApi::start(&["--service-time-ms", "20"])
+    DemoApi::start(&FAST_API)
 }
 
 /// A running proxy configured with `yaml`, on a fresh Redis, in front of `fast_api`.
 async fn room_with(yaml: &str) -> (RedisServer, DemoApi, Proxy) {
-    room(&["--service-time-ms", "20"], yaml).await
+    room(&FAST_API, yaml).await
 }
 
 async fn tokens_room() -> (RedisServer, DemoApi, Proxy) {

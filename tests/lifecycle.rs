@@ -29,10 +29,11 @@ fn room_builder(redis: &RedisServer, api: &DemoApi) -> ProxyBuilder {
     Proxy::builder(&redis.url(), api.addr()).yaml("redis: {timeout: 2s}")
 }
 
-/// A Redis, a demo API and a proxy of [`room_builder`] with `yaml` on top.
+/// A Redis, a demo API and a proxy of [`room_builder`] with `yaml` on top. The demo API honours
+/// `X-Demo-Delay-Ms`, for [`slow_order`].
 async fn lifecycle_room(yaml: &str) -> (RedisServer, DemoApi, Proxy) {
     let redis = RedisServer::start();
-    let api = DemoApi::start(&[]);
+    let api = DemoApi::start(&["--client-delays"]);
     let proxy = room_builder(&redis, &api).yaml(yaml).start().await;
     (redis, api, proxy)
 }

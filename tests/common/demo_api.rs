@@ -17,7 +17,8 @@ pub struct DemoApi {
 }
 
 impl DemoApi {
-    /// `extra_args`: e.g. `&["--slots", "4", "--service-time-ms", "50"]`.
+    /// `extra_args`: e.g. `&["--slots", "4", "--service-time-ms", "50"]`, and `--client-delays`
+    /// for a test that sends `X-Demo-Delay-Ms` (ignored without it).
     pub fn start(extra_args: &[&str]) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("waitroom-api")

@@ -9,8 +9,12 @@
 //!   capacity.
 //! - Every other request is echoed back as JSON, so a test can prove that the proxy passed a request
 //!   through unchanged.
-//! - A few request headers (`X-Demo-Fail`, `X-Demo-Delay-Ms`, `X-Echo-Status`) let a test script
-//!   failures and slow requests without restarting the server.
+//! - A few request headers (`X-Demo-Fail`, `X-Echo-Status`) let a test script failures without
+//!   restarting the server. `X-Demo-Delay-Ms` (an order's own service time) is honoured only when
+//!   the server is started with client delays on (`--client-delays`): otherwise any user of a
+//!   room in front of this server could make their own order outlast the proxy's
+//!   `limits.upstream_timeout`, an outcome the room must treat as unknown. The tests that script
+//!   slow orders turn it on; the demo and the benchmarks leave it off.
 //!
 //! It is deliberately plain hyper (one task per connection, HTTP/1.1 keep-alive) rather than
 //! pingora: it must not share code paths with the proxy it is used to test. The binary
@@ -47,10 +51,22 @@ const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
 /// means; refusing it turns a typo into a 400 instead of a request that hangs for days.
 pub const MAX_DELAY_MS: u64 = 60 * 60 * 1000;
 
+/// How the server is set up: its order capacity, and what a request may choose.
+#[derive(Debug, Clone, Copy)]
+pub struct Settings {
+    /// Orders processed at once.
+    pub slots: u32,
+    /// How long each order holds its slot, until `PUT /admin/service-time` changes it.
+    pub service_time_ms: u64,
+    /// Whether an order's `X-Demo-Delay-Ms` header sets its own service time. Off, the header is
+    /// ignored: a client must not be able to choose how long its order takes.
+    pub client_delays: bool,
+}
+
 /// Serves on `listener` until the process ends: `slots` orders at once, each holding its slot for
-/// `service_time_ms` unless a request or `PUT /admin/service-time` says otherwise.
-pub async fn serve(listener: TcpListener, slots: u32, service_time_ms: u64) {
-    let app = Arc::new(App::new(slots, service_time_ms));
+/// the service time (`X-Demo-Delay-Ms` instead when client delays are on).
+pub async fn serve(listener: TcpListener, settings: Settings) {
+    let app = Arc::new(App::new(settings));
     accept_forever(listener, app, serve_connection, accept_failed).await;
 }
 
@@ -86,17 +102,19 @@ async fn serve_connection(app: Arc<App>, stream: TcpStream, peer: SocketAddr) {
 struct App {
     slots: Semaphore,
     slot_count: u32,
+    client_delays: bool,
     stats: Stats,
 }
 
 impl App {
-    fn new(slots: u32, service_time_ms: u64) -> Self {
+    fn new(settings: Settings) -> Self {
         App {
             // u32 -> usize cannot truncate on the 32/64-bit targets we build for; the CLI caps the
             // value far below Semaphore::MAX_PERMITS.
-            slots: Semaphore::new(slots as usize),
-            slot_count: slots,
-            stats: Stats::new(service_time_ms),
+            slots: Semaphore::new(settings.slots as usize),
+            slot_count: settings.slots,
+            client_delays: settings.client_delays,
+            stats: Stats::new(settings.service_time_ms),
         }
     }
 
@@ -302,7 +320,13 @@ async fn create_order(app: &App, headers: &HeaderMap) -> Reply {
         Ok(None) => {}
         Err(msg) => return error_reply(StatusCode::BAD_REQUEST, msg),
     }
-    let service_time = match header_number(headers, "x-demo-delay-ms", 0..=MAX_DELAY_MS) {
+    // With client delays off the header is not read at all, so a malformed one is no error.
+    let client_delay = if app.client_delays {
+        header_number(headers, "x-demo-delay-ms", 0..=MAX_DELAY_MS)
+    } else {
+        Ok(None)
+    };
+    let service_time = match client_delay {
         Ok(delay) => delay.map(Duration::from_millis),
         Err(msg) => return error_reply(StatusCode::BAD_REQUEST, msg),
     };

@@ -12,6 +12,7 @@ use anyhow::{bail, Context, Result};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 use tokio::task::JoinHandle;
+use waitroom_tools::demo_api::MAX_DELAY_MS;
 
 struct DemoApi {
     child: Child,
@@ -21,6 +22,11 @@ struct DemoApi {
 
 impl DemoApi {
     async fn start(slots: u32, service_time_ms: u64) -> Result<Self> {
+        DemoApi::start_with(slots, service_time_ms, &[]).await
+    }
+
+    /// As [`DemoApi::start`], with more flags (`--client-delays`).
+    async fn start_with(slots: u32, service_time_ms: u64, flags: &[&str]) -> Result<Self> {
         // The free port may be taken by someone else between our probe and the child's bind; the
         // child then exits, and we try again on another port rather than fail the test.
         for _ in 0..5 {
@@ -29,6 +35,7 @@ impl DemoApi {
                 .args(["--listen", &addr.to_string()])
                 .args(["--slots", &slots.to_string()])
                 .args(["--service-time-ms", &service_time_ms.to_string()])
+                .args(flags)
                 .env("RUST_LOG", "warn")
                 .stdout(Stdio::null())
                 .spawn()
@@ -310,12 +317,34 @@ async fn service_time_can_be_changed_at_run_time() -> Result<()> {
 }
 
 #[tokio::test]
-async fn delay_header_overrides_the_service_time() -> Result<()> {
-    let api = DemoApi::start(20, 0).await?;
+async fn with_client_delays_the_delay_header_overrides_the_service_time() -> Result<()> {
+    let api = DemoApi::start_with(20, 0, &["--client-delays"]).await?;
     let started = Instant::now();
     let resp = api.order().header("X-Demo-Delay-Ms", "300").send().await?;
     assert_eq!(resp.status(), StatusCode::CREATED);
     assert!(started.elapsed() >= Duration::from_millis(300));
+    let bad = api.order().header("X-Demo-Delay-Ms", "soon").send().await?;
+    assert_eq!(bad.status(), StatusCode::BAD_REQUEST);
+    Ok(())
+}
+
+/// By default a client cannot choose how long its order takes (it could outlast the proxy's
+/// upstream timeout): the header is ignored, a malformed one too.
+#[tokio::test]
+async fn without_client_delays_the_delay_header_is_ignored() -> Result<()> {
+    let api = DemoApi::start(20, 0).await?;
+    // Honoured, this order would take an hour: the timeout only bounds a 0 ms order.
+    let resp = api
+        .order()
+        .header("X-Demo-Delay-Ms", MAX_DELAY_MS.to_string())
+        .timeout(Duration::from_secs(10))
+        .send()
+        .await
+        .context("the order waited for its own delay")?;
+    assert_eq!(resp.status(), StatusCode::CREATED);
+    let resp = api.order().header("X-Demo-Delay-Ms", "soon").send().await?;
+    assert_eq!(resp.status(), StatusCode::CREATED, "a malformed header is not read");
+    assert_eq!(api.stats().await?["completed"], 2);
     Ok(())
 }
 

@@ -28,6 +28,12 @@ struct Cli {
           value_parser = clap::value_parser!(u64).range(0..=MAX_DELAY_MS))]
     service_time_ms: u64,
 
+    /// Honour an order's `X-Demo-Delay-Ms` header (its own service time), for tests that script
+    /// slow orders. Off by default: any user could otherwise make their order outlast the proxy's
+    /// upstream timeout.
+    #[arg(long)]
+    client_delays: bool,
+
     /// Worker threads of the tokio runtime.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..))]
     threads: u16,
@@ -47,7 +53,19 @@ async fn listen_and_serve(cli: Cli) -> std::io::Result<()> {
     let local = listener.local_addr()?;
     // The real address, not the flag: with port 0 this is the only place the port shows up.
     println!("demo-order-api listening on {local}");
-    info!(%local, slots = cli.slots, service_time_ms = cli.service_time_ms, threads = cli.threads, "started");
-    demo_api::serve(listener, cli.slots, cli.service_time_ms).await;
+    info!(
+        %local,
+        slots = cli.slots,
+        service_time_ms = cli.service_time_ms,
+        client_delays = cli.client_delays,
+        threads = cli.threads,
+        "started"
+    );
+    let settings = demo_api::Settings {
+        slots: cli.slots,
+        service_time_ms: cli.service_time_ms,
+        client_delays: cli.client_delays,
+    };
+    demo_api::serve(listener, settings).await;
     Ok(())
 }
