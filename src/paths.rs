@@ -30,6 +30,16 @@
 //!   always from the decoded path, before any `..` has removed a `%2F` or a `//`. Dot segments
 //!   climbing above the root are dropped in these readings, as `path.Clean`, `normpath` and
 //!   WHATWG do.
+//! - An origin-form target starting with `//` (or `/\`, which a WHATWG parser reads alike) is
+//!   also read as a network-path reference, `//host/path` (RFC 3986 4.2), twice: as WHATWG does
+//!   (Node's `new URL(req.url, base)`, Deno, Bun: every leading `/` and `\` skipped, the host up
+//!   to the next `/`, `\`, `?` or `#`, so `///api/orders` is the host `api` and the path
+//!   `/orders`), and as the contract says, the path after the first segment (Python's `urlsplit`:
+//!   the host up to the next `/`, `?` or `#`, so `//a\b/api/orders` is the path `/api/orders`).
+//!   Each path found goes through the readings above, dot segments climbing above the root
+//!   dropped as WHATWG drops them, and the request is refused like an ambiguous one
+//!   ([`PathRefusal::NetworkPath`]). `//api/orders` itself stays protected: its canonical path is
+//!   protected and forwarded, so the upstream never sees the `//`.
 //! - A request is refused when an alternative reading differs from the plain one and is
 //!   protected, whether or not the plain reading is protected too: that is what the contract's
 //!   sentence says, and the safer side (an order path carrying an encoded slash is not a
@@ -56,6 +66,11 @@ pub enum PathRefusal {
     /// cannot tell which reading the backend routes.
     #[error("the path is ambiguous: it could name a protected path")]
     Ambiguous,
+    /// An origin-form target starting with `//` (or `/\`): read as `//host/path`, as WHATWG URL
+    /// parsers (Node's `new URL(req.url, base)`) and Python's `urlsplit` read it, its path would
+    /// be protected.
+    #[error("the request target is ambiguous: read as //host/path it could name a protected path")]
+    NetworkPath,
     /// The target names no path (`*`, `host:443`, an opaque or unparseable target).
     #[error("the request target names no path")]
     NoPath,
@@ -73,6 +88,9 @@ impl PathRefusal {
             PathRefusal::MalformedPercent => "the path has a malformed percent-encoding",
             PathRefusal::AboveRoot => "the path climbs above the root",
             PathRefusal::Ambiguous => "the path is ambiguous: it could name a protected path",
+            PathRefusal::NetworkPath => {
+                "the request target is ambiguous: read as //host/path it could name a protected path"
+            }
             PathRefusal::NoPath => "the request target names no path",
         }
     }
@@ -535,6 +553,36 @@ fn read_slashes(path: &[u8]) -> Vec<u8> {
     out
 }
 
+/// The paths URL parsers find in an origin-form target read as a network-path reference
+/// (`//host/path`), query and fragment dropped, each starting with `/`; none when the target does
+/// not start with `//` or `/\`. First WHATWG's reading (every leading `/` and `\` skipped, the
+/// host up to the next `/`, `\`, `?` or `#`), then, for `//`, the contract's "path after its first
+/// segment", which is Python's `urlsplit` (the host up to the next `/`, `?` or `#`).
+fn network_path_readings(target: &[u8]) -> Vec<Vec<u8>> {
+    fn path_of(rest: &[u8]) -> Vec<u8> {
+        let end = rest.iter().position(|&b| matches!(b, b'?' | b'#')).unwrap_or(rest.len());
+        match &rest[..end] {
+            // `//shop` and `//shop?q` name the root.
+            [] => b"/".to_vec(),
+            // WHATWG reads `\` as `/` in http(s) URLs; any further `\` is the `slashes` reading's.
+            [b'\\', path @ ..] => [&b"/"[..], path].concat(),
+            path => path.to_vec(),
+        }
+    }
+    if !matches!(target, [b'/', b'/' | b'\\', ..]) {
+        return Vec::new();
+    }
+    let slashes = target.iter().position(|&b| !matches!(b, b'/' | b'\\')).unwrap_or(target.len());
+    let host = &target[slashes..];
+    let host_end = host.iter().position(|&b| matches!(b, b'/' | b'\\' | b'?' | b'#')).unwrap_or(host.len());
+    let mut readings = vec![path_of(&host[host_end..])];
+    if let Some(host) = target.strip_prefix(b"//") {
+        let host_end = host.iter().position(|&b| matches!(b, b'/' | b'?' | b'#')).unwrap_or(host.len());
+        readings.push(path_of(&host[host_end..]));
+    }
+    readings
+}
+
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {
     haystack.windows(needle.len()).any(|w| w == needle)
 }
@@ -559,7 +607,8 @@ pub enum Verdict<'a> {
 ///   one whose alternative reading differs from the plain one and is protected. The readings:
 ///   `%2F`/`%5C`/`\` as `/` (when the path has one), `;` parameters removed before dot segments
 ///   are resolved (when it has a `;`), dot segments resolved before `//` is merged (when it has
-///   a `//`), in every combination.
+///   a `//`), in every combination; and for an origin-form target starting with `//` or `/\`,
+///   each of these readings of the path after its host (see [`network_path_readings`]).
 ///
 /// A request whose method no rule has costs one scan of the path (no allocation) when the path
 /// is already canonical.
@@ -582,6 +631,20 @@ pub fn classify<'a, T: AsRef<[u8]> + ?Sized>(
     }
     let protected = |key: &str| candidates().any(|r| r.covers(key.as_bytes()));
     let plain = match_key(canonical.path());
+    // Rare (browsers and client libraries never send a target starting with `//`): what this
+    // allocates costs the common case nothing.
+    for path in network_path_readings(target.as_ref()) {
+        // The path is a part of the target's path, which decoded: this cannot fail.
+        let Ok(decoded) = decode(&path) else { continue };
+        for bits in 0..8u8 {
+            let reading =
+                Reading { slashes: bits & 1 != 0, params_first: bits & 2 != 0, dots_first: bits & 4 != 0 };
+            let key = reading_key(&decoded, reading);
+            if key != plain && protected(&key) {
+                return Err(PathRefusal::NetworkPath);
+            }
+        }
+    }
     // Only a path with one of these has another reading: the common case stops here.
     let raw = canonical.raw_path;
     let maybe_slashes = raw.contains(&b'\\') || raw.contains(&b'%');
@@ -675,6 +738,10 @@ mod tests {
             (PathRefusal::MalformedPercent, "the path has a malformed percent-encoding"),
             (PathRefusal::AboveRoot, "the path climbs above the root"),
             (PathRefusal::Ambiguous, "the path is ambiguous: it could name a protected path"),
+            (
+                PathRefusal::NetworkPath,
+                "the request target is ambiguous: read as //host/path it could name a protected path",
+            ),
             (PathRefusal::NoPath, "the request target names no path"),
         ] {
             assert_eq!(refusal.status(), 400, "{refusal:?}");
@@ -869,6 +936,74 @@ mod tests {
         assert_eq!(protected("/../api/orders"), Err(PathRefusal::AboveRoot));
         assert_eq!(decide(&rules, "GET", "/a/../../x", &[]), Err(PathRefusal::AboveRoot));
         assert_eq!(decide(&rules, "GET", "/a/%zz", &[]), Err(PathRefusal::MalformedPercent));
+    }
+
+    /// Node's `new URL(req.url, base)` routes `//shop/api/orders` as `/api/orders` (the host
+    /// `shop`), Python's `urlsplit` too; the canonical path `/shop/api/orders` is not protected.
+    #[test]
+    fn targets_read_as_host_and_path_are_refused_when_the_path_is_protected() {
+        let rules = [post_rule("/api/orders", PathMatch::Exact)];
+        let protected = |target: &str| decide(&rules, "POST", target, &[]);
+        for refused in [
+            "//shop/api/orders",
+            "//shop/api/orders?x=1",
+            "//shop/api/orders#f",
+            "//shop/api/orders/",
+            "//shop/API/orders;v=2",
+            "//shop/api/%6Frders",
+            "//shop/api//orders",
+            "//shop/x/../api/orders",
+            "//user:pw@shop/api/orders",
+            "//shop:8080/api/orders",
+            // WHATWG: `\` is `/`, leading slashes of any kind are skipped, the host ends at `\`.
+            "/\\shop/api/orders",
+            "//\\shop/api/orders",
+            "//shop\\api/orders",
+            "///x/api/orders",
+            "////x/api/orders",
+            // Python: the host ends at `/` only.
+            "//a\\b/api/orders",
+            // The other readings apply to the path after the host.
+            "//shop/api%2Forders",
+            "//shop/x/..;/api/orders",
+        ] {
+            assert_eq!(protected(refused), Err(PathRefusal::NetworkPath), "{refused}");
+        }
+        // Named by an override header, the method counts too.
+        assert_eq!(
+            decide(&rules, "GET", "//shop/api/orders", &[("x-http-method-override", "POST")]),
+            Err(PathRefusal::NetworkPath)
+        );
+        for passed in [
+            "//cdn/static/app.js",
+            "//shop/api/orders/42",
+            "//shop/api",
+            "//shop",
+            "//shop?/api/orders",
+            "//shop#/api/orders",
+            "//api/ordersX",
+            "/shop//api/orders",
+        ] {
+            assert_eq!(protected(passed), Ok(None), "{passed}");
+        }
+        assert_eq!(decide(&rules, "GET", "//shop/api/orders", &[]), Ok(None));
+        // The canonical path protected, each reading something else or the same: protected and
+        // forwarded without its `//`, so the upstream reads no host in it.
+        assert_eq!(protected("//api/orders"), Ok(Some("/api/orders".into())));
+        assert_eq!(protected("///api/orders"), Ok(Some("/api/orders".into())));
+        assert_eq!(protected("//shop/../api/orders"), Ok(Some("/api/orders".into())));
+        let shop = [post_rule("/shop/api/orders", PathMatch::Exact)];
+        assert_eq!(decide(&shop, "POST", "//shop/api/orders", &[]), Ok(Some("/shop/api/orders".into())));
+
+        // The root: `//shop` names `/`.
+        let root = [post_rule("/", PathMatch::Exact)];
+        for refused in ["//shop", "//shop/", "//shop?q=1", "//shop#f", "/\\shop"] {
+            assert_eq!(decide_with(&root, refused), Err(PathRefusal::NetworkPath), "{refused}");
+        }
+        assert_eq!(decide_with(&root, "//"), Ok(Some("/".into())));
+        let prefix = [post_rule("/api/orders", PathMatch::Prefix)];
+        assert_eq!(decide_with(&prefix, "//x/api/orders/42/pay"), Err(PathRefusal::NetworkPath));
+        assert_eq!(decide_with(&prefix, "//x/api/ordersX"), Ok(None));
     }
 
     #[test]

@@ -228,6 +228,29 @@ async fn ambiguous_targets_are_refused_before_the_upstream() {
     assert_eq!(upstream.lines(), Vec::<String>::new());
 }
 
+/// Node's `new URL(req.url, base)` and Python's `urlsplit` read `//host/api/orders` as the host
+/// `host` and the path `/api/orders`, which such a backend routes to its order handler; the
+/// canonical path, `/host/api/orders`, is not protected.
+#[tokio::test]
+async fn a_target_read_as_host_and_path_is_refused_when_the_path_is_protected() {
+    let (_redis, upstream, proxy) = recorded_room(201, "").await;
+    for target in ["//host/api/orders", "//host/api/orders?id=1", "/\\host/api/orders", "///host/api/orders"] {
+        let (status, raw) = raw_status(proxy.addr(), &post(target, "")).await;
+        assert_eq!(status, 400, "{target}: {raw}");
+        assert_eq!(
+            body_of(&raw),
+            serde_json::json!({"error": "the request target is ambiguous: read as //host/path it could name a protected path"}),
+            "{target}: {raw}"
+        );
+    }
+    assert_eq!(upstream.lines(), Vec::<String>::new(), "nothing may reach the upstream");
+    // Read either way, this path is not protected: it passes through as it came.
+    let (status, raw) =
+        raw_status(proxy.addr(), "GET //cdn/static/app.js HTTP/1.1\r\nHost: shop\r\nConnection: close\r\n\r\n").await;
+    assert_eq!(status, 201, "{raw}");
+    assert_eq!(upstream.lines(), ["GET //cdn/static/app.js HTTP/1.1"]);
+}
+
 #[tokio::test]
 async fn a_protected_request_is_forwarded_with_the_path_that_was_checked() {
     let (_redis, upstream, proxy) = recorded_room(500, "admission: {interval: 20ms, batch_size: 50}").await;

@@ -401,6 +401,45 @@ proptest! {
         }
     }
 
+    /// A target starting with `//` is also read as `//host/path`, as Node's
+    /// `new URL(req.url, base)` and Python's `urlsplit` read it: with a protected path, however
+    /// respelled, after a host however written, it is refused; with another path it passes.
+    #[test]
+    fn a_host_in_front_of_a_protected_path_is_refused(
+        rule in proptest::collection::vec("[a-m]{1,6}", 1..4),
+        prefix in any::<bool>(),
+        spellings in proptest::collection::vec(spelling(), 0..4),
+        host in "[n-z]{1,6}",
+        written in 0usize..6,
+        other in proptest::collection::vec("[n-z]{1,6}", 0..3),
+    ) {
+        let rule_path = format!("/{}", rule.join("/"));
+        let matching = if prefix { PathMatch::Prefix } else { PathMatch::Exact };
+        let rules = [Rule::new(Method::POST, &rule_path, matching).unwrap()];
+        // The host as WHATWG reads it (any run of `/` and `\` before it, userinfo, a port), and
+        // as only Python does (a `\` inside it; WHATWG ends the host there).
+        let front = match written {
+            0 => format!("//{host}"),
+            1 => format!("/\\{host}"),
+            2 => format!("///{host}"),
+            3 => format!("//user@{host}:8080"),
+            4 => format!("//\\{host}"),
+            _ => format!("//{host}\\{host}"),
+        };
+        let mut path = rule_path.clone();
+        for s in &spellings {
+            path = respell(&path, s);
+        }
+        let target = format!("{front}{path}");
+        prop_assert_eq!(
+            classify(&rules, &Method::POST, &headers(), &target),
+            Err(PathRefusal::NetworkPath),
+            "{} with the rule {:?} {}", target, matching, rule_path
+        );
+        let target = format!("{front}/{}", other.join("/"));
+        prop_assert_eq!(classify(&rules, &Method::POST, &headers(), &target), Ok(Verdict::PassThrough), "{}", target);
+    }
+
     /// A request no rule's method names is never refused for ambiguity, and a canonical path
     /// that does not name a rule's path passes.
     #[test]

@@ -21,6 +21,7 @@ mod api_tools;
 mod client;
 mod demo_api;
 mod identity_front;
+mod node_backend;
 mod process;
 mod proxy;
 mod recorder;
@@ -32,6 +33,7 @@ pub use api_tools::api_tool;
 pub use client::{http_client, raw_request, read_response, send, try_read_response, try_send, Resp};
 pub use demo_api::DemoApi;
 pub use identity_front::IdentityFront;
+pub use node_backend::NodeBackend;
 pub use process::{listening_addrs, tools_binary};
 pub use proxy::{
     base_config, merge_yaml, merged_config_yaml, parse_metric, run_check, run_check_env,
