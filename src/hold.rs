@@ -106,6 +106,11 @@ impl HeldPolls {
         self.wake_all();
     }
 
+    /// Whether `user` has a poll held here now.
+    pub fn holds(&self, user: &str) -> bool {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner()).users.contains(user)
+    }
+
     pub fn stopping(&self) -> bool {
         self.stopping.load(Ordering::Acquire)
     }

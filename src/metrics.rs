@@ -200,7 +200,7 @@ metric!(OPEN_CONNECTIONS: IntGauge = register_int_gauge!(
 ));
 metric!(CONNECTIONS_CLOSED_TOTAL: IntCounterVec = register_int_counter_vec!(
     "waitroom_connections_closed_total",
-    "Client connections a limit refused or closed: max_connections, idle_timeout, header_timeout, head_too_large",
+    "Client connections a limit refused or closed: max_connections, max_connections_per_address, idle_timeout, header_timeout, head_too_large",
     &["limit"]
 ));
 

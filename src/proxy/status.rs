@@ -81,8 +81,16 @@ pub async fn handle(
 ) -> Option<Answer> {
     let now = read_small(state, settings, room, user, false).await;
     let pace = state.pacing(settings).pace();
-    let Some((position, score)) = to_hold(&now, state, settings) else {
-        return Some(now.count());
+    let (position, score) = match to_hold(&now, state, settings) {
+        None => return Some(now.count()),
+        Some((position, Some(score))) => (position, score),
+        // Within the hold, with no score to hold for (a reading without one): answered now,
+        // and, for a user whose poll is held on another connection, not with `pollAfter: 0`,
+        // or that client would ask in a loop.
+        Some((position, None)) if state.held().holds(user) => {
+            return Some(Reading { answer: Answer::waiting_unheld(position, pace, &settings.config), ..now }.count());
+        }
+        Some(_) => return Some(now.count()),
     };
     let limit = usize::try_from(settings.config.queue.capacity.get()).unwrap_or(usize::MAX);
     let Some(mut hold) = state.held().hold(user, score, limit) else {
@@ -134,10 +142,10 @@ pub async fn handle(
 
 /// The place and score a WAITING answer's poll would be held for (contract section 13), if it
 /// is one to hold.
-fn to_hold(now: &Reading, state: &RoomState, settings: &Settings) -> Option<(u64, f64)> {
+fn to_hold(now: &Reading, state: &RoomState, settings: &Settings) -> Option<(u64, Option<f64>)> {
     let pace = state.pacing(settings).pace();
     match now.waiting {
-        Some((position, Some(score))) if rules::within_hold(rules::wait_secs(position, pace), settings.policy.hold_secs) => {
+        Some((position, score)) if rules::within_hold(rules::wait_secs(position, pace), settings.policy.hold_secs) => {
             Some((position, score))
         }
         _ => None,
