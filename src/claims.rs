@@ -49,15 +49,6 @@ impl LiveClaims {
         Live { id, held: self.held.clone() }
     }
 
-    /// How many claims are in flight.
-    pub fn len(&self) -> usize {
-        self.held.lock().unwrap_or_else(|e| e.into_inner()).len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     fn snapshot(&self) -> Vec<(String, String)> {
         self.held.lock().unwrap_or_else(|e| e.into_inner()).values().cloned().collect()
     }

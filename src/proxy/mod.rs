@@ -41,7 +41,7 @@ use crate::limits::Delimited;
 use crate::logging;
 use crate::metrics;
 use crate::paths::{self, PathRefusal, Verdict};
-use crate::rules::{self, Outcome};
+use crate::rules::{self, Outcome, TokenFate};
 use crate::state::{InFlight, RoomState};
 use crate::store::Room;
 
@@ -133,24 +133,26 @@ impl Waitroom {
 }
 
 impl Waitroom {
-    /// Settles a claim that no status line settled: an order that reached the upstream has an
-    /// unknown outcome (spent unless `token.unknown_outcome: release`); one that never did is
-    /// released, so the user may retry, and so is one whose client stopped sending its body
-    /// (`error` from downstream): the upstream holds an unfinished request, which it cannot take
-    /// for an order (a client that leaves once its body is whole is kept from pingora until the
-    /// answer, see [`crate::limits::hold_client`]). Returns the outcome, if it held a claim.
-    async fn settle_unanswered(&self, ctx: &mut Ctx, error: Option<&Error>) -> Option<Outcome> {
+    /// Settles a claim that no status line settled: an order that reached the upstream and failed
+    /// there (`error` from upstream) has an unknown outcome (spent unless
+    /// `token.unknown_outcome: release`). Any other is released, so the user may retry: one that
+    /// never left, one a filter of ours failed before it was sent, and one whose client stopped
+    /// sending its body, which leaves the upstream an unfinished request it cannot take for an
+    /// order (a client that leaves once its body is whole is kept from pingora until the answer,
+    /// see [`crate::limits::hold_client`]). Returns whether the outcome was unknown, and the fate
+    /// it gave the token, if the request held a claim.
+    async fn settle_unanswered(&self, ctx: &mut Ctx, error: Option<&Error>) -> Option<(Outcome, TokenFate)> {
         let (Some(claimed), Some(user)) = (ctx.claimed.take(), ctx.user.as_deref()) else { return None };
-        let cut_short = error.is_some_and(|e| matches!(e.esource(), ErrorSource::Downstream));
-        let outcome = if ctx.sent && !cut_short { Outcome::Unknown } else { Outcome::NotSent };
+        let upstream_failed = error.is_none_or(|e| matches!(e.esource(), ErrorSource::Upstream));
+        let outcome = if ctx.sent && upstream_failed { Outcome::Unknown } else { Outcome::NotSent };
         if outcome == Outcome::Unknown {
             metrics::PROTECTED_BY_RESULT.with("unknown", |count| count.inc());
             tracing::warn!(user, "an order reached the upstream and no status line came back: its outcome is unknown");
         }
         // Cloned, not borrowed: a settings guard must not be held across an await.
         let lifetimes = self.state.settings().config.token.clone();
-        protected::settle(&self.room, self.state.spent(), user, claimed, outcome, &lifetimes).await;
-        Some(outcome)
+        let fate = protected::settle(&self.room, self.state.spent(), user, claimed, outcome, &lifetimes).await;
+        Some((outcome, fate))
     }
 }
 
@@ -307,12 +309,13 @@ fn answer_fields(answer: &Answer) -> impl Iterator<Item = (&'static str, Field)>
     .filter_map(|(name, value)| Some((name, value?)))
 }
 
-/// What a client is told of an order that reached the upstream with no status line back.
-fn unknown_outcome(state: &RoomState, code: u16) -> String {
+/// What a client is told of an order that reached the upstream with no status line back, and of
+/// what that did to its token.
+fn unknown_outcome(code: u16, fate: TokenFate) -> String {
     let why = if code == 504 { "the upstream did not answer in time" } else { "the upstream's connection failed" };
-    let token = match state.settings().config.token.unknown_outcome {
-        crate::config::UnknownOutcome::Spend => "the entry token is spent",
-        crate::config::UnknownOutcome::Release => "the entry token may be used again",
+    let token = match fate {
+        TokenFate::Consume => "the entry token is spent",
+        TokenFate::Keep => "the entry token may be used again",
     };
     format!("the order's outcome is unknown: {why}; {token}")
 }
@@ -557,7 +560,10 @@ impl ProxyHttp for Waitroom {
             }
         }
         // Settled before the error answer leaves, so the user's immediate retry is not a 409.
-        let unknown = self.settle_unanswered(ctx, Some(e)).await == Some(Outcome::Unknown);
+        let unknown = match self.settle_unanswered(ctx, Some(e)).await {
+            Some((Outcome::Unknown, fate)) => Some(fate),
+            _ => None,
+        };
         let code = match e.etype() {
             ErrorType::HTTPStatus(code) => *code,
             _ if timed_out => 504,
@@ -575,7 +581,7 @@ impl ProxyHttp for Waitroom {
         // Only a response not yet started can be replaced by ours.
         if code > 0 && session.response_written().is_none() {
             let answer = match code {
-                502 | 504 if unknown => Answer::error(code, &unknown_outcome(&self.state, code)),
+                502 | 504 if let Some(fate) = unknown => Answer::error(code, &unknown_outcome(code, fate)),
                 502 => Answer::error(502, "the upstream could not be reached"),
                 504 => Answer::error(504, "the upstream did not answer in time"),
                 408 => Answer::error(408, "the request body did not arrive in time"),

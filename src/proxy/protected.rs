@@ -92,7 +92,8 @@ async fn decide(
     }
 }
 
-/// Applies what became of the order to the token that was used (see [`rules::token_fate`]).
+/// Applies what became of the order to the token that was used (see [`rules::token_fate`]);
+/// returns the fate it applied.
 pub async fn settle(
     room: &Arc<Room>,
     spent: &SpentTokens,
@@ -100,11 +101,12 @@ pub async fn settle(
     claimed: Claimed,
     outcome: Outcome,
     lifetimes: &TokenConfig,
-) {
+) -> TokenFate {
     // The registration lives to the end of this call: the claim is renewed until it is settled.
     let Claimed { token, id, _live } = claimed;
     let (token_ttl, claim_timeout) = (lifetimes.ttl, lifetimes.claim_timeout);
-    if rules::token_fate(outcome, lifetimes.spend_terms()) == TokenFate::Keep {
+    let fate = rules::token_fate(outcome, lifetimes.spend_terms());
+    if fate == TokenFate::Keep {
         // Retrying is the user's right; if this release fails the claim still ends with
         // claim_timeout.
         if let Err(error) = room.consume_grouped(user, &token, &id, false).await {
@@ -116,7 +118,7 @@ pub async fn settle(
             let deadline = Instant::now() + claim_timeout;
             tokio::spawn(async move { settle_later(&room, &user, &token, &id, false, deadline).await });
         }
-        return;
+        return fate;
     }
     // Before Redis hears of it: a repeat through this proxy is refused from now on, whatever
     // becomes of the delete.
@@ -136,6 +138,7 @@ pub async fn settle(
             tokio::spawn(async move { settle_later(&room, &user, &token, &id, true, deadline).await });
         }
     }
+    fate
 }
 
 /// Retries settling a token (ending its claim, and spending it after a successful order) until
