@@ -15,15 +15,7 @@ use tokio::net::TcpStream;
 /// request can be read back. Admission is quick so tokens come at once.
 const ECHO_ROOM: &str = "admission: {interval: 20ms, batch_size: 50}\nprotected: [{method: POST, path: /api/echo}]";
 
-/// The JSON body of a raw HTTP response.
-fn body_of(raw: &str) -> Value {
-    let body = raw.split_once("\r\n\r\n").map_or("", |(_, b)| b);
-    serde_json::from_str(body).unwrap_or_else(|e| panic!("not JSON ({e}): {raw}"))
-}
 
-fn status_of(raw: &str) -> u16 {
-    raw.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("no status line: {raw:?}"))
-}
 
 /// Every value of `name` the upstream saw, from the echo's `headers` list.
 fn echoed(echo: &Value, name: &str) -> Vec<String> {
@@ -45,8 +37,8 @@ async fn connection_cannot_drop_the_identity_or_the_token_header() {
          Connection: close, X-User-Id, X-Entry-Token\r\nContent-Length: 2\r\n\r\n{{}}"
     );
     let raw = raw_request(proxy.addr(), request.as_bytes()).await;
-    assert_eq!(status_of(&raw), 200, "{raw}");
-    let echo = body_of(&raw);
+    assert_eq!(http_status(&raw), 200, "{raw}");
+    let echo = json_body(&raw);
     assert_eq!(echoed(&echo, "x-user-id"), ["alice"], "{echo}");
     assert_eq!(echoed(&echo, "x-entry-token"), [token.clone()], "{echo}");
 
@@ -56,7 +48,7 @@ async fn connection_cannot_drop_the_identity_or_the_token_header() {
         b"GET /api/other HTTP/1.1\r\nHost: shop\r\nX-User-Id: bob\r\nConnection: x-user-id, close\r\n\r\n",
     )
     .await;
-    assert_eq!(echoed(&body_of(&raw), "x-user-id"), ["bob"], "{raw}");
+    assert_eq!(echoed(&json_body(&raw), "x-user-id"), ["bob"], "{raw}");
 }
 
 #[tokio::test]
@@ -69,8 +61,8 @@ async fn a_second_token_header_is_refused_before_the_upstream() {
              X-Entry-Token: {second}\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{{}}"
         );
         let raw = raw_request(proxy.addr(), request.as_bytes()).await;
-        assert_eq!(status_of(&raw), 400, "{raw}");
-        assert_eq!(body_of(&raw), serde_json::json!({"error": "the entry token header must be sent once"}));
+        assert_eq!(http_status(&raw), 400, "{raw}");
+        assert_eq!(json_body(&raw), serde_json::json!({"error": "the entry token header must be sent once"}));
     }
     assert_eq!(api.stats().await["completed"], 0, "nothing reached the order API");
     // The token was never claimed or spent: one copy of it still orders.
@@ -88,8 +80,8 @@ async fn an_h2c_upgrade_is_forwarded_without_its_upgrade_headers() {
           Upgrade: h2c\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n\r\n",
     )
     .await;
-    assert_eq!(status_of(&raw), 200, "no switch of protocols: {raw}");
-    let echo = body_of(&raw);
+    assert_eq!(http_status(&raw), 200, "no switch of protocols: {raw}");
+    let echo = json_body(&raw);
     assert!(echoed(&echo, "upgrade").is_empty(), "{echo}");
     assert!(echoed(&echo, "http2-settings").is_empty(), "{echo}");
 }
@@ -106,10 +98,10 @@ async fn every_forwarded_for_line_counts_toward_the_client_address() {
         )
     };
     let first = raw_request(proxy.addr(), enter("u1", "198.51.100.1").as_bytes()).await;
-    assert_eq!(body_of(&first)["status"], "WAITING", "{first}");
+    assert_eq!(json_body(&first)["status"], "WAITING", "{first}");
     let second = raw_request(proxy.addr(), enter("u2", "198.51.100.2").as_bytes()).await;
-    assert_eq!(status_of(&second), 429, "{second}");
-    assert_eq!(body_of(&second)["status"], "LIMITED", "{second}");
+    assert_eq!(http_status(&second), 429, "{second}");
+    assert_eq!(json_body(&second)["status"], "LIMITED", "{second}");
 }
 
 #[tokio::test]
@@ -164,7 +156,7 @@ async fn recorded_room(status: u16, yaml: &str) -> (RedisServer, Recorder, Proxy
 /// Sends one raw request (closing the connection after it) and returns the status.
 async fn raw_status(addr: std::net::SocketAddr, request: &str) -> (u16, String) {
     let raw = raw_request(addr, request.as_bytes()).await;
-    (status_of(&raw), raw)
+    (http_status(&raw), raw)
 }
 
 fn post(target: &str, extra: &str) -> String {
@@ -190,7 +182,7 @@ async fn rewritten_order_paths_never_reach_the_upstream_without_a_token() {
     ] {
         let (status, raw) = raw_status(proxy.addr(), &post(target, "")).await;
         assert_eq!(status, 403, "{target}: {raw}");
-        assert_eq!(body_of(&raw), serde_json::json!({"error": "an entry token is required"}), "{target}");
+        assert_eq!(json_body(&raw), serde_json::json!({"error": "an entry token is required"}), "{target}");
     }
     // The method in another case, or named by an override header on a GET.
     let lower = "post /api/orders HTTP/1.1\r\nHost: shop\r\nX-User-Id: alice\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
@@ -215,7 +207,7 @@ async fn ambiguous_targets_are_refused_before_the_upstream() {
         let (status, raw) = raw_status(proxy.addr(), &post(target, "")).await;
         assert_eq!(status, 400, "{target}: {raw}");
         assert_eq!(
-            body_of(&raw),
+            json_body(&raw),
             serde_json::json!({"error": "the path is ambiguous: it could name a protected path"}),
             "{target}: {raw}"
         );
@@ -224,7 +216,7 @@ async fn ambiguous_targets_are_refused_before_the_upstream() {
     let (status, raw) =
         raw_status(proxy.addr(), "GET /../etc/passwd HTTP/1.1\r\nHost: shop\r\nConnection: close\r\n\r\n").await;
     assert_eq!(status, 400, "{raw}");
-    assert_eq!(body_of(&raw), serde_json::json!({"error": "the path climbs above the root"}), "{raw}");
+    assert_eq!(json_body(&raw), serde_json::json!({"error": "the path climbs above the root"}), "{raw}");
     assert_eq!(upstream.lines(), Vec::<String>::new());
 }
 
@@ -238,7 +230,7 @@ async fn a_target_read_as_host_and_path_is_refused_when_the_path_is_protected() 
         let (status, raw) = raw_status(proxy.addr(), &post(target, "")).await;
         assert_eq!(status, 400, "{target}: {raw}");
         assert_eq!(
-            body_of(&raw),
+            json_body(&raw),
             serde_json::json!({"error": "the request target is ambiguous: read as //host/path it could name a protected path"}),
             "{target}: {raw}"
         );
@@ -322,7 +314,10 @@ async fn an_unreachable_upstream_releases_the_claim() {
     for attempt in 0..2 {
         let r = proxy.order("alice", Some(&token)).await;
         assert_eq!(r.status, 502, "attempt {attempt}: {}", r.body);
+        assert_eq!(r.json(), serde_json::json!({"error": "the upstream could not be reached"}));
     }
+    // Nothing left, so nothing can have been placed: not an unknown outcome.
+    assert_eq!(proxy.metric(r#"waitroom_protected_requests_total{result="unknown"}"#).await, None);
 }
 
 /// A proxy killed while its order is at the upstream leaves the claim behind: the room refuses the

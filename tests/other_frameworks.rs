@@ -9,7 +9,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use serde_json::{json, Value};
+use serde_json::json;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
@@ -25,14 +25,7 @@ async fn node_room(delay: Duration, yaml: &str) -> (RedisServer, NodeBackend, Pr
     (redis, node, proxy)
 }
 
-fn status_of(raw: &str) -> u16 {
-    raw.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("no status line: {raw:?}"))
-}
 
-fn body_of(raw: &str) -> Value {
-    let body = raw.split_once("\r\n\r\n").map_or("", |(_, b)| b);
-    serde_json::from_str(body).unwrap_or_else(|e| panic!("not JSON ({e}): {raw}"))
-}
 
 /// An order as `user`, with no token, with the request line as given.
 fn untokened_order(request_line: &str) -> String {
@@ -44,13 +37,13 @@ async fn a_target_node_reads_as_host_and_path_places_no_order() {
     let (_redis, node, proxy) = node_room(Duration::ZERO, "").await;
     // Node itself takes it for an order: what the proxy must not let through untokened.
     let direct = raw_request(node.addr(), untokened_order("POST //shop/api/orders HTTP/1.1").as_bytes()).await;
-    assert_eq!(status_of(&direct), 201, "{direct}");
+    assert_eq!(http_status(&direct), 201, "{direct}");
     assert_eq!(node.orders().await.len(), 1, "{}", node.seen().await);
 
     let raw = raw_request(proxy.addr(), untokened_order("POST //shop/api/orders HTTP/1.1").as_bytes()).await;
-    assert_eq!(status_of(&raw), 400, "{raw}");
+    assert_eq!(http_status(&raw), 400, "{raw}");
     assert_eq!(
-        body_of(&raw),
+        json_body(&raw),
         json!({"error": "the request target is ambiguous: read as //host/path it could name a protected path"})
     );
     let seen = node.seen().await;
@@ -114,9 +107,9 @@ async fn an_order_whose_client_hangs_up_is_placed_once() {
 async fn a_request_line_with_two_spaces_places_no_order() {
     let (_redis, node, proxy) = node_room(Duration::ZERO, "").await;
     let direct = raw_request(node.addr(), untokened_order("POST /api/orders  HTTP/1.1").as_bytes()).await;
-    assert_eq!(status_of(&direct), 201, "node takes it for an order: {direct}");
+    assert_eq!(http_status(&direct), 201, "node takes it for an order: {direct}");
     let raw = raw_request(proxy.addr(), untokened_order("POST /api/orders  HTTP/1.1").as_bytes()).await;
-    assert_eq!(status_of(&raw), 400, "{raw}");
+    assert_eq!(http_status(&raw), 400, "{raw}");
     let seen = node.seen().await;
     assert_eq!(seen["orders"].as_array().map(Vec::len), Some(1), "no order through the proxy: {seen}");
     assert_eq!(seen["requests"], json!([]), "nothing else reached node: {seen}");

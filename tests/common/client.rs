@@ -109,6 +109,17 @@ fn response_complete(buf: &[u8]) -> bool {
     false // no framing: the body ends when the server closes
 }
 
+/// The status code of a raw HTTP response.
+pub fn http_status(raw: &str) -> u16 {
+    raw.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("no status line: {raw:?}"))
+}
+
+/// The JSON body of a raw HTTP response.
+pub fn json_body(raw: &str) -> serde_json::Value {
+    let body = raw.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("not JSON ({e}): {raw}"))
+}
+
 /// One response off `stream`, by its Content-Length (every answer the tests read this way has
 /// one), taking nothing of the response after it.
 pub async fn read_response(stream: &mut TcpStream) -> String {

@@ -30,7 +30,7 @@ mod store;
 
 pub use answers::*;
 pub use api_tools::api_tool;
-pub use client::{http_client, raw_request, read_response, send, try_read_response, try_send, Resp};
+pub use client::{http_client, http_status, json_body, raw_request, read_response, send, try_read_response, try_send, Resp};
 pub use demo_api::DemoApi;
 pub use identity_front::IdentityFront;
 pub use node_backend::NodeBackend;
