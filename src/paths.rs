@@ -38,8 +38,9 @@
 //!   the host up to the next `/`, `?` or `#`, so `//a\b/api/orders` is the path `/api/orders`).
 //!   Each path found goes through the readings above, dot segments climbing above the root
 //!   dropped as WHATWG drops them, and the request is refused like an ambiguous one
-//!   ([`PathRefusal::NetworkPath`]). `//api/orders` itself stays protected: its canonical path is
-//!   protected and forwarded, so the upstream never sees the `//`.
+//!   ([`PathRefusal::NetworkPath`]), also when that path is the plain reading itself
+//!   (`///api/orders`). `//api/orders` itself stays protected (the path after its host is
+//!   `/orders`): its canonical path is protected and forwarded, so the upstream never sees the `//`.
 //! - A request is refused when an alternative reading differs from the plain one and is
 //!   protected, whether or not the plain reading is protected too: that is what the contract's
 //!   sentence says, and the safer side (an order path carrying an encoded slash is not a
@@ -639,8 +640,9 @@ pub fn classify<'a, T: AsRef<[u8]> + ?Sized>(
         for bits in 0..8u8 {
             let reading =
                 Reading { slashes: bits & 1 != 0, params_first: bits & 2 != 0, dots_first: bits & 4 != 0 };
-            let key = reading_key(&decoded, reading);
-            if key != plain && protected(&key) {
+            // Refused even when this reading is the plain one: the contract refuses any `//`
+            // target whose path after the first segment is protected.
+            if protected(&reading_key(&decoded, reading)) {
                 return Err(PathRefusal::NetworkPath);
             }
         }
@@ -987,11 +989,13 @@ mod tests {
             assert_eq!(protected(passed), Ok(None), "{passed}");
         }
         assert_eq!(decide(&rules, "GET", "//shop/api/orders", &[]), Ok(None));
-        // The canonical path protected, each reading something else or the same: protected and
-        // forwarded without its `//`, so the upstream reads no host in it.
+        // The canonical path protected and every reading after a host something else: protected
+        // and forwarded without its `//`, so the upstream reads no host in it.
         assert_eq!(protected("//api/orders"), Ok(Some("/api/orders".into())));
-        assert_eq!(protected("///api/orders"), Ok(Some("/api/orders".into())));
-        assert_eq!(protected("//shop/../api/orders"), Ok(Some("/api/orders".into())));
+        // A reading after a host that is the canonical path itself is refused all the same.
+        for refused in ["///api/orders", "//shop/../api/orders", "//n/x%2Fx/../../api/orders"] {
+            assert_eq!(protected(refused), Err(PathRefusal::NetworkPath), "{refused}");
+        }
         let shop = [post_rule("/shop/api/orders", PathMatch::Exact)];
         assert_eq!(decide(&shop, "POST", "//shop/api/orders", &[]), Ok(Some("/shop/api/orders".into())));
 
@@ -1000,7 +1004,7 @@ mod tests {
         for refused in ["//shop", "//shop/", "//shop?q=1", "//shop#f", "/\\shop"] {
             assert_eq!(decide_with(&root, refused), Err(PathRefusal::NetworkPath), "{refused}");
         }
-        assert_eq!(decide_with(&root, "//"), Ok(Some("/".into())));
+        assert_eq!(decide_with(&root, "//"), Err(PathRefusal::NetworkPath));
         let prefix = [post_rule("/api/orders", PathMatch::Prefix)];
         assert_eq!(decide_with(&prefix, "//x/api/orders/42/pay"), Err(PathRefusal::NetworkPath));
         assert_eq!(decide_with(&prefix, "//x/api/ordersX"), Ok(None));
