@@ -13,7 +13,8 @@
 #     base cannot be pulled): the binary is built here with `cargo build --release`, and the run
 #     base is assembled here on `scratch` from the shared libraries `ldd` lists for that binary,
 #     plus /etc/passwd and /etc/group naming the user 65532. The same Containerfile builds the
-#     image, with both bases swapped through its build arguments; the script says when it does.
+#     image (its `prebuilt` target, with both bases swapped through build arguments); the script
+#     says when it does.
 #     The binary then links against this machine's glibc, so build on the distribution you run.
 set -euo pipefail
 
@@ -78,8 +79,10 @@ if [ "$local_base" = 1 ]; then
   tar -C "$work/binary" -cf "$work/binary.tar" .
   "$engine" import "$work/binary.tar" localhost/waitroom-binary:local >/dev/null
 
-  # RUST_IMAGE too: the `build` stage is unused, but a builder may still resolve its base.
+  # The `prebuilt` target skips the `build` stage; RUST_IMAGE is pointed at a local image all the
+  # same, so that no builder tries to pull a base it will not use.
   build_args=(
+    --target prebuilt
     --build-arg RUN_IMAGE=localhost/waitroom-run-base:local
     --build-arg BINARY_IMAGE=localhost/waitroom-binary:local
     --build-arg RUST_IMAGE=localhost/waitroom-binary:local
