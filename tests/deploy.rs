@@ -5,7 +5,8 @@
 //!
 //! hadolint and kubernetes-validate come from the pinned venv of `ensure_api_tools`
 //! (docs/requirements-api.txt); kubernetes-validate ships the API schemas, so no cluster and no
-//! network is needed. `systemd-analyze` and `promtool` come from the system.
+//! network is needed. `systemd-analyze` and `promtool` come from the system. The ConfigMap's
+//! configuration also runs, against a real Redis, and is updated the way the kubelet updates it.
 
 mod common;
 
@@ -13,6 +14,7 @@ use common::api_tool;
 use serde_yaml::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::time::Duration;
 
 fn repo(path: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
@@ -391,4 +393,71 @@ fn the_version_is_printed_and_in_the_changelog() {
         read("CHANGELOG.md").contains(&format!("## [{version}]")),
         "CHANGELOG.md has no section for {version}"
     );
+}
+
+// ---- the ConfigMap, live -----------------------------------------------------------------------
+
+/// Lays `config` out in `dir` as the kubelet lays out a mounted ConfigMap: the file in a hidden
+/// timestamped folder, `..data` a symlink to that folder, `proxy.yaml` a symlink through `..data`.
+/// A later call swaps `..data` in one rename, as the kubelet's update does.
+fn write_like_the_kubelet(dir: &Path, generation: u32, config: &str) {
+    let folder = format!("..2026_12_06_00_00_0{generation}");
+    std::fs::create_dir(dir.join(&folder)).expect("timestamped folder");
+    std::fs::write(dir.join(&folder).join("proxy.yaml"), config).expect("write config");
+    std::os::unix::fs::symlink(&folder, dir.join("..data_tmp")).expect("..data_tmp");
+    std::fs::rename(dir.join("..data_tmp"), dir.join("..data")).expect("swap ..data");
+    if !dir.join("proxy.yaml").exists() {
+        std::os::unix::fs::symlink("..data/proxy.yaml", dir.join("proxy.yaml")).expect("proxy.yaml");
+    }
+}
+
+/// The ConfigMap's proxy.yaml runs (its addresses made local), its probes answer where the pod
+/// says, and a new version swapped in the kubelet's way is reloaded without a signal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_configmap_runs_and_reloads_on_the_kubelets_swap() {
+    let redis = common::RedisServer::start();
+    let [listen, metrics] = common::free_ports::<2>();
+    let (text, _) = configmap_config();
+    let local = text
+        .replace("0.0.0.0:8080", &format!("127.0.0.1:{listen}"))
+        .replace("0.0.0.0:8079", &format!("127.0.0.1:{metrics}"))
+        .replace("redis://redis.shop.svc.cluster.local:6379", &redis.url());
+    assert!(local.contains(&redis.url()), "the ConfigMap's Redis address is the one this test replaces");
+    let dir = tempfile::tempdir().expect("temp dir");
+    write_like_the_kubelet(dir.path(), 1, &local);
+
+    let log = std::fs::File::create(dir.path().join("waitroom.log")).expect("log");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_waitroom"))
+        .args(["--config", dir.path().join("proxy.yaml").to_str().unwrap()])
+        .env("WAITROOM_ADMIN_TOKEN", "a-test-admin-token")
+        .env("WAITROOM_JWT_SECRET", "a-test-jwt-secret")
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .expect("start waitroom");
+    let logs = || std::fs::read_to_string(dir.path().join("waitroom.log")).unwrap_or_default();
+    let client = common::http_client();
+    let get = |path: &str| {
+        let req = client.get(format!("http://127.0.0.1:{metrics}{path}"));
+        async move { common::try_send(req).await.ok() }
+    };
+    let ready = common::wait_until(Duration::from_secs(20), Duration::from_millis(50), || async {
+        get("/readyz").await.is_some_and(|r| r.status == 200)
+    })
+    .await;
+    let healthy = get("/healthz").await.is_some_and(|r| r.status == 200);
+    let reloads_ok = |body: &str| body.lines().any(|l| l.starts_with("waitroom_config_reloads_total{result=\"ok\"} 1"));
+
+    let mut reloaded = false;
+    if ready && healthy {
+        write_like_the_kubelet(dir.path(), 2, &local.replace("batch_size: 10", "batch_size: 20"));
+        reloaded = common::wait_until(Duration::from_secs(10), Duration::from_millis(100), || async {
+            get("/metrics").await.is_some_and(|r| reloads_ok(&r.body))
+        })
+        .await;
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(ready && healthy, "/readyz {ready}, /healthz {healthy}:\n{}", logs());
+    assert!(reloaded, "no reload after the ..data swap:\n{}", logs());
 }
