@@ -50,7 +50,7 @@ fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-build_args=()
+build_args=(--build-arg "VERSION=$version")
 if [ "$local_base" = 1 ]; then
   say "no registry image used: building the binary here and the run base from its ldd libraries on scratch"
   ensure_cargo
@@ -81,7 +81,7 @@ if [ "$local_base" = 1 ]; then
 
   # The `prebuilt` target skips the `build` stage; RUST_IMAGE is pointed at a local image all the
   # same, so that no builder tries to pull a base it will not use.
-  build_args=(
+  build_args+=(
     --target prebuilt
     --build-arg RUN_IMAGE=localhost/waitroom-run-base:local
     --build-arg BINARY_IMAGE=localhost/waitroom-binary:local
