@@ -36,7 +36,8 @@ apt_install() {
 }
 
 # ensure_tools TOOL...: installs the Debian package of every tool that is not on PATH.
-# Known tools: cc, cmake, redis-server, redis-cli, promtool, curl, node, npm, chromium.
+# Known tools: cc, cmake, redis-server, redis-cli, promtool, systemd-analyze, curl, node, npm,
+# chromium.
 ensure_tools() {
   local tool pkg missing=()
   for tool in "$@"; do
@@ -47,6 +48,7 @@ ensure_tools() {
       redis-server) pkg=redis-server ;;
       redis-cli) pkg=redis-tools ;;
       promtool) pkg=prometheus ;;         # promtool ships in Debian's prometheus package
+      systemd-analyze) pkg=systemd ;;     # tests/deploy.rs verifies deploy/systemd/waitroom.service
       curl) pkg=curl ;;
       node) pkg=nodejs ;;                 # Debian 12 ships 18; the page tests want 20+ (see README)
       npm) pkg=npm ;;
@@ -64,8 +66,9 @@ ensure_tools() {
   done
 }
 
-# ensure_api_tools: the Python tools the API description's and the config schema's tests run
-# (tests/openapi.rs, tests/schema.rs), at the
+# ensure_api_tools: the Python tools the API description's, the config schema's and the deployment
+# files' tests run (tests/openapi.rs, tests/schema.rs, tests/deploy.rs: hadolint and
+# kubernetes-validate), at the
 # versions docs/requirements-api.txt pins, in a venv of their own under the target directory
 # (target/api-tools, or $CARGO_TARGET_DIR/api-tools), where the test looks for them. A venv keeps
 # them out of the system's Python and off PATH. pip runs only when a pinned version is missing

@@ -378,11 +378,13 @@ async fn the_readmes_draw_check_runs_as_written() {
     order.sort();
     let alice = order.iter().position(|h| *h == hmac_hex(&seed, "alice")).unwrap() + 1;
 
-    let script = readme_draw_check().replace("https://shop.example/queue", &proxy.url("/queue"));
+    let script = readme_draw_check()
+        .replace("https://shop.example/queue", &proxy.url("/queue"))
+        .replace("SEED_SHA256_YOU_KEPT", &committed);
     assert!(script.contains(&proxy.url("/queue")), "the snippet reads the room's public endpoints:\n{script}");
     let out = std::process::Command::new("python3")
         .arg("-c")
-        .arg(format!("committed = {committed:?}\n{script}"))
+        .arg(&script)
         .output()
         .expect("python3");
     let printed = String::from_utf8_lossy(&out.stdout);

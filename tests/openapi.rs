@@ -15,10 +15,9 @@
 //! missing tool, or another version than the pinned one, fails the test with the command that
 //! installs it: skipping would let CI pass without checking anything.
 //!
-//! Operations tagged `pending` in the spec (the event endpoints of contract section 14 and the
-//! admin API of section 15, being built on other branches) are left out of the schemathesis runs
-//! until the proxy serves them; `pending_hides_only_what_is_being_built` keeps the tag from
-//! hiding anything else.
+//! Every operation is in one of the schemathesis runs: the event endpoints in a room with a
+//! drop, the others in rooms without one; `every_operation_is_in_a_live_run` keeps a new tag
+//! from hiding one.
 
 mod common;
 
@@ -231,11 +230,12 @@ fn the_spec_lists_every_status_and_header_of_the_contract() {
     );
 }
 
-/// The `pending` tag takes an operation out of the live test: only the sections still being
-/// built (14, events; 15, the admin API) may wear it.
+/// The live runs choose operations by tag (`LISTEN`, `DROP`, `METRICS_LISTEN`): an operation
+/// with none of their tags would be in no run at all.
 #[test]
-fn pending_hides_only_what_is_being_built() {
+fn every_operation_is_in_a_live_run() {
     let spec = spec();
+    let run_tags = ["queue", "page", "protected", "event", "operations", "admin"];
     for Op {
         id,
         method,
@@ -248,13 +248,10 @@ fn pending_hides_only_what_is_being_built() {
             .as_sequence()
             .map(|t| t.iter().filter_map(Value::as_str).collect())
             .unwrap_or_default();
-        if tags.contains(&"pending") {
-            assert!(
-                tags.contains(&"event") || tags.contains(&"admin"),
-                "{method} {path} ({id}) is tagged pending but is neither an event nor an admin \
-                 operation: it would escape the schemathesis test"
-            );
-        }
+        assert!(
+            tags.iter().any(|t| run_tags.contains(t)),
+            "{method} {path} ({id}) has tags {tags:?}, none of which a schemathesis run includes"
+        );
     }
 }
 
@@ -309,12 +306,11 @@ async fn schemathesis(what: &str, base_url: String, examples: u32, args: &[&str]
     );
 }
 
-/// The operations served on `listen` today: the queue, the page and the protected order. (The
-/// event endpoints join them when they are merged: drop `pending` from their operations, and
-/// give a room an `event` whose pre-queue is open, since without one their paths pass through.)
+/// The operations of `listen` in a room without an event: the queue, the page and the protected
+/// order. (Without an `event` the event paths are the upstream's; `DROP` runs them.)
 const LISTEN: &[&str] = &[
     "--exclude-tag",
-    "pending",
+    "event",
     "--exclude-tag",
     "operations",
     "--exclude-tag",
@@ -328,11 +324,11 @@ const METRICS_LISTEN: &[&str] = &[
     "operations",
     "--include-tag",
     "admin",
-    "--exclude-tag",
-    "pending",
     "-H",
     "Authorization: Bearer schemathesis-admin-token",
 ];
+/// The scheduled event's endpoints, in a room whose pre-queue is open.
+const DROP: &[&str] = &["--include-tag", "event"];
 const ADMIN_TOKEN_ENV: &str = "WAITROOM_OPENAPI_ADMIN_TOKEN";
 const ADMIN_TOKEN: &str = "schemathesis-admin-token";
 /// The operator endpoints have no links to follow.
@@ -383,6 +379,46 @@ async fn schemathesis_finds_the_proxy_true_to_the_spec() {
         spent > 0.0,
         "no order of the run was forwarded and spent its token: the spec's links broke"
     );
+
+    // Two rooms with a drop: one an hour away, its pre-queue open (the event answers its phase
+    // and the seed's commitment, the draw 404 until the opening), and one that has opened (the
+    // seed revealed, the draw listed).
+    let rfc3339_in = |seconds: i64| {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock")
+            .as_secs() as i64;
+        chrono::DateTime::from_timestamp(now + seconds, 0)
+            .expect("a time")
+            .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+    };
+    let drop_room = |opens_at: String| {
+        format!(
+            "redis: {{key_prefix: {}}}\nevent: {{opens_at: \"{opens_at}\", prequeue: 2h}}",
+            unique_prefix()
+        )
+    };
+    let coming = Proxy::builder(&redis.url(), api.addr())
+        .yaml(&drop_room(rfc3339_in(3600)))
+        .start()
+        .await;
+    let opened = Proxy::builder(&redis.url(), api.addr())
+        .yaml(&drop_room(rfc3339_in(2)))
+        .start()
+        .await;
+    for user in ["ann", "ben", "cat"] {
+        assert_eq!(opened.enter(user).await.status, 200, "{user} enters the pre-queue");
+    }
+    let client = http_client();
+    let event_url = opened.url("/queue/event");
+    let open = wait_until(Duration::from_secs(10), Duration::from_millis(100), || {
+        let req = client.get(&event_url);
+        async move { try_send(req).await.is_ok_and(|r| r.body.contains("\"phase\":\"open\"")) }
+    })
+    .await;
+    assert!(open, "the drop never opened");
+    schemathesis("a drop's pre-queue (listen)", coming.url(""), 10, &with(DROP, NO_STATEFUL)).await;
+    schemathesis("a drop that has opened (listen)", opened.url(""), 10, &with(DROP, NO_STATEFUL)).await;
 
     // A room whose upstream is gone: the same flow, but a real token's order finds nobody to
     // forward to, and the proxy answers 502 itself (the token kept). The 502 is the contract's

@@ -2,35 +2,25 @@
 //! the README cannot drift from what works.
 //!
 //! What differs from a person at a terminal, and why:
-//! - The ports 6379, 8079, 8080, 8081 and 8090, in the block and in the shipped `proxy.yaml` (which
-//!   the block runs), become free ones: tests run in parallel and never share a fixed port. The
-//!   Redis line therefore starts a private `redis-server`, in the test's own folder.
 //! - `target/release/NAME` becomes the binary cargo built for this test (`cargo build --bins`):
 //!   the `apt-get` and `cargo build` lines are checked to be there, not run.
-//! - A line ending in `&` runs in its own process group (killed with the test); the test waits for
-//!   the ports that line serves, and after the proxy for `/readyz`, where a person would simply be
-//!   slower to type the next line.
-//! - The other lines run in one `bash`, in order, and each one's output is checked. A line the
-//!   test has no check for fails it, so a new README line comes with its check.
+//! - The block runs in one `bash` in a process group of its own (killed with the test), in a
+//!   folder of the test's own that holds the shipped `proxy.yaml`, with `TMPDIR` there too. The
+//!   block picks free ports and starts its own Redis, for the test as for a person.
+//! - Every line's output is checked. A line the test has no check for fails it, so a new README
+//!   line comes with its check.
 
 mod common;
 
 use common::*;
-use std::collections::BTreeMap;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 const README: &str = include_str!("../README.md");
 const SHIPPED_CONFIG: &str = include_str!("../proxy.yaml");
 const MARKER: &str = "<!-- tests/readme.rs runs the next block";
-/// The ports the block and `proxy.yaml` are written with.
-const REDIS: u16 = 6379;
-const METRICS: u16 = 8079;
-const PROXY: u16 = 8080;
-const API: u16 = 8081;
-const FRONT: u16 = 8090;
 
 /// The commands of the fenced block after `MARKER`, comments removed, one a line.
 fn running_it_commands() -> Vec<String> {
@@ -52,40 +42,6 @@ fn running_it_commands() -> Vec<String> {
                 .to_owned()
         })
         .filter(|line| !line.is_empty())
-        .collect()
-}
-
-/// `text` with each written port replaced by its free one, in one pass: a replacement is never
-/// scanned again, and only whole numbers match (`80801` is not `8080`).
-fn substitute_ports(text: &str, ports: &BTreeMap<u16, u16>) -> String {
-    let bytes = text.as_bytes();
-    let mut out = String::with_capacity(text.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let starts_number = bytes[i].is_ascii_digit() && (i == 0 || !bytes[i - 1].is_ascii_digit());
-        if starts_number {
-            let end = (i..bytes.len())
-                .find(|&j| !bytes[j].is_ascii_digit())
-                .unwrap_or(bytes.len());
-            let number = &text[i..end];
-            match number.parse::<u16>().ok().and_then(|n| ports.get(&n)) {
-                Some(free) => out.push_str(&free.to_string()),
-                None => out.push_str(number),
-            }
-            i = end;
-        } else {
-            let c = text[i..].chars().next().expect("in bounds");
-            out.push(c);
-            i += c.len_utf8();
-        }
-    }
-    out
-}
-
-/// Every whole number in `text` that fits a port.
-fn numbers_in(text: &str) -> Vec<u16> {
-    text.split(|c: char| !c.is_ascii_digit())
-        .filter_map(|n| n.parse().ok())
         .collect()
 }
 
@@ -114,59 +70,6 @@ fn substitute_binaries(line: &str) -> String {
     out
 }
 
-/// A `... &` line: a shell in its own process group, so that killing the group takes whatever it
-/// started (`a || b &` forks).
-struct Background {
-    line: String,
-    child: Child,
-    log: PathBuf,
-}
-
-impl Background {
-    fn start(line: &str, dir: &Path, n: usize) -> Self {
-        let log = dir.join(format!("background-{n}.log"));
-        let file = std::fs::File::create(&log).expect("log file");
-        let child = Command::new("bash")
-            .args(["-c", line])
-            .current_dir(dir)
-            .stdin(Stdio::null())
-            .stdout(file.try_clone().expect("log file"))
-            .stderr(file)
-            .process_group(0)
-            .spawn()
-            .expect("run bash");
-        Self {
-            line: line.to_owned(),
-            child,
-            log,
-        }
-    }
-
-    fn output(&self) -> String {
-        format!(
-            "$ {}\n{}",
-            self.line,
-            std::fs::read_to_string(&self.log).unwrap_or_default()
-        )
-    }
-}
-
-impl Drop for Background {
-    fn drop(&mut self) {
-        let _ = Command::new("kill")
-            .args(["-KILL", "--", &format!("-{}", self.child.id())])
-            .stderr(Stdio::null())
-            .status();
-        let _ = self.child.wait();
-    }
-}
-
-async fn accepts(port: u16) -> bool {
-    tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .is_ok()
-}
-
 /// One foreground line and what it printed.
 struct Ran {
     line: String,
@@ -174,23 +77,55 @@ struct Ran {
     out: String,
 }
 
-/// Runs `lines` in one bash (so `token=$(...)` reaches the next line) and splits the output per
-/// line with markers that carry each line's exit status.
-fn run_foreground(lines: &[(String, String)], dir: &Path) -> Vec<Ran> {
+/// The block's shell, in a process group of its own: whatever its `&` lines started dies with it.
+struct Block {
+    group: u32,
+}
+
+impl Drop for Block {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-KILL", "--", &format!("-{}", self.group)])
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+/// Runs `lines` in one bash (so `token=$(...)` and the ports reach the lines after them) and
+/// splits the output per line with markers that carry each line's exit status; then prints the
+/// variables named in `report`, one a line, after a marker of their own.
+fn run_block(lines: &[(String, String)], report: &[&str], dir: &Path) -> (Vec<Ran>, Vec<String>, Block) {
     let mut script = String::new();
     for (i, (_, cmd)) in lines.iter().enumerate() {
         script.push_str(&format!("{cmd}\nprintf '\\n@@readme %d %d\\n' {i} $?\n"));
     }
-    let output = Command::new("bash")
+    script.push_str("printf '@@report\\n'\n");
+    for name in report {
+        script.push_str(&format!("printf '%s\\n' \"${name}\"\n"));
+    }
+    let child = Command::new("bash")
         .args(["-c", &script])
         .current_dir(dir)
+        .env("TMPDIR", dir)
         .stdin(Stdio::null())
-        .output()
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .spawn()
         .expect("run bash");
+    let block = Block { group: child.id() };
+    // The `&` lines send their output to files, so the pipes close when bash exits.
+    let output = child.wait_with_output().expect("wait for bash");
     let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let Some((lines_out, reported)) = stdout.split_once("@@report\n") else {
+        panic!(
+            "the block did not run to its end:\n{stdout}\n--- stderr\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    };
     let mut ran = Vec::new();
     let mut current = String::new();
-    for l in stdout.lines() {
+    for l in lines_out.lines() {
         if let Some(marker) = l.strip_prefix("@@readme ") {
             let (i, rc) = marker.split_once(' ').expect("marker");
             let i: usize = i.parse().expect("marker index");
@@ -210,7 +145,7 @@ fn run_foreground(lines: &[(String, String)], dir: &Path) -> Vec<Ran> {
         "not every line ran:\n{stdout}\n--- stderr\n{}",
         String::from_utf8_lossy(&output.stderr)
     );
-    ran
+    (ran, reported.lines().map(str::to_owned).collect(), block)
 }
 
 fn json(ran: &Ran) -> serde_json::Value {
@@ -226,9 +161,12 @@ fn is_uuid(s: &str) -> bool {
 async fn running_it_works_as_written() {
     let commands = running_it_commands();
     assert!(
-        commands[0].starts_with("sudo apt-get install") && commands[0].contains("redis-server"),
-        "the block starts by installing what is missing, Redis included: {}",
-        commands[0]
+        commands.iter().any(|c| c.contains("apt-get install") && c.contains("redis-server")),
+        "the block starts by installing what is missing, Redis included: {commands:#?}"
+    );
+    assert!(
+        commands[0].starts_with("sudo=") && commands[1].starts_with("$sudo apt-get install"),
+        "apt-get runs through sudo only when the reader is not root: {commands:#?}"
     );
     assert!(
         commands.iter().any(|c| c == "cargo build --release --bins"),
@@ -239,90 +177,52 @@ async fn running_it_works_as_written() {
         .prefix("waitroom-readme")
         .tempdir()
         .expect("tempdir");
-    // Distinct: the same port for two of them would fail the demo's start, or worse, serve it.
-    let ports: BTreeMap<u16, u16> = [REDIS, METRICS, PROXY, API, FRONT].into_iter().zip(free_ports::<5>()).collect();
-    let config = substitute_ports(SHIPPED_CONFIG, &ports);
-    let config_path = dir.path().join("proxy.yaml");
-    std::fs::write(&config_path, &config).expect("write proxy.yaml");
-    let local = |line: &str| {
-        let line = substitute_binaries(&substitute_ports(line, &ports));
-        line.replace(
-            "--config proxy.yaml",
-            &format!("--config {}", config_path.display()),
-        )
-    };
-
-    let mut background: Vec<Background> = Vec::new();
-    let mut pending: Vec<(String, String)> = Vec::new();
-    let mut ran: Vec<Ran> = Vec::new();
-    let everything = |background: &[Background]| {
-        background
-            .iter()
-            .map(Background::output)
-            .collect::<Vec<_>>()
-            .join("\n")
-    };
-    for line in &commands {
-        if line.starts_with("sudo apt-get") || line.starts_with("cargo build") {
-            continue;
-        }
-        let Some(bg) = line.strip_suffix('&') else {
-            pending.push((line.clone(), local(line)));
-            continue;
-        };
-        ran.extend(run_foreground(&pending, dir.path()));
-        pending.clear();
-        let bg_line = local(bg.trim_end());
-        background.push(Background::start(&bg_line, dir.path(), background.len()));
-        // The ports this line serves: those written in it, and those of the config it runs
-        // (read as written, whole numbers only, then mapped to the free ones).
-        let mut written = numbers_in(bg);
-        if bg.contains("--config proxy.yaml") {
-            written.extend(numbers_in(SHIPPED_CONFIG));
-        }
-        let serves: Vec<u16> = written
-            .iter()
-            .filter_map(|n| ports.get(n).copied())
-            .collect();
-        for port in serves {
-            let up = wait_until(Duration::from_secs(20), Duration::from_millis(20), || {
-                accepts(port)
-            })
-            .await;
+    std::fs::write(dir.path().join("proxy.yaml"), SHIPPED_CONFIG).expect("write proxy.yaml");
+    let lines: Vec<(String, String)> = commands
+        .iter()
+        .filter(|l| !l.contains("apt-get install") && !l.starts_with("cargo build"))
+        .map(|l| (l.clone(), substitute_binaries(l)))
+        .collect();
+    for (line, _) in &lines {
+        if line.ends_with('&') {
             assert!(
-                up,
-                "nothing listens on {port} after `{bg_line}`:\n{}",
-                everything(&background)
-            );
-        }
-        if bg.contains("--config proxy.yaml") {
-            let readyz = format!("http://127.0.0.1:{}/readyz", ports[&METRICS]);
-            let client = http_client();
-            let ready = wait_until(Duration::from_secs(10), Duration::from_millis(50), || {
-                let req = client.get(&readyz);
-                async move { try_send(req).await.is_ok_and(|r| r.status == 200) }
-            })
-            .await;
-            assert!(
-                ready,
-                "the proxy never reached Redis:\n{}",
-                everything(&background)
+                line.contains("> \"$dir/") && line.ends_with("2>&1 &"),
+                "a server's output goes to a log in $dir, not over the next answers: `{line}`"
             );
         }
     }
-    ran.extend(run_foreground(&pending, dir.path()));
-    let ctx = || everything(&background);
+    let (ran, reported, block) = run_block(&lines, &["proxy", "front", "dir"], dir.path());
+    let [proxy, front, block_dir] = &reported[..] else {
+        panic!("the block's variables: {reported:?}");
+    };
+    let ctx = || {
+        let mut logs = String::new();
+        for entry in std::fs::read_dir(block_dir).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.extension().is_some_and(|e| e == "log") {
+                let text = std::fs::read_to_string(&path).unwrap_or_default();
+                logs.push_str(&format!("--- {}\n{text}\n", path.display()));
+            }
+        }
+        logs
+    };
+    assert!(
+        Path::new(block_dir).starts_with(dir.path()),
+        "mktemp -d made {block_dir} outside TMPDIR"
+    );
 
     // Every line's answer, in order.
     let mut orders = 0;
     let mut token = None;
+    let mut page_url = None;
     for r in &ran {
         assert_eq!(r.rc, 0, "`{}` failed: {:?}\n{}", r.line, r.out, ctx());
         let l = r.line.as_str();
-        if l.starts_with("sleep ") {
-            assert!(r.out.is_empty());
+        let quiet = ["sudo=", "dir=", "read -r ", "sed -e ", "sleep ", "token=$("];
+        if quiet.iter().any(|q| l.starts_with(q)) || l.ends_with('&') {
+            assert!(r.out.is_empty(), "`{l}` prints nothing: {:?}", r.out);
         } else if l.contains("/readyz") {
-            assert_eq!(r.out, "ready", "`{l}`");
+            assert_eq!(r.out, "ready", "`{l}`\n{}", ctx());
         } else if l.contains("/queue/enter") {
             let body = json(r);
             let waiting = body["status"] == "WAITING" && body["position"] == 1;
@@ -331,8 +231,6 @@ async fn running_it_works_as_written() {
                 "`{l}`: {body}\n{}",
                 ctx()
             );
-        } else if l.starts_with("token=$(") {
-            assert!(r.out.is_empty(), "`{l}` prints nothing: {:?}", r.out);
         } else if l.contains("/queue/status") {
             let body = json(r);
             assert_eq!(body["status"], "READY", "`{l}`: {body}\n{}", ctx());
@@ -366,6 +264,10 @@ async fn running_it_works_as_written() {
                 "`{l}`: {}",
                 r.out
             );
+        } else if l.starts_with("echo ") && l.contains("/queue/") {
+            let url = r.out.rsplit(' ').next().unwrap_or("").to_owned();
+            assert_eq!(url, format!("http://127.0.0.1:{front}/queue/"), "`{l}`");
+            page_url = Some(url);
         } else {
             panic!("tests/readme.rs has no check for the README line `{l}`: add one");
         }
@@ -379,14 +281,15 @@ async fn running_it_works_as_written() {
         "an order with the token, then the same again: {commands:#?}"
     );
 
-    // The page: the URL the README tells the reader to open, through identity-front.
-    let page_url = "http://127.0.0.1:8090/queue/";
-    assert!(
-        README.contains(&format!("<{page_url}>")),
-        "the README names {page_url}"
-    );
-    let page_url = substitute_ports(page_url, &ports);
+    // The page: the URL the block prints, through the identity-front the line before started.
+    let page_url = page_url.expect("the block prints the waiting page's URL");
     let client = http_client();
+    let up = wait_until(Duration::from_secs(20), Duration::from_millis(50), || {
+        let req = client.get(&page_url);
+        async move { try_send(req).await.is_ok() }
+    })
+    .await;
+    assert!(up, "identity-front never answered {page_url}:\n{}", ctx());
     let page = send(client.get(&page_url)).await;
     assert_eq!(page.status, 200, "{page_url}: {}\n{}", page.body, ctx());
     assert!(page
@@ -412,17 +315,9 @@ async fn running_it_works_as_written() {
         "the same user again"
     );
     // Straight on the proxy, nobody names the browser: 401, which the page shows as SIGN_IN.
-    let direct = format!("http://127.0.0.1:{}/queue/enter", ports[&PROXY]);
+    let direct = format!("http://127.0.0.1:{proxy}/queue/enter");
     assert_eq!(send(client.post(&direct)).await.status, 401);
-}
-
-#[test]
-fn ports_are_substituted_whole_and_once() {
-    let ports = BTreeMap::from([(8080, 8081), (8081, 9999), (6379, 1)]);
-    assert_eq!(
-        substitute_ports("a:8080 b:8081 80801 18080 6379x", &ports),
-        "a:8081 b:9999 80801 18080 1x"
-    );
+    drop(block);
 }
 
 /// The Markdown files a reader of the repository opens.
