@@ -29,6 +29,7 @@ struct RoomBody<'a> {
     active_tokens: u64,
     admitted_last_minute: u64,
     event: Option<&'a str>,
+    mode: &'static str,
 }
 
 #[derive(Serialize)]
@@ -45,6 +46,10 @@ pub fn room_body(view: &View) -> Vec<u8> {
         active_tokens: view.active_tokens,
         admitted_last_minute: view.admitted_last_minute,
         event: view.event.as_deref(),
+        mode: match view.run_mode {
+            crate::config::RoomMode::Active => "active",
+            crate::config::RoomMode::Shadow => "shadow",
+        },
     };
     // Plain numbers and strings: serialising cannot fail.
     serde_json::to_vec(&body).unwrap_or_default()
@@ -171,10 +176,11 @@ mod tests {
             active_tokens: 3,
             admitted_last_minute: 600,
             event: None,
+            run_mode: crate::config::RoomMode::Shadow,
         };
         assert_eq!(
             String::from_utf8(room_body(&view)).unwrap(),
-            r#"{"state":"paused","queueLength":12,"batch":10,"activeTokens":3,"admittedLastMinute":600,"event":null}"#
+            r#"{"state":"paused","queueLength":12,"batch":10,"activeTokens":3,"admittedLastMinute":600,"event":null,"mode":"shadow"}"#
         );
     }
 }

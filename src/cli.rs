@@ -64,9 +64,10 @@ pub enum CliError {
     Garbled { addr: SocketAddr, what: String },
 }
 
-/// Where to reach the admin API: `metrics_listen`, or loopback when it listens on every address.
+/// Where to reach the admin API: `admin.listen` or else `metrics_listen`, or loopback when it
+/// listens on every address.
 pub fn admin_addr(config: &Config) -> SocketAddr {
-    let mut addr = config.metrics_listen;
+    let mut addr = config.admin.listen.unwrap_or(config.metrics_listen);
     if addr.ip().is_unspecified() {
         addr.set_ip(match addr.ip() {
             IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::LOCALHOST),
@@ -121,9 +122,15 @@ pub fn describe(room: &serde_json::Value, config: &Config) -> Result<String, Str
         Some(serde_json::Value::String(phase)) => phase.clone(),
         _ => "none".to_owned(),
     };
+    let mode = match room.get("mode").and_then(|m| m.as_str()) {
+        Some("shadow") => "shadow: a rehearsal, every protected request is forwarded",
+        Some(other) => other,
+        None => "active",
+    };
     let interval = humantime::format_duration(config.admission.interval);
     Ok(format!(
         "state                  {meaning}\n\
+         mode                   {mode}\n\
          waiting                {}\n\
          batch                  {} per {interval}\n\
          active tokens          {}\n\
