@@ -210,6 +210,12 @@ pub struct PageSettings<'a> {
     pub ready_url: &'a str,
     /// `page.texts`.
     pub texts: &'a TextOverrides,
+    /// `page.sign_in_url`; empty: no sign-in link.
+    pub sign_in_url: &'a str,
+    /// Whether a scheduled event is configured: the page then shows the seed's hash.
+    pub event: bool,
+    /// `page.template_file`, read at load; `None`: the built-in page.
+    pub template: Option<&'a Template>,
 }
 
 /// Renders the page with these settings, in the language `Accept-Language` asks for.
@@ -222,6 +228,9 @@ pub fn render(settings: PageSettings<'_>, accept_language: Option<&[u8]>) -> Vec
 /// `{{script}}` (poll.mjs then page.js).
 fn render_lang(settings: PageSettings<'_>, lang: Lang) -> String {
     let texts = settings.texts.texts(lang);
+    if let Some(template) = settings.template {
+        return render_template(template, settings, lang, &texts);
+    }
     let mut out = String::with_capacity(TEMPLATE.len() + POLL_JS.len() + PAGE_JS.len() + 4096);
     let mut rest = TEMPLATE;
     while let Some(start) = rest.find("{{") {
@@ -251,12 +260,33 @@ fn render_lang(settings: PageSettings<'_>, lang: Lang) -> String {
     out
 }
 
+/// The shop's page with the proxy's script inserted before its `</body>`. The shop's text is sent
+/// as written: it is the shop's own HTML, and `{{` in it may mean something to the shop.
+fn render_template(template: &Template, settings: PageSettings<'_>, lang: Lang, texts: &Map<String, Value>) -> String {
+    let settings = settings_json(settings, lang, texts);
+    let mut out = String::with_capacity(
+        template.before_body_end.len() + template.from_body_end.len() + settings.len() + POLL_JS.len() + PAGE_JS.len() + 128,
+    );
+    out.push_str(&template.before_body_end);
+    out.push_str(r#"<script type="application/json" id="waitroom-settings">"#);
+    out.push_str(&settings);
+    out.push_str("</script>\n<script type=\"module\">\n");
+    out.push_str(POLL_JS);
+    out.push('\n');
+    out.push_str(PAGE_JS);
+    out.push_str("\n</script>\n");
+    out.push_str(&template.from_body_end);
+    out
+}
+
 /// What the page's script needs, as JSON that is safe inside `<script type="application/json">`:
 /// every `<` is escaped, so no text can close the element.
 fn settings_json(settings: PageSettings<'_>, lang: Lang, texts: &Map<String, Value>) -> String {
     let settings = serde_json::json!({
         "prefix": settings.prefix,
         "readyUrl": settings.ready_url,
+        "signInUrl": settings.sign_in_url,
+        "event": settings.event,
         "lang": lang.code(),
         "texts": texts,
     });
@@ -288,7 +318,14 @@ mod tests {
     use crate::config::Config;
 
     fn page_settings(config: &Config) -> PageSettings<'_> {
-        PageSettings { prefix: &config.endpoints.prefix, ready_url: &config.page.ready_url, texts: &config.page.texts }
+        PageSettings {
+            prefix: &config.endpoints.prefix,
+            ready_url: &config.page.ready_url,
+            texts: &config.page.texts,
+            sign_in_url: &config.page.sign_in_url,
+            event: config.event.is_some(),
+            template: config.page.template.as_ref(),
+        }
     }
 
     fn choose(header: &str) -> Lang {
@@ -473,5 +510,31 @@ mod tests {
             out,
             "&lt;a href=&quot;x&quot;&gt;Tom &amp; &#39;Jerry&#39;&lt;/a&gt;"
         );
+    }
+
+    #[test]
+    fn a_template_needs_the_state_hook_and_a_body_end() {
+        let ok = |t: &str| Template::parse(t.to_owned());
+        assert!(ok(r#"<body><p data-waitroom="state"></p></body>"#).is_ok());
+        assert!(ok(r#"<BODY><p data-waitroom='state'></p></BODY></html>"#).is_ok());
+        assert!(ok(r#"<body><p data-waitroom="position"></p></body>"#).unwrap_err().contains("state"));
+        assert!(ok(r#"<body><p data-waitroom="state"></p>"#).unwrap_err().contains("</body>"));
+    }
+
+    #[test]
+    fn a_template_gets_the_script_before_its_last_body_end() {
+        let template = Template::parse(
+            r#"<html><body><!-- </body> in a comment --><p data-waitroom="state"></p>{{shop}}</body></html>"#.to_owned(),
+        )
+        .unwrap();
+        let mut config = config();
+        config.page.template = Some(template);
+        config.page.sign_in_url = "/login".to_owned();
+        let page = String::from_utf8(render(page_settings(&config), None)).unwrap();
+        let script = page.find(r#"<script type="module">"#).unwrap();
+        assert!(page.find("{{shop}}").unwrap() < script, "the shop's text is left as written");
+        assert!(page.ends_with("</script>\n</body></html>"), "{}", &page[page.len() - 60..]);
+        assert!(page.contains(r#""signInUrl":"/login""#));
+        assert!(!page.contains("waitroom-heading"), "none of the built-in markup");
     }
 }
