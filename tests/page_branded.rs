@@ -35,7 +35,7 @@ async fn branded_room(yaml: &str) -> (RedisServer, DemoApi, Proxy) {
 
 #[tokio::test]
 async fn the_branded_page_is_the_shops_html_with_the_proxys_script() {
-    let (_redis, _api, proxy) = branded_room("{}").await;
+    let (_redis, _api, proxy) = branded_room("").await;
     let r = proxy.get("/queue/").await;
     assert_eq!(r.status, 200);
     assert!(r.header("content-type").is_some_and(|c| c.starts_with("text/html")));
@@ -61,7 +61,7 @@ async fn a_template_that_breaks_is_refused_at_load_and_at_reload() {
     assert!(said.starts_with("page.template_file: ") && said.contains(r#"data-waitroom="state""#), "{said}");
 
     // Running with a good one, a reload to a broken one keeps the running page.
-    let (_redis, _api, proxy) = branded_room("{}").await;
+    let (_redis, _api, proxy) = branded_room("").await;
     let before = proxy.get("/queue/").await.body;
     std::fs::write(proxy.dir().join("broken.html"), "<p data-waitroom=\"state\"></p>").unwrap();
     let errors = proxy.counter(r#"waitroom_config_reloads_total{result="error"}"#).await;
