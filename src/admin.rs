@@ -1,8 +1,9 @@
-//! The admin API on `metrics_listen` (contract section 15): look at the room, pause, resume,
-//! close and open it. Parse (enabled? bearer token, path, method) -> apply
+//! The admin API on `metrics_listen`, or on `admin.listen` (contract section 15): look at the
+//! room, pause, resume, close and open it. Parse (enabled? bearer token, path, method) -> apply
 //! ([`crate::control::apply`]) -> render (the room's JSON, or `{"error": ...}`).
 //!
-//! It sits on the operator listener, not on `listen`, so the public side never routes to it;
+//! It sits on an operator listener, not on `listen`, so the public side never routes to it, and
+//! with `admin.listen` not even on the port opened to Prometheus and health probes;
 //! the bearer token is the second fence, for operator networks that are wider than one team. The
 //! token is compared in constant time ([`subtle`]), so a timing probe learns nothing of it but
 //! its length. Every answer is JSON with `Cache-Control: no-store`, like the proxy's own.

@@ -1,5 +1,6 @@
 //! The operator's side: `/metrics`, `/healthz` and `/readyz` on `metrics_listen` (and the admin
-//! API of [`crate::admin`] beside them), and the room watcher that keeps readiness and the
+//! API of [`crate::admin`] beside them, unless `admin.listen` gives it its own address), and the
+//! room watcher that keeps readiness and the
 //! room-wide gauges fresh.
 //!
 //! Readiness and the gauges come from one probe a few times a second rather than from request

@@ -168,10 +168,24 @@ pub const MAX_TEMPLATE: u64 = 256 * 1024;
 
 /// `page.template_file`: the shop's own page, read and checked at load (and reload), split at
 /// its last `</body>`, where the proxy's script goes.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct Template {
     before_body_end: String,
     from_body_end: String,
+}
+
+/// A digest rather than the page: a configuration's `Debug` (which a reload compares) need not
+/// carry 256 KiB of HTML, yet must still change when the page does.
+impl std::fmt::Debug for Template {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use sha2::{Digest, Sha256};
+        let mut hash = Sha256::new();
+        hash.update(self.before_body_end.as_bytes());
+        hash.update(self.from_body_end.as_bytes());
+        let digest = hash.finalize();
+        let hex: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
+        write!(f, "Template({} bytes, sha256 {hex}..)", self.before_body_end.len() + self.from_body_end.len())
+    }
 }
 
 impl Template {

@@ -53,12 +53,14 @@ function log(message) {
   console.log(`[states ${opts.expect} ${new Date().toISOString().slice(11, 23)}] ${message}`);
 }
 
-/** The page's calls to the room so far, from Resource Timing. */
+/** The page's polls of the room so far, from Resource Timing. The seed hash's fetch during an
+ * event (`{prefix}/event`) follows an answer and is no poll: it is left out. */
 const roomCalls = (page) =>
   page.evaluate((prefix) => {
     return performance
       .getEntriesByType("resource")
       .filter((e) => new URL(e.name).pathname.startsWith(`${prefix}/`) && e.initiatorType === "fetch")
+      .filter((e) => new URL(e.name).pathname !== `${prefix}/event`)
       .map((e) => ({
         name: new URL(e.name).pathname.slice(prefix.length + 1),
         status: e.responseStatus,
