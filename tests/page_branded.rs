@@ -122,3 +122,70 @@ async fn shopper_waits_and_orders_through_the_branded_page_in_chromium() {
         }
     }
 }
+
+/// `node tests/page/states.mjs` on `proxy`'s page until it shows `expect`; its JSON summary.
+fn states(proxy: &Proxy, expect: &str, extra: &[&str]) -> serde_json::Value {
+    let chromium = std::env::var_os("WAITROOM_CHROMIUM").map(PathBuf::from).unwrap_or_else(|| "/usr/bin/chromium".into());
+    let page_dir = manifest_dir().join("tests/page");
+    let artifacts = tempfile::tempdir().unwrap();
+    let out = Command::new("node")
+        .arg(page_dir.join("states.mjs"))
+        .arg(proxy.url(""))
+        .arg(artifacts.path())
+        .args(["--expect", expect, "--calls", "1"])
+        .args(extra)
+        .env("WAITROOM_CHROMIUM", &chromium)
+        .current_dir(&page_dir)
+        .output()
+        .expect("run node states.mjs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "states.mjs {expect}:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_str(stdout.lines().last().unwrap_or("")).expect("JSON summary")
+}
+
+/// What the page shows besides the line (contract sections 10 and 15), through the branded page:
+/// the sign-in link on 401, the seed's committed hash during an event, and a paused room's wait.
+#[tokio::test]
+async fn the_page_links_sign_in_shows_the_seed_hash_and_says_when_admission_is_paused() {
+    require("node");
+    let (_redis, _api, proxy) = branded_room("").await;
+    let shown = states(&proxy, "SIGN_IN", &["--no-identity"]);
+    assert_eq!(shown["signIn"], "/account/login", "{shown}");
+
+    // A pre-queue that opened a minute ago: the seed is committed, its hash on the page.
+    let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
+    let opens = chrono::DateTime::<chrono::Utc>::from_timestamp_millis(now_ms + 30 * 60_000)
+        .unwrap()
+        .to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let (_redis, _api, event) = branded_room(&format!("event: {{opens_at: '{opens}', prequeue: 31m}}")).await;
+    let committed = wait_until(Duration::from_secs(5), Duration::from_millis(50), || async {
+        event.get("/queue/event").await.json()["seedSha256"].is_string()
+    })
+    .await;
+    assert!(committed, "{}", event.logs());
+    let hash = event.get("/queue/event").await.json()["seedSha256"].as_str().unwrap().to_owned();
+    let shown = states(&event, "PREQUEUED", &[]);
+    assert_eq!(shown["seed"], hash.as_str(), "{shown}");
+    assert_eq!(shown["signIn"], serde_json::Value::Null, "{shown}");
+
+    // Paused, with others ahead: the wait is not "any moment now" but paused.
+    let (admin_env, token) = ("WAITROOM_TEST_BRANDED_ADMIN", "branded-admin");
+    let redis = RedisServer::start();
+    let upstream = Recorder::start(200).await;
+    let paused = Proxy::builder(&redis.url(), upstream.addr())
+        .yaml(&format!(
+            "page: {{template_file: '{}'}}\nadmission: {{interval: 1h, batch_size: 1}}\nadmin: {{token_env: {admin_env}}}",
+            example_page().display()
+        ))
+        .env(admin_env, token)
+        .start()
+        .await;
+    for user in ["ahead-1", "ahead-2", "ahead-3"] {
+        paused.enter(user).await;
+    }
+    let r = send(paused.client().post(paused.metrics_url("/admin/room/pause")).bearer_auth(token)).await;
+    assert_eq!(r.json()["state"], "paused", "{}", r.body);
+    let shown = states(&paused, "WAITING", &[]);
+    assert!(shown["eta"].as_str().is_some_and(|e| e.contains("paused")), "{shown}");
+    assert!(shown["message"].as_str().is_some_and(|m| m.contains("paused")), "{shown}");
+}
