@@ -17,25 +17,45 @@ use subtle::ConstantTimeEq;
 use crate::config::BypassConfig;
 use crate::rules::Cidr;
 
+/// What the bypass rules found on a protected request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Found {
+    /// The request skips the room.
+    pub skips: bool,
+    /// It carries the bypass header (with any value), which must not travel on.
+    pub carries_header: bool,
+}
+
 /// Whether a protected request skips the room. `peer` is the connection's peer address (`None`
-/// when pingora does not know it: a Unix socket, which no address rule can match).
-pub fn applies(bypass: &BypassConfig, trusted: &[Cidr], peer: Option<IpAddr>, headers: &HeaderMap) -> bool {
+/// when pingora does not know it: a Unix socket, which no address rule can match). A request
+/// that matches nothing costs one header lookup and a comparison per address block; the
+/// `X-Forwarded-For` chain is read only when the peer is a trusted proxy.
+pub fn applies(bypass: &BypassConfig, trusted: &[Cidr], peer: Option<IpAddr>, headers: &HeaderMap) -> Found {
+    let mut found = Found { skips: false, carries_header: false };
     if let Some(rule) = &bypass.header {
         let mut values = headers.get_all(&rule.name).iter();
+        let (first, second) = (values.next(), values.next());
+        found.carries_header = first.is_some();
         // One copy only: with two, the proxy would judge one and the upstream might read the other.
-        if let (Some(value), None) = (values.next(), values.next()) {
+        if let (Some(value), None) = (first, second) {
             if bool::from(value.as_bytes().ct_eq(rule.secret.expose())) {
-                return true;
+                found.skips = true;
+                return found;
             }
         }
     }
     if bypass.addresses.is_empty() {
-        return false;
+        return found;
     }
-    let Some(peer) = peer else { return false };
-    let forwarded = crate::paths::forwarded_for(headers);
-    let client = crate::rules::client_address(peer, forwarded.as_deref(), trusted);
-    bypass.addresses.iter().any(|block| block.contains(client))
+    let Some(peer) = peer else { return found };
+    let client = if trusted.iter().any(|c| c.contains(peer)) {
+        let forwarded = crate::paths::forwarded_for(headers);
+        crate::rules::client_address(peer, forwarded.as_deref(), trusted)
+    } else {
+        peer
+    };
+    found.skips = bypass.addresses.iter().any(|block| block.contains(client));
+    found
 }
 
 #[cfg(test)]
@@ -62,7 +82,7 @@ mod tests {
     }
 
     fn applies_to(c: &Config, peer: Option<IpAddr>, h: &HeaderMap) -> bool {
-        applies(&c.bypass, &c.abuse.trusted_proxies, peer, h)
+        applies(&c.bypass, &c.abuse.trusted_proxies, peer, h).skips
     }
 
     #[test]
@@ -88,5 +108,7 @@ mod tests {
         let twice = headers(&[("x-waitroom-bypass", "s3cret"), ("x-waitroom-bypass", "s3cret")]);
         assert!(!applies_to(&c, ip("1.2.3.4"), &twice));
         assert!(!applies_to(&c, ip("1.2.3.4"), &headers(&[("x-other", "s3cret")])));
+        let wrong = applies(&c.bypass, &[], ip("1.2.3.4"), &headers(&[("x-waitroom-bypass", "nope")]));
+        assert_eq!(wrong, Found { skips: false, carries_header: true }, "a wrong secret is still taken off");
     }
 }

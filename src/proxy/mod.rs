@@ -141,14 +141,14 @@ impl Waitroom {
     fn bypasses(&self, config: &Config, session: &mut Session, ctx: &mut Ctx) -> bool {
         let peer = session.client_addr().and_then(|a| a.as_inet()).map(|a| a.ip());
         let header = session.req_header();
-        let skips = bypass::applies(&config.bypass, &config.abuse.trusted_proxies, peer, &header.headers);
-        if skips && matches!(config.identity, IdentityConfig::Jwt(_)) {
+        let found = bypass::applies(&config.bypass, &config.abuse.trusted_proxies, peer, &header.headers);
+        if found.skips && matches!(config.identity, IdentityConfig::Jwt(_)) {
             ctx.user = identity(config, session).ok();
         }
-        if let Some(rule) = &config.bypass.header {
+        if let (true, Some(rule)) = (found.carries_header, &config.bypass.header) {
             session.req_header_mut().remove_header(&rule.name);
         }
-        skips
+        found.skips
     }
 
     /// Settles a claim that no status line settled: an order that reached the upstream and failed
