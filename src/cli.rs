@@ -1,5 +1,6 @@
 //! `waitroom room status|pause|resume|close|open --config proxy.yaml`: the admin API of a running
-//! proxy from a terminal. The address is the configuration's `metrics_listen` and the token the
+//! proxy from a terminal. The address is the configuration's `admin.listen` (else its
+//! `metrics_listen`) and the token the
 //! variable `admin.token_env` names, so an operator who can start the proxy can steer it without
 //! copying either by hand.
 //!

@@ -63,8 +63,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Look at or steer the room through a running proxy's admin API (metrics_listen, with the
-    /// token from the variable admin.token_env names).
+    /// Look at or steer the room through a running proxy's admin API (admin.listen, else
+    /// metrics_listen, with the token from the variable admin.token_env names).
     Room {
         #[arg(value_enum)]
         action: RoomAction,
