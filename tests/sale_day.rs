@@ -317,3 +317,45 @@ async fn admin_listen_moves_the_admin_api_off_the_metrics_port() {
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }
+
+/// In JWT mode the upstream trusts `forward_header` (X-User-Id): a request the room forwards with
+/// no verified user (a refusal passed in shadow, a bypass without a JWT) carries none, whatever
+/// the client wrote; a bypass with a valid JWT carries its verified user.
+#[tokio::test]
+async fn jwt_mode_never_forwards_an_unverified_identity_in_shadow_or_bypass() {
+    use jsonwebtoken::{EncodingKey, Header};
+    const JWT_SECRET: &str = "a-test-secret-of-at-least-32-bytes!!";
+    let redis = RedisServer::start();
+    let upstream = Recorder::start(200).await;
+    let proxy = Proxy::builder(&redis.url(), upstream.addr())
+        .yaml(&format!(
+            "identity: {{jwt: {{secret_env: SALE_DAY_JWT}}}}\nmode: shadow\n\
+             bypass: {{header: {{name: X-Waitroom-Bypass, secret_env: {BYPASS_ENV}}}}}"
+        ))
+        .env("SALE_DAY_JWT", JWT_SECRET)
+        .env(BYPASS_ENV, SECRET)
+        .start()
+        .await;
+    let exp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() + 600;
+    let jwt = jsonwebtoken::encode(
+        &Header::default(),
+        &serde_json::json!({"sub": "alice", "exp": exp}),
+        &EncodingKey::from_secret(JWT_SECRET.as_bytes()).unwrap(),
+    )
+    .unwrap();
+    let order = || proxy.client().post(proxy.url("/api/orders")).header("x-user-id", "mallory");
+    // Shadow, no JWT: forwarded as unauthenticated, without the forged identity.
+    assert_eq!(send(order()).await.status, 200);
+    // Bypass, no JWT: the same.
+    assert_eq!(send(order().header("X-Waitroom-Bypass", SECRET)).await.status, 200);
+    // Bypass with a JWT: the verified user.
+    let with_jwt = order().header("X-Waitroom-Bypass", SECRET).header("authorization", format!("Bearer {jwt}"));
+    assert_eq!(send(with_jwt).await.status, 200);
+    let identities: Vec<Vec<String>> = upstream
+        .seen()
+        .iter()
+        .map(|s| s.headers.iter().filter(|h| h.to_ascii_lowercase().starts_with("x-user-id:")).cloned().collect())
+        .collect();
+    assert_eq!(identities, vec![vec![], vec![], vec!["x-user-id: alice".to_owned()]], "{identities:?}");
+    assert_eq!(shadow(&proxy, "unauthenticated").await, 1.0);
+}
