@@ -1172,14 +1172,24 @@ impl Validator {
     }
 
     /// A secret that an `*_env` key names: a variable set and not empty (an empty one would be a
-    /// secret anybody guesses).
+    /// secret anybody guesses), without whitespace at either end (a secret file's trailing
+    /// newline: no client can send that in a header, whose value HTTP trims).
     fn env_secret(&mut self, path: &str, name: &str) -> Option<Secret> {
         let name = name.trim();
         if name.is_empty() {
             return self.fail(path, "must name an environment variable");
         }
         match self.env_var(name) {
-            Some(value) if !value.is_empty() => Some(Secret(std::os::unix::ffi::OsStringExt::into_vec(value))),
+            Some(value) if !value.is_empty() => {
+                let value = std::os::unix::ffi::OsStringExt::into_vec(value);
+                if value.trim_ascii().len() != value.len() {
+                    return self.fail(
+                        path,
+                        format!("environment variable {name} starts or ends with whitespace (a trailing newline?): remove it"),
+                    );
+                }
+                Some(Secret(value))
+            }
             Some(_) => self.fail(path, format!("environment variable {name} is empty")),
             None => self.fail(path, format!("environment variable {name} is not set")),
         }
@@ -2174,11 +2184,13 @@ mod tests {
     fn bypass_and_mode_problems_name_their_key() {
         std::env::set_var("WAITROOM_CONFIG_UNIT_BYPASS", "s3cret");
         std::env::set_var("WAITROOM_CONFIG_UNIT_EMPTY", "");
+        std::env::set_var("WAITROOM_CONFIG_UNIT_NEWLINE", "s3cret\n");
         std::env::remove_var("WAITROOM_CONFIG_UNIT_UNSET");
         for (yaml, want) in [
             ("bypass: {header: {name: X-B, secret_env: WAITROOM_CONFIG_UNIT_UNSET}}", "bypass.header.secret_env: environment variable WAITROOM_CONFIG_UNIT_UNSET is not set"),
             ("bypass: {header: {name: X-B, secret_env: WAITROOM_CONFIG_UNIT_EMPTY}}", "bypass.header.secret_env: environment variable WAITROOM_CONFIG_UNIT_EMPTY is empty"),
             ("bypass: {header: {name: X-B}}", "bypass.header.secret_env: is required"),
+            ("bypass: {header: {name: X-B, secret_env: WAITROOM_CONFIG_UNIT_NEWLINE}}", "bypass.header.secret_env: environment variable WAITROOM_CONFIG_UNIT_NEWLINE starts or ends with whitespace"),
             ("bypass: {header: {secret_env: WAITROOM_CONFIG_UNIT_BYPASS}}", "bypass.header.name: is required"),
             ("bypass: {header: {name: 'X B', secret_env: WAITROOM_CONFIG_UNIT_BYPASS}}", "bypass.header.name: 'X B' is not an HTTP header name"),
             ("bypass: {addresses: [10.0.0.0/8, 10.0.0.0/33]}", "bypass.addresses[1]: '10.0.0.0/33' is not a CIDR (e.g. 10.0.0.0/8)"),
