@@ -19,7 +19,10 @@ const AFTER_EXPIRY_MS = 1000;
 
 const TOKEN_KEY = "waitroom.token";
 
-const hook = (name) => document.querySelector(`[data-waitroom="${name}"]`);
+// A shop's own page (page.template_file) need hold only the state hook: every other one it
+// leaves out is a detached element, written to and never shown.
+const hook = (name) =>
+  document.querySelector(`[data-waitroom="${name}"]`) ?? document.createElement(name === "progress" ? "progress" : "span");
 const el = {
   heading: hook("heading"),
   state: hook("state"),
@@ -38,6 +41,9 @@ const el = {
   opensIn: hook("opens-in"),
   opensClock: hook("opens-clock"),
   announce: hook("announce"),
+  signIn: hook("sign-in"),
+  seed: hook("seed"),
+  seedSha256: hook("seed-sha256"),
 };
 
 const timeFormat = new Intl.DateTimeFormat(settings.lang, { hour: "2-digit", minute: "2-digit", second: "2-digit" });
@@ -89,6 +95,26 @@ async function step(call) {
   if (delay !== null && next !== null) schedule(next, delay);
   else if (state === "READY") schedule("status", passSeconds(answer.body) * 1000 + AFTER_EXPIRY_MS);
   tick();
+  if (settings.event) showSeed();
+}
+
+let seedShown = false;
+
+/** During a scheduled event: the committed hash of the draw's seed, for the user to keep and
+ * check the draw with later (contract sections 10 and 14). Asked until the seed exists. */
+async function showSeed() {
+  if (seedShown) return;
+  try {
+    const res = await fetch(`${settings.prefix}/event`, { cache: "no-store", credentials: "same-origin" });
+    const body = await res.json();
+    if (typeof body.seedSha256 === "string" && /^[0-9a-f]{64}$/.test(body.seedSha256)) {
+      el.seedSha256.textContent = body.seedSha256;
+      el.seed.hidden = false;
+      seedShown = true;
+    }
+  } catch {
+    // Shown at a later answer.
+  }
 }
 
 /** A READY answer's expiresIn, or a minute should it ever be missing (then ask again). */
@@ -121,6 +147,7 @@ function show(next, answer) {
     const position = body.position;
     if (atEntry === null || position > atEntry) atEntry = position;
     const eta = etaText(body.estimatedWaitTime, texts);
+    if (body.estimatedWaitTime === null) message = texts.message_PAUSED;
     el.position.textContent = String(position);
     el.eta.textContent = eta;
     el.progress.value = progressPercent(atEntry, position);
@@ -149,6 +176,8 @@ function show(next, answer) {
   if (next === "SIGN_IN") {
     document.title = texts.heading_SIGN_IN;
   }
+  el.signIn.hidden = !(next === "SIGN_IN" && settings.signInUrl);
+  if (settings.signInUrl) el.signIn.href = settings.signInUrl;
   if (next === "CLOSED") {
     forgetToken();
     atEntry = null;

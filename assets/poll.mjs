@@ -142,6 +142,8 @@ export function progressPercent(atEntry, now) {
  * the estimate deserves.
  */
 export function etaText(seconds, texts) {
+  // null: admission is paused, and nobody can say when it resumes (contract section 15).
+  if (seconds === null) return texts.eta_paused;
   if (!(seconds > 0)) return texts.eta_soon;
   if (seconds < 60) return texts.eta_under_minute;
   const minutes = Math.round(seconds / 60);

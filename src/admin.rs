@@ -1,8 +1,9 @@
-//! The admin API on `metrics_listen` (contract section 15): look at the room, pause, resume,
-//! close and open it. Parse (enabled? bearer token, path, method) -> apply
+//! The admin API on `metrics_listen`, or on `admin.listen` (contract section 15): look at the
+//! room, pause, resume, close and open it. Parse (enabled? bearer token, path, method) -> apply
 //! ([`crate::control::apply`]) -> render (the room's JSON, or `{"error": ...}`).
 //!
-//! It sits on the operator listener, not on `listen`, so the public side never routes to it;
+//! It sits on an operator listener, not on `listen`, so the public side never routes to it, and
+//! with `admin.listen` not even on the port opened to Prometheus and health probes;
 //! the bearer token is the second fence, for operator networks that are wider than one team. The
 //! token is compared in constant time ([`subtle`]), so a timing probe learns nothing of it but
 //! its length. Every answer is JSON with `Cache-Control: no-store`, like the proxy's own.
@@ -29,6 +30,7 @@ struct RoomBody<'a> {
     active_tokens: u64,
     admitted_last_minute: u64,
     event: Option<&'a str>,
+    mode: &'static str,
 }
 
 #[derive(Serialize)]
@@ -45,6 +47,10 @@ pub fn room_body(view: &View) -> Vec<u8> {
         active_tokens: view.active_tokens,
         admitted_last_minute: view.admitted_last_minute,
         event: view.event.as_deref(),
+        mode: match view.run_mode {
+            crate::config::RoomMode::Active => "active",
+            crate::config::RoomMode::Shadow => "shadow",
+        },
     };
     // Plain numbers and strings: serialising cannot fail.
     serde_json::to_vec(&body).unwrap_or_default()
@@ -171,10 +177,11 @@ mod tests {
             active_tokens: 3,
             admitted_last_minute: 600,
             event: None,
+            run_mode: crate::config::RoomMode::Shadow,
         };
         assert_eq!(
             String::from_utf8(room_body(&view)).unwrap(),
-            r#"{"state":"paused","queueLength":12,"batch":10,"activeTokens":3,"admittedLastMinute":600,"event":null}"#
+            r#"{"state":"paused","queueLength":12,"batch":10,"activeTokens":3,"admittedLastMinute":600,"event":null,"mode":"shadow"}"#
         );
     }
 }

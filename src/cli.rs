@@ -1,5 +1,6 @@
 //! `waitroom room status|pause|resume|close|open --config proxy.yaml`: the admin API of a running
-//! proxy from a terminal. The address is the configuration's `metrics_listen` and the token the
+//! proxy from a terminal. The address is the configuration's `admin.listen` (else its
+//! `metrics_listen`) and the token the
 //! variable `admin.token_env` names, so an operator who can start the proxy can steer it without
 //! copying either by hand.
 //!
@@ -64,9 +65,10 @@ pub enum CliError {
     Garbled { addr: SocketAddr, what: String },
 }
 
-/// Where to reach the admin API: `metrics_listen`, or loopback when it listens on every address.
+/// Where to reach the admin API: `admin.listen` or else `metrics_listen`, or loopback when it
+/// listens on every address.
 pub fn admin_addr(config: &Config) -> SocketAddr {
-    let mut addr = config.metrics_listen;
+    let mut addr = config.admin.listen.unwrap_or(config.metrics_listen);
     if addr.ip().is_unspecified() {
         addr.set_ip(match addr.ip() {
             IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::LOCALHOST),
@@ -121,9 +123,15 @@ pub fn describe(room: &serde_json::Value, config: &Config) -> Result<String, Str
         Some(serde_json::Value::String(phase)) => phase.clone(),
         _ => "none".to_owned(),
     };
+    let mode = match room.get("mode").and_then(|m| m.as_str()) {
+        Some("shadow") => "shadow: a rehearsal, every protected request is forwarded",
+        Some(other) => other,
+        None => "active",
+    };
     let interval = humantime::format_duration(config.admission.interval);
     Ok(format!(
         "state                  {meaning}\n\
+         mode                   {mode}\n\
          waiting                {}\n\
          batch                  {} per {interval}\n\
          active tokens          {}\n\

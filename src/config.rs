@@ -20,7 +20,7 @@ pub mod schema;
 mod structure;
 
 pub use crate::identity::{IdentityConfig, JwtConfig};
-pub use raw::UnknownOutcome;
+pub use raw::{RoomMode, UnknownOutcome};
 
 /// The shortest admission interval served: the ticker and the Redis schedule count in
 /// microseconds, but below a millisecond a tick's own round trip is the interval.
@@ -149,6 +149,48 @@ pub mod raw {
         /// Operator control: the admin API and origin commands.
         #[serde(default)]
         pub admin: Admin,
+        /// Requests that skip the room: a protected request from one of these addresses, or
+        /// carrying the bypass header with its secret, is forwarded without a token.
+        #[serde(default)]
+        pub bypass: Bypass,
+        /// `active` (the default): the room refuses protected requests without a valid token;
+        /// `shadow`: it runs as usual but forwards every protected request, counting those it
+        /// would have refused in waitroom_shadow_passed_total.
+        #[serde(default)]
+        pub mode: RoomMode,
+    }
+
+    /// Requests that never wait: the shop's own services, staff, health checks of the order API.
+    #[derive(Debug, Default, Deserialize, Serialize, JsonSchema)]
+    #[serde(deny_unknown_fields)]
+    pub struct Bypass {
+        /// CIDRs of the client address (the peer, or the X-Forwarded-For entry behind
+        /// abuse.trusted_proxies).
+        #[serde(default)]
+        pub addresses: Vec<String>,
+        /// A header whose value must equal the secret held by an environment variable; removed
+        /// before the request is forwarded.
+        #[serde(default)]
+        pub header: Option<BypassHeader>,
+    }
+
+    /// `bypass.header`: both keys are required.
+    #[derive(Debug, Deserialize, Serialize, JsonSchema)]
+    #[serde(deny_unknown_fields)]
+    pub struct BypassHeader {
+        /// The header's name, e.g. X-Waitroom-Bypass.
+        pub name: String,
+        /// The environment variable that holds the secret the header must carry.
+        pub secret_env: String,
+    }
+
+    /// `mode`.
+    #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+    #[serde(rename_all = "lowercase")]
+    pub enum RoomMode {
+        #[default]
+        Active,
+        Shadow,
     }
 
     /// Operator control: the admin API on `metrics_listen` and origin commands.
@@ -163,11 +205,15 @@ pub mod raw {
         /// removed either way).
         #[serde(default = "d_true")]
         pub origin_commands: bool,
+        /// ip:port of the admin API's own listener; unset: the admin API is served on
+        /// metrics_listen. Set, /admin is not served on metrics_listen.
+        #[serde(default)]
+        pub listen: Option<String>,
     }
 
     impl Default for Admin {
         fn default() -> Self {
-            Admin { token_env: None, origin_commands: true }
+            Admin { token_env: None, origin_commands: true, listen: None }
         }
     }
 
@@ -507,11 +553,25 @@ pub mod raw {
         /// the text names are those of assets/i18n/en.json.
         #[serde(default)]
         pub texts: std::collections::BTreeMap<String, std::collections::BTreeMap<String, String>>,
+        /// The shop's own HTML page (at most 256 KiB, relative to this file's folder), served
+        /// instead of the built-in one: it holds the data-waitroom hooks and a </body>, before
+        /// which the proxy inserts its script. Empty: the built-in page.
+        #[serde(default)]
+        pub template_file: String,
+        /// Where a user without an identity (401) is sent to sign in; empty: no link.
+        #[serde(default)]
+        pub sign_in_url: String,
     }
 
     impl Default for Page {
         fn default() -> Self {
-            Page { ready_url: d_ready_url(), enabled: true, texts: Default::default() }
+            Page {
+                ready_url: d_ready_url(),
+                enabled: true,
+                texts: Default::default(),
+                template_file: String::new(),
+                sign_in_url: String::new(),
+            }
         }
     }
 
@@ -710,6 +770,32 @@ pub struct Config {
     pub limits: LimitsConfig,
     pub event: Option<crate::event::EventConfig>,
     pub admin: AdminConfig,
+    /// `bypass` (contract section 18): belongs to the proxy, checked before any room's rules.
+    pub bypass: BypassConfig,
+    /// `mode` (section 18): one of the keys a room will have of its own (section 17), top-level
+    /// for the one room there is today.
+    pub mode: RoomMode,
+}
+
+/// `bypass`: who skips the room.
+#[derive(Debug, Clone, Default)]
+pub struct BypassConfig {
+    pub addresses: Vec<Cidr>,
+    pub header: Option<BypassHeader>,
+}
+
+impl BypassConfig {
+    /// Whether any rule is configured: without one, a request costs no look at all.
+    pub fn is_set(&self) -> bool {
+        !self.addresses.is_empty() || self.header.is_some()
+    }
+}
+
+/// `bypass.header`: the header and the secret (read once, at load) it must carry.
+#[derive(Debug, Clone)]
+pub struct BypassHeader {
+    pub name: HeaderName,
+    pub secret: Secret,
 }
 
 /// `admin` (contract section 15): the admin API on `metrics_listen` and origin commands.
@@ -722,6 +808,8 @@ pub struct AdminConfig {
     pub token_env: Option<String>,
     /// Whether a protected response's `Waitroom-Command` is obeyed (it is removed either way).
     pub origin_commands: bool,
+    /// `admin.listen`: the admin API's own address; `None`: it is served on `metrics_listen`.
+    pub listen: Option<SocketAddr>,
 }
 
 /// A value that must never reach a log line: its `Debug` shows only that it is set.
@@ -854,15 +942,25 @@ pub struct PageConfig {
     pub enabled: bool,
     /// `page.texts`, checked: only the page's languages and the keys its texts have.
     pub texts: crate::page::TextOverrides,
+    /// `page.template_file`, read and checked at load: the shop's page, split where the proxy's
+    /// script goes. `None`: the built-in page.
+    pub template: Option<crate::page::Template>,
+    /// `page.sign_in_url`; empty: the page offers no sign-in link.
+    pub sign_in_url: String,
 }
 
 impl Config {
     /// Reads and validates a configuration file.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        Config::load_with(path, Env::Read)
+    }
+
+    /// [`Config::load`], reading the secrets `*_env` keys name or not (`--check --no-env`).
+    pub fn load_with(path: &Path, env: Env) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| ConfigError::one("", format!("cannot read {}: {e}", path.display())))?;
         // A relative `identity.jwt.public_key_file` is read from the configuration's folder.
-        Config::parse_in(&text, path.parent().unwrap_or(Path::new("")))
+        Config::parse_with(&text, path.parent().unwrap_or(Path::new("")), env)
     }
 
     /// Parses and validates configuration text; relative paths in it are read from the working
@@ -873,10 +971,14 @@ impl Config {
 
     /// Parses and validates configuration text whose relative paths start at `folder`.
     pub fn parse_in(text: &str, folder: &Path) -> Result<Config, ConfigError> {
+        Config::parse_with(text, folder, Env::Read)
+    }
+
+    fn parse_with(text: &str, folder: &Path, env: Env) -> Result<Config, ConfigError> {
         let mut read = structure::read(text);
         let mut problems = std::mem::take(&mut read.problems);
         if let Some(raw) = read.raw.take() {
-            match Config::from_raw_in(raw, folder) {
+            match Config::from_raw_with(raw, folder, env) {
                 Ok(config) if problems.is_empty() => return Ok(config),
                 Ok(_) => {}
                 Err(e) => problems.extend(
@@ -899,7 +1001,11 @@ impl Config {
     /// (`identity.jwt.public_key_file`) start at `folder`; key material is read and parsed here,
     /// once, so that no request does file I/O or key parsing.
     pub fn from_raw_in(raw: raw::Config, folder: &Path) -> Result<Config, ConfigError> {
-        let mut v = Validator::default();
+        Config::from_raw_with(raw, folder, Env::Read)
+    }
+
+    fn from_raw_with(raw: raw::Config, folder: &Path, env: Env) -> Result<Config, ConfigError> {
+        let mut v = Validator { problems: Vec::new(), env };
 
         let listen = v.socket_addr("listen", &raw.listen);
         let metrics_listen = v.socket_addr("metrics_listen", &raw.metrics_listen);
@@ -924,21 +1030,25 @@ impl Config {
         let shutdown_grace = v.duration("shutdown.grace", &raw.shutdown.grace);
         let polling = v.polling(raw.polling);
         let abuse = v.abuse(raw.abuse);
-        let page = v.page(raw.page);
+        let page = v.page(raw.page, folder);
         let limits = v.limits(raw.limits);
         let admin = v.admin(raw.admin);
         let event = raw.event.map(|e| v.event(e));
+        let bypass = v.bypass(raw.bypass);
 
         if let (Some(proxy), Some(operator)) = (listen, metrics_listen) {
             // Never both served: one of the two binds waits for the other. A wildcard address
             // takes its port on every address of its family, and `[::]` on IPv4's too (dual stack).
-            let covers = |wild: SocketAddr, other: SocketAddr| {
-                wild.ip().is_unspecified() && (wild.is_ipv6() || other.is_ipv4())
-            };
-            let overlap = proxy.port() == operator.port()
-                && (proxy.ip() == operator.ip() || covers(proxy, operator) || covers(operator, proxy));
+            let overlap = shares_port(proxy, operator);
             if overlap {
                 v.fail::<()>("metrics_listen", format!("must not share its port with listen ({proxy})"));
+            }
+            if let Some(admin) = admin.as_ref().and_then(|a| a.listen) {
+                for (key, other) in [("listen", proxy), ("metrics_listen", operator)] {
+                    if shares_port(admin, other) {
+                        v.fail::<()>("admin.listen", format!("must not share its port with {key} ({other})"));
+                    }
+                }
             }
         }
         if let (Some(abandon), Some(tiers)) = (abandon_after, poll_after.as_ref()) {
@@ -1007,6 +1117,8 @@ impl Config {
                 limits: limits.expect(unwrap),
                 admin: admin.expect(unwrap),
                 event: event.map(|e| e.expect(unwrap)),
+                bypass: bypass.expect(unwrap),
+                mode: raw.mode,
             })
         } else {
             Err(ConfigError { problems: v.problems })
@@ -1021,13 +1133,68 @@ impl Config {
     }
 }
 
+/// Whether two listeners could never both be served: one of the two binds waits for the other.
+/// A wildcard address takes its port on every address of its family, and `[::]` on IPv4's too
+/// (dual stack).
+fn shares_port(a: SocketAddr, b: SocketAddr) -> bool {
+    let covers = |wild: SocketAddr, other: SocketAddr| wild.ip().is_unspecified() && (wild.is_ipv6() || other.is_ipv4());
+    a.port() == b.port() && (a.ip() == b.ip() || covers(a, b) || covers(b, a))
+}
+
+/// Whether loading reads the secrets that `*_env` keys name. `Skip` is `--check --no-env`: a CI
+/// job checks a file without the production secrets; every other check still runs, and the
+/// configuration it yields holds placeholders, so it is never served.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Env {
+    #[default]
+    Read,
+    Skip,
+}
+
+/// What a secret read under [`Env::Skip`] holds: any non-empty value without surrounding
+/// whitespace passes every check a real one gets.
+const UNREAD_SECRET: &str = "not-read-under-no-env";
+
 /// Collects problems while converting; each check returns `None` after recording a problem.
 #[derive(Default)]
 struct Validator {
     problems: Vec<Problem>,
+    env: Env,
 }
 
 impl Validator {
+    /// The environment variable `name`, unless secrets are not read at all ([`Env::Skip`]).
+    fn env_var(&self, name: &str) -> Option<std::ffi::OsString> {
+        match self.env {
+            Env::Read => std::env::var_os(name),
+            Env::Skip => Some(UNREAD_SECRET.into()),
+        }
+    }
+
+    /// A secret that an `*_env` key names: a variable set and not empty (an empty one would be a
+    /// secret anybody guesses), without whitespace at either end (a secret file's trailing
+    /// newline: no client can send that in a header, whose value HTTP trims).
+    fn env_secret(&mut self, path: &str, name: &str) -> Option<Secret> {
+        let name = name.trim();
+        if name.is_empty() {
+            return self.fail(path, "must name an environment variable");
+        }
+        match self.env_var(name) {
+            Some(value) if !value.is_empty() => {
+                let value = std::os::unix::ffi::OsStringExt::into_vec(value);
+                if value.trim_ascii().len() != value.len() {
+                    return self.fail(
+                        path,
+                        format!("environment variable {name} starts or ends with whitespace (a trailing newline?): remove it"),
+                    );
+                }
+                Some(Secret(value))
+            }
+            Some(_) => self.fail(path, format!("environment variable {name} is empty")),
+            None => self.fail(path, format!("environment variable {name} is not set")),
+        }
+    }
+
     fn fail<T>(&mut self, path: &str, message: impl Into<String>) -> Option<T> {
         self.problems.push(Problem { path: path.to_string(), message: message.into() });
         None
@@ -1211,15 +1378,13 @@ impl Validator {
             Some("") => {
                 return self.fail("redis.sentinel.password_env", "must name an environment variable (or leave the key out)")
             }
-            Some(name) => match std::env::var(name) {
-                Ok(value) if !value.is_empty() => Some(Secret(value.into_bytes())),
-                Ok(_) => return self.fail("redis.sentinel.password_env", format!("environment variable {name} is empty")),
-                Err(std::env::VarError::NotPresent) => {
-                    return self.fail("redis.sentinel.password_env", format!("environment variable {name} is not set"))
-                }
-                Err(std::env::VarError::NotUnicode(_)) => {
+            Some(name) => match self.env_var(name).map(std::ffi::OsString::into_string) {
+                Some(Ok(value)) if !value.is_empty() => Some(Secret(value.into_bytes())),
+                Some(Ok(_)) => return self.fail("redis.sentinel.password_env", format!("environment variable {name} is empty")),
+                Some(Err(_)) => {
                     return self.fail("redis.sentinel.password_env", format!("environment variable {name} is not UTF-8"))
                 }
+                None => return self.fail("redis.sentinel.password_env", format!("environment variable {name} is not set")),
             },
         };
         if username.is_some() && password.is_none() {
@@ -1288,7 +1453,7 @@ impl Validator {
                         "is required for HS256 (the environment variable that holds the secret)",
                     );
                 }
-                Some(name) => match std::env::var_os(name) {
+                Some(name) => match self.env_var(name) {
                     Some(value) if !value.is_empty() => {
                         secret = Some(std::os::unix::ffi::OsStringExt::into_vec(value));
                     }
@@ -1536,10 +1701,24 @@ impl Validator {
         Some(crate::event::EventConfig { opens_at, prequeue: prequeue?, closes_at, shuffle: e.shuffle })
     }
 
-    fn page(&mut self, p: raw::Page) -> Option<PageConfig> {
-        if p.ready_url.is_empty() || p.ready_url.contains(['"', '<', '>', '\'', ' ']) {
+    fn page(&mut self, p: raw::Page, folder: &Path) -> Option<PageConfig> {
+        let url_like = |url: &str| !url.is_empty() && !url.contains(['"', '<', '>', '\'', ' ']);
+        if !url_like(&p.ready_url) {
             return self.fail("page.ready_url", "must be a URL or path without quotes, spaces or angle brackets");
         }
+        if !p.sign_in_url.is_empty() && !url_like(&p.sign_in_url) {
+            return self.fail("page.sign_in_url", "must be a URL or path without quotes, spaces or angle brackets");
+        }
+        let template = match p.template_file.trim() {
+            "" => None,
+            file => {
+                let path = folder.join(file);
+                match crate::page::Template::load(&path) {
+                    Ok(template) => Some(template),
+                    Err(why) => return self.fail("page.template_file", format!("{}: {why}", path.display())),
+                }
+            }
+        };
         let mut texts = crate::page::TextOverrides::default();
         for (lang, overrides) in p.texts {
             match crate::page::Lang::from_code(&lang) {
@@ -1556,7 +1735,7 @@ impl Validator {
                 }
             };
         }
-        Some(PageConfig { ready_url: p.ready_url, enabled: p.enabled, texts })
+        Some(PageConfig { ready_url: p.ready_url, enabled: p.enabled, texts, template, sign_in_url: p.sign_in_url })
     }
 
     /// The token is read here, once: a variable that is named but unset or empty would leave an
@@ -1569,7 +1748,7 @@ impl Validator {
         let token = match token_env.as_deref() {
             None => None,
             Some("") => return self.fail("admin.token_env", "must name an environment variable (or leave the key out)"),
-            Some(name) => match std::env::var_os(name) {
+            Some(name) => match self.env_var(name) {
                 Some(value) if !value.is_empty() => {
                     let value = std::os::unix::ffi::OsStringExt::into_vec(value);
                     let text = String::from_utf8_lossy(&value);
@@ -1585,7 +1764,33 @@ impl Validator {
                 None => return self.fail("admin.token_env", format!("environment variable {name} is not set")),
             },
         };
-        Some(AdminConfig { token, token_env, origin_commands: a.origin_commands })
+        let listen = match a.listen.as_deref() {
+            None => None,
+            Some(text) => Some(self.socket_addr("admin.listen", text)?),
+        };
+        Some(AdminConfig { token, token_env, origin_commands: a.origin_commands, listen })
+    }
+
+    /// `bypass`: every CIDR parsed, the header's name checked and its secret read (once, here).
+    fn bypass(&mut self, b: raw::Bypass) -> Option<BypassConfig> {
+        let before = self.problems.len();
+        let mut addresses = Vec::with_capacity(b.addresses.len());
+        for (i, text) in b.addresses.iter().enumerate() {
+            match Cidr::parse(text.trim()) {
+                Some(cidr) => addresses.push(cidr),
+                None => self.fail::<()>(&format!("bypass.addresses[{i}]"), format!("'{text}' is not a CIDR (e.g. 10.0.0.0/8)"))
+                    .unwrap_or_default(),
+            }
+        }
+        let header = match b.header {
+            None => None,
+            Some(h) => {
+                let name = self.header_name("bypass.header.name", h.name.trim());
+                let secret = self.env_secret("bypass.header.secret_env", &h.secret_env);
+                Some(BypassHeader { name: name?, secret: secret? })
+            }
+        };
+        (self.problems.len() == before).then_some(BypassConfig { addresses, header })
     }
 }
 
@@ -1789,7 +1994,7 @@ mod tests {
                  `batch_size`, `instant`, `max_active`, `adaptive`)",
                 "foo: unknown key (known keys: `listen`, `metrics_listen`, `upstream`, `redis`, \
                  `identity`, `token`, `protected`, `admission`, `queue`, `endpoints`, `poll_after`, \
-                 `shutdown`, `reload`, `polling`, `abuse`, `page`, `limits`, `event`, `admin`)",
+                 `shutdown`, `reload`, `polling`, `abuse`, `page`, `limits`, `event`, `admin`, `bypass`, `mode`)",
                 "admission.batch_size: must be at least 1",
             ]
         );
@@ -1973,5 +2178,50 @@ mod tests {
             assert!(got.len() == 1 && got[0].starts_with(key), "{yaml}: {got:?}");
         }
         assert!(problems("upstream: a:1\nadmission: {interval: 1ms, batch_size: 10000}\ntoken: {ttl: 24h}").is_empty());
+    }
+
+    #[test]
+    fn bypass_and_mode_problems_name_their_key() {
+        std::env::set_var("WAITROOM_CONFIG_UNIT_BYPASS", "s3cret");
+        std::env::set_var("WAITROOM_CONFIG_UNIT_EMPTY", "");
+        std::env::set_var("WAITROOM_CONFIG_UNIT_NEWLINE", "s3cret\n");
+        std::env::remove_var("WAITROOM_CONFIG_UNIT_UNSET");
+        for (yaml, want) in [
+            ("bypass: {header: {name: X-B, secret_env: WAITROOM_CONFIG_UNIT_UNSET}}", "bypass.header.secret_env: environment variable WAITROOM_CONFIG_UNIT_UNSET is not set"),
+            ("bypass: {header: {name: X-B, secret_env: WAITROOM_CONFIG_UNIT_EMPTY}}", "bypass.header.secret_env: environment variable WAITROOM_CONFIG_UNIT_EMPTY is empty"),
+            ("bypass: {header: {name: X-B}}", "bypass.header.secret_env: is required"),
+            ("bypass: {header: {name: X-B, secret_env: WAITROOM_CONFIG_UNIT_NEWLINE}}", "bypass.header.secret_env: environment variable WAITROOM_CONFIG_UNIT_NEWLINE starts or ends with whitespace"),
+            ("bypass: {header: {secret_env: WAITROOM_CONFIG_UNIT_BYPASS}}", "bypass.header.name: is required"),
+            ("bypass: {header: {name: 'X B', secret_env: WAITROOM_CONFIG_UNIT_BYPASS}}", "bypass.header.name: 'X B' is not an HTTP header name"),
+            ("bypass: {addresses: [10.0.0.0/8, 10.0.0.0/33]}", "bypass.addresses[1]: '10.0.0.0/33' is not a CIDR (e.g. 10.0.0.0/8)"),
+            ("mode: rehearsal", "mode: unknown variant `rehearsal`, expected `active` or `shadow`"),
+            ("admin: {listen: 'nowhere'}", "admin.listen"),
+            ("admin: {listen: '127.0.0.1:8080'}", "admin.listen: must not share its port with listen (0.0.0.0:8080)"),
+        ] {
+            let got = problems(&format!("upstream: a:1\n{yaml}"));
+            assert!(got.len() == 1 && got[0].starts_with(want), "{yaml}: {got:?}");
+        }
+        let c = Config::parse(
+            "upstream: a:1\nmode: shadow\nbypass: {addresses: ['192.168.0.0/16'], header: {name: X-B, secret_env: WAITROOM_CONFIG_UNIT_BYPASS}}",
+        )
+        .unwrap();
+        assert_eq!(c.mode, RoomMode::Shadow);
+        assert_eq!(c.bypass.header.unwrap().secret.expose(), b"s3cret");
+        assert_eq!(Config::parse("upstream: a:1").unwrap().mode, RoomMode::Active);
+    }
+
+    #[test]
+    fn no_env_checks_everything_but_the_secrets() {
+        std::env::remove_var("WAITROOM_CONFIG_UNIT_NOENV");
+        let yaml = "upstream: a:1\nadmin: {token_env: WAITROOM_CONFIG_UNIT_NOENV}\n\
+                    bypass: {header: {name: X-B, secret_env: WAITROOM_CONFIG_UNIT_NOENV}}\n\
+                    identity: {jwt: {secret_env: WAITROOM_CONFIG_UNIT_NOENV}}";
+        assert_eq!(problems(yaml).len(), 3);
+        assert!(Config::parse_with(yaml, Path::new(""), Env::Skip).is_ok());
+        // Everything else is still checked, names of variables included.
+        let bad = format!("{yaml}\nqueue: {{capacity: 0}}\nadmin: {{token_env: ' '}}");
+        assert!(Config::parse_with(&bad, Path::new(""), Env::Skip).is_err());
+        let got = Config::parse_with("upstream: a:1\nqueue: {capacity: 0}", Path::new(""), Env::Skip).unwrap_err();
+        assert_eq!(got.problems[0].path, "queue.capacity");
     }
 }

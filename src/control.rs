@@ -143,6 +143,8 @@ pub struct View {
     pub admitted_last_minute: u64,
     /// The scheduled event's phase (contract section 14), `None` when no event is configured.
     pub event: Option<String>,
+    /// `mode` (section 18): whether the room refuses, or only counts what it would refuse.
+    pub run_mode: crate::config::RoomMode,
 }
 
 /// A command's result: the room as it left it, and why it was refused, if it was.
@@ -190,13 +192,18 @@ pub async fn apply(
 }
 
 fn view(state: &RoomState, settings: &Settings, mode: Mode, report: &RoomReport) -> View {
+    let phase = crate::event::current_phase(state);
+    // An event past its close takes nobody new, whatever the stored state says: describing the
+    // room as open then would tell an operator that a finished drop still admits.
+    let mode = if phase == Some(crate::event::Phase::Closed) { Mode::Closed } else { mode };
     View {
         mode,
         queue_length: report.waiting,
         batch: settings.policy.batch_in_force(report.stored_batch),
         active_tokens: report.live_tokens,
         admitted_last_minute: report.admitted_last_minute,
-        event: event_phase(state),
+        event: phase.map(|p| p.label().to_owned()),
+        run_mode: settings.config.mode,
     }
 }
 

@@ -1,5 +1,6 @@
 //! The operator's side: `/metrics`, `/healthz` and `/readyz` on `metrics_listen` (and the admin
-//! API of [`crate::admin`] beside them), and the room watcher that keeps readiness and the
+//! API of [`crate::admin`] beside them, unless `admin.listen` gives it its own address), and the
+//! room watcher that keeps readiness and the
 //! room-wide gauges fresh.
 //!
 //! Readiness and the gauges come from one probe a few times a second rather than from request
@@ -89,15 +90,28 @@ impl Watch for RoomWatcher {
     }
 }
 
+/// What one operator listener serves: `metrics_listen` serves both unless `admin.listen` gives
+/// the admin API an address of its own, so that a port opened to Prometheus and to health probes
+/// need not expose it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OpsPart {
+    Both,
+    /// `/metrics`, `/healthz`, `/readyz`: `/admin` is not found here.
+    Probes,
+    /// The admin API alone: every other path is not found.
+    Admin,
+}
+
 /// Serves the operator endpoints, and the admin API under `/admin` ([`crate::admin`]).
 pub struct OpsEndpoints {
     state: Arc<RoomState>,
     room: Room,
+    part: OpsPart,
 }
 
 impl OpsEndpoints {
-    pub fn new(state: Arc<RoomState>, room: Room) -> OpsEndpoints {
-        OpsEndpoints { state, room }
+    pub fn new(state: Arc<RoomState>, room: Room, part: OpsPart) -> OpsEndpoints {
+        OpsEndpoints { state, room, part }
     }
 }
 
@@ -116,8 +130,13 @@ impl ServeHttp for OpsEndpoints {
     async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
         let text = "text/plain; charset=utf-8";
         let path = session.req_header().uri.path();
-        if path.strip_prefix(crate::admin::PREFIX).is_some_and(|rest| rest.is_empty() || rest.starts_with('/')) {
-            return crate::admin::serve(&self.state, &self.room, session).await;
+        let admin = path.strip_prefix(crate::admin::PREFIX).is_some_and(|rest| rest.is_empty() || rest.starts_with('/'));
+        match (admin, self.part) {
+            (true, OpsPart::Both | OpsPart::Admin) => return crate::admin::serve(&self.state, &self.room, session).await,
+            (true, OpsPart::Probes) | (false, OpsPart::Admin) => {
+                return plain(StatusCode::NOT_FOUND, text, b"not found\n".to_vec())
+            }
+            (false, _) => {}
         }
         if session.req_header().method != http::Method::GET {
             // RFC 9110 makes `Allow` part of every 405: without it a client cannot tell what

@@ -45,6 +45,9 @@ pub fn merge(running: &Config, mut next: Config) -> (Config, Changes) {
     if needs_restart("upstream", next.upstream != running.upstream) {
         next.upstream = running.upstream.clone();
     }
+    if needs_restart("admin.listen", next.admin.listen != running.admin.listen) {
+        next.admin.listen = running.admin.listen;
+    }
     if needs_restart("reload.watch", next.reload_watch != running.reload_watch) {
         next.reload_watch = running.reload_watch;
     }
@@ -77,6 +80,9 @@ pub fn merge(running: &Config, mut next: Config) -> (Config, Changes) {
         ("admin", differs(&next.admin, &running.admin)),
         // Times may move before the draw; the seed lives in Redis, out of any file's reach.
         ("event", next.event != running.event),
+        // Both read per protected request.
+        ("bypass", differs(&next.bypass, &running.bypass)),
+        ("mode", next.mode != running.mode),
     ];
     changes.applied = applied.iter().filter(|(_, changed)| *changed).map(|(k, _)| *k).collect();
     (next, changes)

@@ -3,7 +3,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
-use waitroom::config::Config;
+use waitroom::config::{Config, Env};
 
 /// mimalloc as the allocator (the default feature). Built without it (`--no-default-features`),
 /// the proxy uses the system's malloc, which heap profilers such as heaptrack can follow
@@ -50,6 +50,10 @@ struct Cli {
     /// Validate the configuration and exit (needs no Redis).
     #[arg(long)]
     check: bool,
+    /// With --check: check everything but what the environment holds (the secrets `*_env` keys
+    /// name), so CI can validate a file without the production secrets.
+    #[arg(long, requires = "check")]
+    no_env: bool,
     /// Print the JSON Schema of the configuration file and exit (needs no configuration).
     #[arg(long)]
     print_schema: bool,
@@ -59,8 +63,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Look at or steer the room through a running proxy's admin API (metrics_listen, with the
-    /// token from the variable admin.token_env names).
+    /// Look at or steer the room through a running proxy's admin API (admin.listen, else
+    /// metrics_listen, with the token from the variable admin.token_env names).
     Room {
         #[arg(value_enum)]
         action: RoomAction,
@@ -101,7 +105,8 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     waitroom::logging::init();
-    let config = match Config::load(&cli.config) {
+    let env = if cli.no_env { Env::Skip } else { Env::Read };
+    let config = match Config::load_with(&cli.config, env) {
         Ok(config) => config,
         Err(error) => {
             for problem in &error.problems {
@@ -123,7 +128,11 @@ fn main() -> ExitCode {
         };
     }
     if cli.check {
-        println!("{}: configuration is valid", cli.config.display());
+        if cli.no_env {
+            println!("{}: configuration is valid (secrets in the environment not checked)", cli.config.display());
+        } else {
+            println!("{}: configuration is valid", cli.config.display());
+        }
         if let Some(event) = &config.event {
             println!("{}", event.describe());
         }

@@ -116,6 +116,18 @@ pub static STATUS_BY_ANSWER: Hot<IntCounter, 3> =
 /// `ENTER_TOTAL` by the outcomes a rush gives most.
 pub static ENTER_BY_RESULT: Hot<IntCounter, 2> =
     Hot::new(|v| ENTER_TOTAL.with_label_values(&[v]), ["queued", "already_waiting"]);
+metric!(SHADOW_PASSED_TOTAL: IntCounterVec = register_int_counter_vec!(
+    "waitroom_shadow_passed_total",
+    "Protected requests a room in mode: shadow forwarded although it would have refused them, by the result they would have had",
+    &["room", "would"]
+));
+
+/// Counts a protected request a room in shadow forwarded instead of refusing. Rooms other than
+/// `default` come with section 17; until then this is the one room's name.
+pub fn shadow_passed(would: &str) {
+    SHADOW_PASSED_TOTAL.with_label_values(&["default", would]).inc();
+}
+
 /// `UPSTREAM_RESPONSES_TOTAL` for the class of nearly every response.
 pub static UPSTREAM_RESPONSES_BY_CLASS: Hot<IntCounter, 1> =
     Hot::new(|v| UPSTREAM_RESPONSES_TOTAL.with_label_values(&[v]), ["2xx"]);
@@ -173,6 +185,7 @@ pub fn init() {
     LazyLock::force(&ABANDONED_TOTAL);
     LazyLock::force(&TOKENS_CONSUMED_TOTAL);
     LazyLock::force(&PROTECTED_TOTAL);
+    LazyLock::force(&SHADOW_PASSED_TOTAL);
     LazyLock::force(&UPSTREAM_RESPONSES_TOTAL);
     LazyLock::force(&REQUEST_DURATION);
     LazyLock::force(&UPSTREAM_DURATION);

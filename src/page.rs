@@ -162,6 +162,59 @@ fn parse_qvalue(text: &str) -> Option<u16> {
     Some(thousandths)
 }
 
+/// The largest `page.template_file` read: a page is markup and styles, not a media library, and
+/// it is held in memory and sent whole on every load.
+pub const MAX_TEMPLATE: u64 = 256 * 1024;
+
+/// `page.template_file`: the shop's own page, read and checked at load (and reload), split at
+/// its last `</body>`, where the proxy's script goes.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Template {
+    before_body_end: String,
+    from_body_end: String,
+}
+
+/// A digest rather than the page: a configuration's `Debug` (which a reload compares) need not
+/// carry 256 KiB of HTML, yet must still change when the page does.
+impl std::fmt::Debug for Template {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use sha2::{Digest, Sha256};
+        let mut hash = Sha256::new();
+        hash.update(self.before_body_end.as_bytes());
+        hash.update(self.from_body_end.as_bytes());
+        let digest = hash.finalize();
+        let hex: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
+        write!(f, "Template({} bytes, sha256 {hex}..)", self.before_body_end.len() + self.from_body_end.len())
+    }
+}
+
+impl Template {
+    /// Reads and checks a template; the error says what is wrong with the file.
+    pub fn load(path: &std::path::Path) -> Result<Template, String> {
+        let size = std::fs::metadata(path).map_err(|e| format!("cannot read it: {e}"))?.len();
+        if size > MAX_TEMPLATE {
+            return Err(format!("is {size} bytes, more than the 256 KiB a page may have"));
+        }
+        let bytes = std::fs::read(path).map_err(|e| format!("cannot read it: {e}"))?;
+        let text = String::from_utf8(bytes).map_err(|_| "is not UTF-8 text".to_owned())?;
+        Template::parse(text)
+    }
+
+    fn parse(text: String) -> Result<Template, String> {
+        // The hook the script cannot work without; the others are optional for a shop's design.
+        let has_state_hook =
+            text.contains(r#"data-waitroom="state""#) || text.contains("data-waitroom='state'") || text.contains("data-waitroom=state ");
+        if !has_state_hook {
+            return Err(r#"has no element with data-waitroom="state", which the page's script fills in"#.to_owned());
+        }
+        let lower = text.to_ascii_lowercase();
+        let Some(at) = lower.rfind("</body>") else {
+            return Err("has no </body>, before which the proxy inserts its script".to_owned());
+        };
+        Ok(Template { before_body_end: text[..at].to_owned(), from_body_end: text[at..].to_owned() })
+    }
+}
+
 /// What the page shows of the room's configuration.
 #[derive(Debug, Clone, Copy)]
 pub struct PageSettings<'a> {
@@ -171,6 +224,12 @@ pub struct PageSettings<'a> {
     pub ready_url: &'a str,
     /// `page.texts`.
     pub texts: &'a TextOverrides,
+    /// `page.sign_in_url`; empty: no sign-in link.
+    pub sign_in_url: &'a str,
+    /// Whether a scheduled event is configured: the page then shows the seed's hash.
+    pub event: bool,
+    /// `page.template_file`, read at load; `None`: the built-in page.
+    pub template: Option<&'a Template>,
 }
 
 /// Renders the page with these settings, in the language `Accept-Language` asks for.
@@ -183,6 +242,9 @@ pub fn render(settings: PageSettings<'_>, accept_language: Option<&[u8]>) -> Vec
 /// `{{script}}` (poll.mjs then page.js).
 fn render_lang(settings: PageSettings<'_>, lang: Lang) -> String {
     let texts = settings.texts.texts(lang);
+    if let Some(template) = settings.template {
+        return render_template(template, settings, lang, &texts);
+    }
     let mut out = String::with_capacity(TEMPLATE.len() + POLL_JS.len() + PAGE_JS.len() + 4096);
     let mut rest = TEMPLATE;
     while let Some(start) = rest.find("{{") {
@@ -212,12 +274,33 @@ fn render_lang(settings: PageSettings<'_>, lang: Lang) -> String {
     out
 }
 
+/// The shop's page with the proxy's script inserted before its `</body>`. The shop's text is sent
+/// as written: it is the shop's own HTML, and `{{` in it may mean something to the shop.
+fn render_template(template: &Template, settings: PageSettings<'_>, lang: Lang, texts: &Map<String, Value>) -> String {
+    let settings = settings_json(settings, lang, texts);
+    let mut out = String::with_capacity(
+        template.before_body_end.len() + template.from_body_end.len() + settings.len() + POLL_JS.len() + PAGE_JS.len() + 128,
+    );
+    out.push_str(&template.before_body_end);
+    out.push_str(r#"<script type="application/json" id="waitroom-settings">"#);
+    out.push_str(&settings);
+    out.push_str("</script>\n<script type=\"module\">\n");
+    out.push_str(POLL_JS);
+    out.push('\n');
+    out.push_str(PAGE_JS);
+    out.push_str("\n</script>\n");
+    out.push_str(&template.from_body_end);
+    out
+}
+
 /// What the page's script needs, as JSON that is safe inside `<script type="application/json">`:
 /// every `<` is escaped, so no text can close the element.
 fn settings_json(settings: PageSettings<'_>, lang: Lang, texts: &Map<String, Value>) -> String {
     let settings = serde_json::json!({
         "prefix": settings.prefix,
         "readyUrl": settings.ready_url,
+        "signInUrl": settings.sign_in_url,
+        "event": settings.event,
         "lang": lang.code(),
         "texts": texts,
     });
@@ -249,7 +332,14 @@ mod tests {
     use crate::config::Config;
 
     fn page_settings(config: &Config) -> PageSettings<'_> {
-        PageSettings { prefix: &config.endpoints.prefix, ready_url: &config.page.ready_url, texts: &config.page.texts }
+        PageSettings {
+            prefix: &config.endpoints.prefix,
+            ready_url: &config.page.ready_url,
+            texts: &config.page.texts,
+            sign_in_url: &config.page.sign_in_url,
+            event: config.event.is_some(),
+            template: config.page.template.as_ref(),
+        }
     }
 
     fn choose(header: &str) -> Lang {
@@ -434,5 +524,31 @@ mod tests {
             out,
             "&lt;a href=&quot;x&quot;&gt;Tom &amp; &#39;Jerry&#39;&lt;/a&gt;"
         );
+    }
+
+    #[test]
+    fn a_template_needs_the_state_hook_and_a_body_end() {
+        let ok = |t: &str| Template::parse(t.to_owned());
+        assert!(ok(r#"<body><p data-waitroom="state"></p></body>"#).is_ok());
+        assert!(ok(r#"<BODY><p data-waitroom='state'></p></BODY></html>"#).is_ok());
+        assert!(ok(r#"<body><p data-waitroom="position"></p></body>"#).unwrap_err().contains("state"));
+        assert!(ok(r#"<body><p data-waitroom="state"></p>"#).unwrap_err().contains("</body>"));
+    }
+
+    #[test]
+    fn a_template_gets_the_script_before_its_last_body_end() {
+        let template = Template::parse(
+            r#"<html><body><!-- </body> in a comment --><p data-waitroom="state"></p>{{shop}}</body></html>"#.to_owned(),
+        )
+        .unwrap();
+        let mut config = config();
+        config.page.template = Some(template);
+        config.page.sign_in_url = "/login".to_owned();
+        let page = String::from_utf8(render(page_settings(&config), None)).unwrap();
+        let script = page.find(r#"<script type="module">"#).unwrap();
+        assert!(page.find("{{shop}}").unwrap() < script, "the shop's text is left as written");
+        assert!(page.ends_with("</script>\n</body></html>"), "{}", &page[page.len() - 60..]);
+        assert!(page.contains(r#""signInUrl":"/login""#));
+        assert!(!page.contains("waitroom-heading"), "none of the built-in markup");
     }
 }

@@ -16,7 +16,7 @@ use crate::admission::Admitter;
 use crate::config::Config;
 use crate::control::ModeWatcher;
 use crate::event::EventWatcher;
-use crate::health::{OpsEndpoints, RoomWatcher};
+use crate::health::{OpsEndpoints, OpsPart, RoomWatcher};
 use crate::lifecycle::{Drain, Reloader, StopSignals};
 use crate::limits::{AtCapacity, Connections, Guarded};
 use crate::line::LineWatcher;
@@ -43,7 +43,8 @@ pub enum StartError {
 /// Checks what pingora would otherwise only find out inside a service thread (where a bind
 /// failure panics instead of ending the process with a clear message).
 fn preflight(config: &Config) -> Result<SocketAddr, StartError> {
-    for (key, addr) in [("listen", config.listen), ("metrics_listen", config.metrics_listen)] {
+    let admin = config.admin.listen.map(|addr| ("admin.listen", addr));
+    for (key, addr) in [("listen", config.listen), ("metrics_listen", config.metrics_listen)].into_iter().chain(admin) {
         TcpListener::bind(addr).map_err(|source| StartError::Listen { key, addr, source })?;
     }
     config
@@ -114,9 +115,20 @@ pub fn run(config: Config, config_path: PathBuf) -> Result<(), StartError> {
     // pingora reads bodies into buffers of its own.
     proxy.add_listener(ListenerConfig::tcp(listen.clone()).l4_buffer(L4BufferSettings::unbuffered()));
 
-    let mut ops = Service::new("ops".to_string(), OpsEndpoints::new(state.clone(), Room::new(&redis)?));
+    let admin_listen = state.settings().config.admin.listen;
+    let probes = if admin_listen.is_some() { OpsPart::Probes } else { OpsPart::Both };
+    let mut ops = Service::new("ops".to_string(), OpsEndpoints::new(state.clone(), Room::new(&redis)?, probes));
     ops.add_tcp(&metrics_listen);
     ops.threads = Some(1);
+    let admin = match admin_listen {
+        Some(addr) => {
+            let mut admin = Service::new("admin".to_string(), OpsEndpoints::new(state.clone(), Room::new(&redis)?, OpsPart::Admin));
+            admin.add_tcp(&addr.to_string());
+            admin.threads = Some(1);
+            Some(admin)
+        }
+        None => None,
+    };
 
     // Each background service gets its own Redis handle: a connection's driver task lives on the
     // runtime that made it, and pingora gives every service its own runtime.
@@ -140,6 +152,9 @@ pub fn run(config: Config, config_path: PathBuf) -> Result<(), StartError> {
 
     server.add_service(proxy);
     server.add_service(ops);
+    if let Some(admin) = admin {
+        server.add_service(admin);
+    }
     server.add_service(admitter);
     server.add_service(watcher);
     server.add_service(line_watcher);

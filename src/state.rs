@@ -121,6 +121,11 @@ impl RoomState {
         Mode::from_u8(self.mode.load(Ordering::Acquire))
     }
 
+    /// Whether admission is paused (section 15): waiting users are then told no estimate.
+    pub fn paused(&self) -> bool {
+        self.mode() == Mode::Paused
+    }
+
     /// Records the room's state as read from Redis; returns the one held before.
     pub fn set_mode(&self, mode: Mode) -> Mode {
         Mode::from_u8(self.mode.swap(mode.to_u8(), Ordering::AcqRel))

@@ -722,8 +722,16 @@ async fn busy_proxy() -> (RedisServer, DemoApi, Proxy, String) {
     assert!((200..300).contains(&proxy.order("dash", Some(&token)).await.status));
     assert_eq!(proxy.order("dash", Some(&token)).await.status, 403);
     assert_eq!(proxy.get("/anything").await.status, 200);
+    // A reload into shadow mode, and a tokenless order it lets through: the shadow counter's series.
+    proxy.rewrite_config("mode: shadow");
     proxy.signal("HUP");
+    let shadowed = wait_until(Duration::from_secs(5), Duration::from_millis(20), || async {
+        (200..300).contains(&proxy.order("dash", None).await.status)
+    })
+    .await;
+    assert!(shadowed, "mode: shadow not in force after the reload");
     let labelled = [
+        "waitroom_shadow_passed_total",
         "waitroom_enter_total",
         "waitroom_status_total",
         "waitroom_admission_ticks_total",

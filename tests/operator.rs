@@ -92,7 +92,7 @@ async fn idle_ticks(proxies: &[&Proxy], n: f64) {
 
 fn room_body(state: &str, queue: u64, batch: u64, tokens: u64, admitted: u64) -> Value {
     json!({"state": state, "queueLength": queue, "batch": batch, "activeTokens": tokens,
-           "admittedLastMinute": admitted, "event": null})
+           "admittedLastMinute": admitted, "event": null, "mode": "active"})
 }
 
 #[tokio::test]
@@ -366,6 +366,7 @@ async fn the_command_line_shows_and_steers_the_room() {
     let table = |state: &str, waiting: u64| {
         format!(
             "state                  {state}\n\
+             mode                   active\n\
              waiting                {waiting}\n\
              batch                  1 per 1h\n\
              active tokens          0\n\

@@ -19,8 +19,10 @@ const BIN: &str = env!("CARGO_BIN_EXE_waitroom");
 const REPO: &str = env!("CARGO_MANIFEST_DIR");
 const REGENERATE: &str = "cargo run -q --bin waitroom -- --print-schema > docs/proxy.schema.json";
 
-/// The environment the tests/schema/ files name (a JWT secret, an admin token, a Redis password).
-const FIXTURE_ENV: [(&str, &str); 3] = [
+/// The environment the tests/schema/ files name (a JWT secret, an admin token, a Redis password,
+/// a bypass secret).
+const FIXTURE_ENV: [(&str, &str); 4] = [
+    ("WAITROOM_SCHEMA_TEST_BYPASS", "a-bypass-secret"),
     ("WAITROOM_SCHEMA_TEST_SECRET", "a-secret"),
     ("WAITROOM_SCHEMA_TEST_ADMIN", "an-admin-token"),
     ("WAITROOM_SCHEMA_TEST_REDIS_PASSWORD", "a-redis-password"),

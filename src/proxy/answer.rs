@@ -21,7 +21,7 @@ pub struct Answer {
 #[derive(Serialize)]
 #[serde(tag = "status", rename_all = "SCREAMING_SNAKE_CASE", rename_all_fields = "camelCase")]
 enum QueueBody<'a> {
-    Waiting { position: u64, estimated_wait_time: u64, poll_after: u64 },
+    Waiting { position: u64, estimated_wait_time: Option<u64>, poll_after: u64 },
     Ready { token: &'a str, expires_in: u64, poll_after: Option<u64> },
     NotInQueue { poll_after: Option<u64> },
     Full { retry_after: u64 },
@@ -50,25 +50,29 @@ fn json(status: u16, body: &impl Serialize) -> Answer {
 impl Answer {
     /// WAITING at `position`, the estimate made at `pace` (the configured rate, or the room's
     /// measured one when an admission switch listens: see [`crate::admission::Pacing`]).
-    pub fn waiting(position: u64, pace: Pace, config: &Config) -> Answer {
+    /// While the room is `paused` nobody can know when admission resumes: the estimate is
+    /// null, and pollAfter stays what the pace gives, so the poll clock the scripts enforce and
+    /// the answers agree.
+    pub fn waiting(position: u64, pace: Pace, config: &Config, paused: bool) -> Answer {
         let eta = rules::wait_secs(position, pace);
         let hold_secs = rules::ceil_secs(config.endpoints.hold);
-        Answer::waiting_with(position, eta, rules::poll_after_held(eta, &config.poll_after, hold_secs))
+        Answer::waiting_with(position, eta, paused, rules::poll_after_held(eta, &config.poll_after, hold_secs))
     }
 
     /// WAITING at the end of a held poll (contract section 13): ask again at once.
-    pub fn waiting_after_hold(position: u64, pace: Pace) -> Answer {
-        Answer::waiting_with(position, rules::wait_secs(position, pace), 0)
+    pub fn waiting_after_hold(position: u64, pace: Pace, paused: bool) -> Answer {
+        Answer::waiting_with(position, rules::wait_secs(position, pace), paused, 0)
     }
 
     /// WAITING for a user near the front whose poll could not be held (this proxy holds as many
     /// as `queue.capacity`): the tier's pollAfter, so the client does not ask again at once.
-    pub fn waiting_unheld(position: u64, pace: Pace, config: &Config) -> Answer {
+    pub fn waiting_unheld(position: u64, pace: Pace, config: &Config, paused: bool) -> Answer {
         let eta = rules::wait_secs(position, pace);
-        Answer::waiting_with(position, eta, rules::poll_after_secs(eta, &config.poll_after))
+        Answer::waiting_with(position, eta, paused, rules::poll_after_secs(eta, &config.poll_after))
     }
 
-    fn waiting_with(position: u64, estimated_wait_time: u64, poll_after: u64) -> Answer {
+    fn waiting_with(position: u64, eta: u64, paused: bool, poll_after: u64) -> Answer {
+        let estimated_wait_time = (!paused).then_some(eta);
         json(200, &QueueBody::Waiting { position, estimated_wait_time, poll_after })
     }
 
@@ -164,7 +168,7 @@ mod tests {
     fn bodies_carry_exactly_the_contract_keys_in_order() {
         let c = config();
         assert_eq!(
-            body(&Answer::waiting(342, crate::policy::Policy::compile(&c).configured_pace, &c)),
+            body(&Answer::waiting(342, crate::policy::Policy::compile(&c).configured_pace, &c, false)),
             r#"{"status":"WAITING","position":342,"estimatedWaitTime":4,"pollAfter":2}"#
         );
         assert_eq!(
@@ -200,34 +204,48 @@ mod tests {
             rate: rules::Rate { batch: 1, interval: std::time::Duration::from_millis(100) },
         };
         assert_eq!(
-            body(&Answer::waiting(60, pace, &c)),
+            body(&Answer::waiting(60, pace, &c, false)),
             r#"{"status":"WAITING","position":60,"estimatedWaitTime":6,"pollAfter":2}"#
         );
         assert_eq!(
-            body(&Answer::waiting(4, pace, &c)),
+            body(&Answer::waiting(4, pace, &c, false)),
             r#"{"status":"WAITING","position":4,"estimatedWaitTime":0,"pollAfter":0}"#,
             "within the default 2 s hold: the next poll is a held one"
         );
         assert_eq!(
-            body(&Answer::waiting(20, pace, &c)),
+            body(&Answer::waiting(20, pace, &c, false)),
             r#"{"status":"WAITING","position":20,"estimatedWaitTime":2,"pollAfter":0}"#
         );
         assert_eq!(
-            body(&Answer::waiting(21, pace, &c)),
+            body(&Answer::waiting(21, pace, &c, false)),
             r#"{"status":"WAITING","position":21,"estimatedWaitTime":3,"pollAfter":2}"#
         );
         assert_eq!(
-            body(&Answer::waiting(150, pace, &c)),
+            body(&Answer::waiting(150, pace, &c, false)),
             r#"{"status":"WAITING","position":150,"estimatedWaitTime":15,"pollAfter":5}"#
         );
         let no_hold = Config::parse("upstream: 127.0.0.1:1\nendpoints: {hold: 0s}").unwrap();
         assert_eq!(
-            body(&Answer::waiting(4, pace, &no_hold)),
+            body(&Answer::waiting(4, pace, &no_hold, false)),
             r#"{"status":"WAITING","position":4,"estimatedWaitTime":0,"pollAfter":2}"#
         );
         assert_eq!(
-            body(&Answer::waiting_after_hold(21, pace)),
+            body(&Answer::waiting_after_hold(21, pace, false)),
             r#"{"status":"WAITING","position":21,"estimatedWaitTime":3,"pollAfter":0}"#
+        );
+    }
+
+    #[test]
+    fn a_paused_room_gives_no_estimate_and_the_same_poll_after() {
+        let c = config();
+        let pace = crate::policy::Policy::compile(&c).configured_pace;
+        assert_eq!(
+            body(&Answer::waiting(342, pace, &c, true)),
+            r#"{"status":"WAITING","position":342,"estimatedWaitTime":null,"pollAfter":2}"#
+        );
+        assert_eq!(
+            body(&Answer::waiting(342, pace, &c, false)),
+            r#"{"status":"WAITING","position":342,"estimatedWaitTime":4,"pollAfter":2}"#
         );
     }
 }

@@ -45,7 +45,7 @@ pub async fn handle(state: &RoomState, settings: &Settings, room: &Arc<Room>, se
     let local = policy.local_answers.then_some(state.line());
     if let Some(position) = local.and_then(|line| line.position(user)) {
         metrics::ENTER_BY_RESULT.with("already_waiting", |count| count.inc());
-        return Answer::waiting(position, pacing.pace(), config);
+        return Answer::waiting(position, pacing.pace(), config, state.paused());
     }
     let request = EnterRequest {
         user,
@@ -67,7 +67,7 @@ pub async fn handle(state: &RoomState, settings: &Settings, room: &Arc<Room>, se
             match entered.outcome {
                 EnterOutcome::Waiting { position, already } => (
                     if already { "already_waiting" } else { "queued" },
-                    Answer::waiting(position, pacing.pace(), config),
+                    Answer::waiting(position, pacing.pace(), config, state.paused()),
                 ),
                 EnterOutcome::Ready { token, remaining_ms } => {
                     ("ready", Answer::ready(&token, remaining_ms))

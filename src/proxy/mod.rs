@@ -14,6 +14,7 @@
 //! - `logging`: metrics and the access log, once the response is done.
 
 mod answer;
+mod bypass;
 pub mod early;
 mod enter;
 mod event;
@@ -35,7 +36,7 @@ use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 
 pub use answer::Answer;
 
-use crate::config::{Config, IdentityConfig};
+use crate::config::{Config, IdentityConfig, RoomMode};
 use crate::identity::Refusal;
 use crate::limits::Delimited;
 use crate::logging;
@@ -133,6 +134,23 @@ impl Waitroom {
 }
 
 impl Waitroom {
+    /// Whether a protected request skips the room (see [`bypass`]). The bypass header leaves the
+    /// request here either way. In JWT mode a bypassing request that carries a valid token keeps
+    /// its verified identity for the upstream; one without gets no identity header at all (see
+    /// `upstream_request_filter`).
+    fn bypasses(&self, config: &Config, session: &mut Session, ctx: &mut Ctx) -> bool {
+        let peer = session.client_addr().and_then(|a| a.as_inet()).map(|a| a.ip());
+        let header = session.req_header();
+        let found = bypass::applies(&config.bypass, &config.abuse.trusted_proxies, peer, &header.headers);
+        if found.skips && matches!(config.identity, IdentityConfig::Jwt(_)) {
+            ctx.user = identity(config, session).ok();
+        }
+        if let (true, Some(rule)) = (found.carries_header, &config.bypass.header) {
+            session.req_header_mut().remove_header(&rule.name);
+        }
+        found.skips
+    }
+
     /// Settles a claim that no status line settled: an order that reached the upstream and failed
     /// there (`error` from upstream) has an unknown outcome (spent unless
     /// `token.unknown_outcome: release`). Any other is released, so the user may retry: one that
@@ -410,6 +428,9 @@ impl ProxyHttp for Waitroom {
                     prefix: &config.endpoints.prefix,
                     ready_url: &config.page.ready_url,
                     texts: &config.page.texts,
+                    sign_in_url: &config.page.sign_in_url,
+                    event: config.event.is_some(),
+                    template: config.page.template.as_ref(),
                 };
                 let page = crate::page::render(settings, accept_language.map(|v| v.as_bytes()));
                 write_page(session, page).await?;
@@ -429,21 +450,37 @@ impl ProxyHttp for Waitroom {
                 },
                 Err(refusal) => refusal,
             },
-            // What follows a body the connection cannot delimit could reach pingora as more body
-            // or as an error after the order was sent, and the order's outcome would be lost:
-            // refused before the claim, not released after it.
-            Endpoint::Protected if delimited == Some(Delimited::Not) => {
-                metrics::PROTECTED_BY_RESULT.with("forbidden", |count| count.inc());
-                Answer::error(400, "the request's body framing is ambiguous: one Content-Length, or Transfer-Encoding: chunked alone")
-            }
-            Endpoint::Protected => match protected::check(&self.state, config, &self.room, session, ctx).await {
-                None => {
-                    // Claimed: the upstream's answer settles the token, so it must be heard.
-                    crate::limits::hold_client(session);
+            Endpoint::Protected => {
+                if config.bypass.is_set() && self.bypasses(config, session, ctx) {
+                    metrics::PROTECTED_BY_RESULT.with("bypassed", |count| count.inc());
                     return Ok(false);
                 }
-                Some(refusal) => refusal,
-            },
+                let refusal = if delimited == Some(Delimited::Not) {
+                    // What follows a body the connection cannot delimit could reach pingora as
+                    // more body or as an error after the order was sent, and the order's
+                    // outcome would be lost: refused before the claim, not released after it.
+                    let why = "the request's body framing is ambiguous: one Content-Length, or Transfer-Encoding: chunked alone";
+                    Some(("forbidden", Answer::error(400, why)))
+                } else {
+                    protected::check(&self.state, config, &self.room, session, ctx).await
+                };
+                match refusal {
+                    None => {
+                        // Claimed: the upstream's answer settles the token, so it must be heard.
+                        crate::limits::hold_client(session);
+                        return Ok(false);
+                    }
+                    // A rehearsal: the room has done all it would, and the request goes on.
+                    Some((would, _)) if config.mode == RoomMode::Shadow => {
+                        metrics::shadow_passed(would);
+                        return Ok(false);
+                    }
+                    Some((result, answer)) => {
+                        metrics::PROTECTED_BY_RESULT.with(result, |count| count.inc());
+                        answer
+                    }
+                }
+            }
         };
         write_answer(session, answer).await?;
         Ok(true)
@@ -481,10 +518,17 @@ impl ProxyHttp for Waitroom {
             return Ok(());
         }
         ctx.sent = true;
-        if let (IdentityConfig::Jwt(verifier), Some(user)) = (&self.state.settings().config.identity, &ctx.user) {
-            // The verified identity replaces whatever the client sent under that name, so the
-            // upstream can credit the order to the user the room admitted.
-            upstream_request.insert_header(verifier.forward_header.clone(), user.as_str())?;
+        if let IdentityConfig::Jwt(verifier) = &self.state.settings().config.identity {
+            match &ctx.user {
+                // The verified identity replaces whatever the client sent under that name, so
+                // the upstream can credit the order to the user the room admitted.
+                Some(user) => upstream_request.insert_header(verifier.forward_header.clone(), user.as_str())?,
+                // Forwarded with no verified user (a rehearsal's refusal, a bypass without a
+                // JWT): the upstream trusts this header, so a client's own copy never reaches it.
+                None => {
+                    upstream_request.remove_header(&verifier.forward_header);
+                }
+            }
         }
         Ok(())
     }

@@ -28,17 +28,25 @@ pub struct Claimed {
     _live: Live,
 }
 
-/// Returns the refusal to send, or `None` when the request may go upstream.
+/// Returns the refusal with its result label (`forbidden`, `unauthenticated`, `in_use`,
+/// `unavailable`), or `None` when the request claimed its token and may go upstream (counted as
+/// `forwarded` here). A refusal is counted by the caller: in shadow mode it is forwarded instead
+/// and counted as what it would have been.
 pub async fn check(
     state: &RoomState,
     config: &Config,
     room: &Arc<Room>,
     session: &Session,
     ctx: &mut Ctx,
-) -> Option<Answer> {
+) -> Option<(&'static str, Answer)> {
     let (result, refusal) = decide(state, config, room, session, ctx).await;
-    metrics::PROTECTED_BY_RESULT.with(result, |count| count.inc());
-    refusal
+    match refusal {
+        None => {
+            metrics::PROTECTED_BY_RESULT.with(result, |count| count.inc());
+            None
+        }
+        Some(answer) => Some((result, answer)),
+    }
 }
 
 async fn decide(

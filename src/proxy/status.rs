@@ -88,7 +88,7 @@ pub async fn handle(
         // and, for a user whose poll is held on another connection, not with `pollAfter: 0`,
         // or that client would ask in a loop.
         Some((position, None)) if state.held().holds(user) => {
-            return Some(Reading { answer: Answer::waiting_unheld(position, pace, &settings.config), ..now }.count());
+            return Some(Reading { answer: Answer::waiting_unheld(position, pace, &settings.config, state.paused()), ..now }.count());
         }
         Some(_) => return Some(now.count()),
     };
@@ -100,7 +100,7 @@ pub async fn handle(
         // Held polls at their limit, or this user's poll held already on another connection:
         // told to come back later (the tier's pollAfter, at least 1), not at once, or a client
         // that keeps a poll held would be answered in a loop.
-        return Some(Reading { answer: Answer::waiting_unheld(position, pace, &settings.config), ..now }.count());
+        return Some(Reading { answer: Answer::waiting_unheld(position, pace, &settings.config, state.paused()), ..now }.count());
     };
     let deadline = tokio::time::Instant::now() + settings.config.endpoints.hold;
     let abandon = settings.config.queue.abandon_after;
@@ -206,7 +206,7 @@ async fn read(state: &RoomState, settings: &Settings, room: &Room, user: &str, a
                 }
             }
             match status.outcome {
-                StatusOutcome::Waiting { position } => waiting(settings, pacing.pace(), position, status.score, after_hold),
+                StatusOutcome::Waiting { position } => waiting(state, settings, pacing.pace(), position, status.score, after_hold),
                 StatusOutcome::Ready { token, remaining_ms } => Reading {
                     ready_ms: Some(remaining_ms),
                     ..Reading::new("READY", Answer::ready(&token, remaining_ms))
@@ -235,15 +235,15 @@ fn local_line<'s>(state: &'s RoomState, settings: &Settings) -> Option<&'s Local
 /// Where the user stands by this proxy's view of the line, if it knows.
 fn read_local(state: &RoomState, settings: &Settings, user: &str, after_hold: bool) -> Option<Reading> {
     let (position, number) = local_line(state, settings)?.place(user)?;
-    Some(waiting(settings, state.pacing(settings).pace(), position, Some(number as f64), after_hold))
+    Some(waiting(state, settings, state.pacing(settings).pace(), position, Some(number as f64), after_hold))
 }
 
-fn waiting(settings: &Settings, pace: Pace, position: u64, score: Option<f64>, after_hold: bool) -> Reading {
+fn waiting(state: &RoomState, settings: &Settings, pace: Pace, position: u64, score: Option<f64>, after_hold: bool) -> Reading {
     Reading {
         label: Some("WAITING"),
         answer: match after_hold {
-            true => Answer::waiting_after_hold(position, pace),
-            false => Answer::waiting(position, pace, &settings.config),
+            true => Answer::waiting_after_hold(position, pace, state.paused()),
+            false => Answer::waiting(position, pace, &settings.config, state.paused()),
         },
         waiting: Some((position, score)),
         ready_ms: None,

@@ -195,6 +195,7 @@ const en = {
   eta_minutes: "about {n} minutes",
   eta_hour: "about 1 hour",
   eta_hours: "about {n} hours",
+  eta_paused: "unknown: admission is paused",
 };
 
 test("the estimated wait in words", () => {
@@ -207,6 +208,8 @@ test("the estimated wait in words", () => {
   assert.equal(etaText(59 * 60, en), "about 59 minutes");
   assert.equal(etaText(3600, en), "about 1 hour");
   assert.equal(etaText(3 * 3600 + 600, en), "about 3 hours");
+  // A paused room's null estimate is no "any moment now" (contract section 15).
+  assert.equal(etaText(null, en), "unknown: admission is paused");
 });
 
 test("clock, fill, continue link", () => {

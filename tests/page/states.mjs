@@ -10,7 +10,9 @@
 // Redis, enforced polling, an address over its limit, or a plain line) and runs this. The script
 // opens the page, waits until `[data-waitroom="state"]` shows STATE, lets the page make `--calls`
 // calls to the room's endpoints, and prints as its last stdout line a JSON summary:
-// `{ states: [...], calls: [{ name, status, start, end }], heading }`, times in ms on the page's clock
+// `{ states: [...], calls: [{ name, status, start, end }], heading, message, eta, signIn, seed }`
+// (signIn: the sign-in link's href, seed: the seed hash shown, each null when not shown), times in
+// ms on the page's clock
 // (Resource Timing: `start` when the request began, `end` when its body had arrived), so that
 // tests/page.rs can check each gap between an answer and the next call.
 //
@@ -53,12 +55,14 @@ function log(message) {
   console.log(`[states ${opts.expect} ${new Date().toISOString().slice(11, 23)}] ${message}`);
 }
 
-/** The page's calls to the room so far, from Resource Timing. */
+/** The page's polls of the room so far, from Resource Timing. The seed hash's fetch during an
+ * event (`{prefix}/event`) follows an answer and is no poll: it is left out. */
 const roomCalls = (page) =>
   page.evaluate((prefix) => {
     return performance
       .getEntriesByType("resource")
       .filter((e) => new URL(e.name).pathname.startsWith(`${prefix}/`) && e.initiatorType === "fetch")
+      .filter((e) => new URL(e.name).pathname !== `${prefix}/event`)
       .map((e) => ({
         name: new URL(e.name).pathname.slice(prefix.length + 1),
         status: e.responseStatus,
@@ -111,8 +115,18 @@ async function run(context) {
   // a busy machine, and a timer due meanwhile would fire late into a gap the test times.
   await page.screenshot({ path: join(artifacts, `${opts.expect.toLowerCase()}.png`), animations: "disabled" });
   if (pageErrors.length) throw new Error(`errors in the page: ${pageErrors.join("; ")}`);
-  const heading = await page.evaluate(() => document.querySelector('[data-waitroom="heading"]').textContent);
-  return { states, calls, heading };
+  const shown = await page.evaluate(() => {
+    const hook = (name) => document.querySelector(`[data-waitroom="${name}"]`);
+    const visible = (el) => el !== null && !el.hidden && el.offsetParent !== null;
+    return {
+      heading: hook("heading")?.textContent ?? null,
+      message: hook("message")?.textContent ?? null,
+      eta: hook("eta")?.textContent ?? null,
+      signIn: visible(hook("sign-in")) ? hook("sign-in").getAttribute("href") : null,
+      seed: visible(hook("seed")) ? hook("seed-sha256").textContent : null,
+    };
+  });
+  return { states, calls, ...shown };
 }
 
 await runInChromium({
