@@ -95,7 +95,9 @@ fn seconds(text: &str) -> u64 {
         .as_secs()
 }
 
-/// `waitroom --config FILE --check` passes for `text`, with the secrets it names set.
+/// `waitroom --config FILE --check` passes for `text`, with the secrets it names set; and
+/// `--check --no-env` passes with no environment at all, as the ConfigMap's header tells an
+/// operator to check a change on a machine that holds none of the Secret's values.
 fn assert_config_checks(text: &str, what: &str) {
     let dir = tempfile::tempdir().expect("temp dir");
     let file = dir.path().join("proxy.yaml");
@@ -107,6 +109,12 @@ fn assert_config_checks(text: &str, what: &str) {
         .output()
         .expect("run waitroom --check");
     assert!(out.status.success(), "{what}: waitroom --check:\n{}", said(&out));
+    let out = Command::new(env!("CARGO_BIN_EXE_waitroom"))
+        .args(["--config", file.to_str().unwrap(), "--check", "--no-env"])
+        .env_clear()
+        .output()
+        .expect("run waitroom --check --no-env");
+    assert!(out.status.success(), "{what}: waitroom --check --no-env:\n{}", said(&out));
 }
 
 // ---- the image ------------------------------------------------------------------------------------
@@ -268,6 +276,46 @@ fn probes_and_ports_are_the_configurations() {
     assert_config_checks(&text, "the ConfigMap's proxy.yaml");
 }
 
+/// The ConfigMap enables the admin API, so it keeps it off 8079, the port the kubelet's probes
+/// and Prometheus reach on the pod's address: `admin.listen` is on the pod's loopback, where
+/// only `kubectl exec` and `kubectl port-forward` reach it, and no port of the pod or the
+/// Service names it.
+#[test]
+fn the_admin_api_listens_on_the_pods_loopback_only() {
+    let (_, config) = configmap_config();
+    assert!(
+        config["admin"]["token_env"].as_str().is_some(),
+        "the ConfigMap enables the admin API (else this test has nothing to hold)"
+    );
+    let admin = config["admin"]["listen"]
+        .as_str()
+        .expect("the ConfigMap enables the admin API, so it sets admin.listen");
+    let addr: std::net::SocketAddr = admin.parse().unwrap_or_else(|e| panic!("admin.listen {admin:?}: {e}"));
+    assert!(addr.ip().is_loopback(), "admin.listen {admin} is not on the pod's loopback");
+    let port = u64::from(addr.port());
+    assert_ne!(port, port_of(&config["metrics_listen"], "metrics_listen"));
+    assert_ne!(port, port_of(&config["listen"], "listen"));
+
+    let declared: Vec<u64> = ["waitroom", "order-api"]
+        .into_iter()
+        .flat_map(|name| container(name)["ports"].as_sequence().expect("ports").clone())
+        .filter_map(|p| p["containerPort"].as_u64())
+        .collect();
+    assert!(!declared.contains(&port), "the pod declares the admin port {port}: {declared:?}");
+    let service = manifest("service.yaml");
+    for p in service["spec"]["ports"].as_sequence().expect("service ports") {
+        assert_ne!(p["targetPort"].as_u64(), Some(port), "the Service reaches the admin API");
+    }
+    // The PodMonitor scrapes the port named `metrics`, 8079 (probes_and_ports_are_the_configurations).
+
+    // The image's own configuration has no admin API to expose.
+    let baked = yaml(&read("deploy/container/proxy.yaml"), "deploy/container/proxy.yaml");
+    assert!(
+        baked["admin"]["token_env"].is_null(),
+        "deploy/container/proxy.yaml enables the admin API: give it admin.listen on loopback, and test that here"
+    );
+}
+
 /// A stopping pod gets longer than the proxy's preStop sleep and `shutdown.grace` together, and
 /// the order API keeps serving until the proxy is done.
 #[test]
@@ -416,13 +464,19 @@ fn write_like_the_kubelet(dir: &Path, generation: u32, config: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_configmap_runs_and_reloads_on_the_kubelets_swap() {
     let redis = common::RedisServer::start();
-    let [listen, metrics] = common::free_ports::<2>();
-    let (text, _) = configmap_config();
+    let [listen, metrics, admin] = common::free_ports::<3>();
+    let (text, config) = configmap_config();
+    let admin_listen = config["admin"]["listen"].as_str().expect("admin.listen").to_owned();
     let local = text
         .replace("0.0.0.0:8080", &format!("127.0.0.1:{listen}"))
         .replace("0.0.0.0:8079", &format!("127.0.0.1:{metrics}"))
+        .replace(&admin_listen, &format!("127.0.0.1:{admin}"))
         .replace("redis://redis.shop.svc.cluster.local:6379", &redis.url());
     assert!(local.contains(&redis.url()), "the ConfigMap's Redis address is the one this test replaces");
+    assert!(
+        local.contains(&format!("127.0.0.1:{admin}")),
+        "the ConfigMap's admin.listen is the one this test replaces"
+    );
     let dir = tempfile::tempdir().expect("temp dir");
     write_like_the_kubelet(dir.path(), 1, &local);
 
@@ -446,6 +500,15 @@ async fn the_configmap_runs_and_reloads_on_the_kubelets_swap() {
     })
     .await;
     let healthy = get("/healthz").await.is_some_and(|r| r.status == 200);
+    // The admin API answers on admin.listen only; on the probes' port, /admin is not there.
+    let admin_status = |port: u16| {
+        let req = client
+            .get(format!("http://127.0.0.1:{port}/admin/room"))
+            .header("authorization", "Bearer a-test-admin-token");
+        async move { common::try_send(req).await.ok().map(|r| r.status) }
+    };
+    let on_metrics = admin_status(metrics).await;
+    let on_admin = admin_status(admin).await;
     let reloads_ok = |body: &str| body.lines().any(|l| l.starts_with("waitroom_config_reloads_total{result=\"ok\"} 1"));
 
     let mut reloaded = false;
@@ -459,5 +522,7 @@ async fn the_configmap_runs_and_reloads_on_the_kubelets_swap() {
     let _ = child.kill();
     let _ = child.wait();
     assert!(ready && healthy, "/readyz {ready}, /healthz {healthy}:\n{}", logs());
+    assert_eq!(on_metrics, Some(404), "/admin/room on metrics_listen:\n{}", logs());
+    assert_eq!(on_admin, Some(200), "/admin/room on admin.listen:\n{}", logs());
     assert!(reloaded, "no reload after the ..data swap:\n{}", logs());
 }

@@ -422,20 +422,30 @@ fn every_relative_link_in_the_docs_resolves() {
 }
 
 /// The README names these configurations as working ones; `scripts/test.sh` checks them too, and
-/// this keeps `cargo test` alone from missing one that broke.
+/// this keeps `cargo test` alone from missing one that broke. An example with files of its own
+/// lives in a folder (`examples/branded-page/`), so the folders are walked too.
 #[test]
 fn every_example_configuration_passes_check() {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+        for path in std::fs::read_dir(dir).expect("read examples/").flatten().map(|e| e.path()) {
+            if path.is_dir() {
+                walk(&path, out);
+            } else if path.extension().is_some_and(|e| e == "yaml") {
+                out.push(path);
+            }
+        }
+    }
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let mut examples: Vec<PathBuf> = std::fs::read_dir(root.join("examples"))
-        .expect("examples/")
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
-        .collect();
+    let mut examples = Vec::new();
+    walk(&root.join("examples"), &mut examples);
     examples.sort();
-    assert!(examples.len() >= 5, "{examples:?}");
+    assert!(examples.len() >= 6, "{examples:?}");
     for example in examples {
-        let name = example.file_name().unwrap().to_string_lossy().into_owned();
+        let name = example
+            .strip_prefix(root.join("examples"))
+            .expect("under examples/")
+            .to_string_lossy()
+            .into_owned();
         assert!(
             README.contains(&format!("(examples/{name})")),
             "the README links examples/{name}"
