@@ -106,7 +106,8 @@ async fn the_bypass_header_needs_its_secret_spends_nothing_and_never_reaches_the
         let r = send(proxy.order_request("bob", None).header("X-Waitroom-Bypass", wrong)).await;
         assert_error(&format!("wrong secret {wrong:?}"), &r, 403);
     }
-    // On a request the room does not protect the header changes nothing either: passed through.
+    // On a request the room does not protect the header changes nothing either: passed through,
+    // without the secret.
     let r = send(proxy.client().get(proxy.url("/catalog")).header("X-Waitroom-Bypass", SECRET)).await;
     assert_eq!(r.status, 200);
 
@@ -116,11 +117,10 @@ async fn the_bypass_header_needs_its_secret_spends_nothing_and_never_reaches_the
         lines,
         ["POST /api/orders HTTP/1.1", "POST /api/orders HTTP/1.1", "POST /api/orders HTTP/1.1", "GET /catalog HTTP/1.1"]
     );
-    for i in 0..3 {
+    for i in 0..4 {
         assert!(!carried(&seen, i, "X-Waitroom-Bypass"), "the secret reached the upstream: {:?}", seen[i]);
     }
     assert!(!carried(&seen, 0, "X-Entry-Token"));
-    assert!(carried(&seen, 3, "X-Waitroom-Bypass"), "a pass-through request is forwarded unchanged");
     assert_eq!(counter(&proxy, r#"waitroom_protected_requests_total{result="bypassed"}"#).await, 2.0);
     assert_eq!(counter(&proxy, r#"waitroom_protected_requests_total{result="forwarded"}"#).await, 1.0);
     assert_eq!(counter(&proxy, r#"waitroom_protected_requests_total{result="forbidden"}"#).await, 3.0);

@@ -6,8 +6,9 @@
 //! The address is the client address of section 9, never a header a client writes on its own:
 //! `X-Forwarded-For` counts only behind `abuse.trusted_proxies`. The secret is compared in
 //! constant time, so a timing probe learns nothing of it but its length. The header is taken off
-//! every protected request, bypassing or not: the secret has no business at the order API, and a
-//! wrong one must not reach it in shadow mode either.
+//! every forwarded request, protected or not, bypassing or not: the secret has no business at the
+//! order API, and a wrong one must not reach it in shadow mode either (pass-through requests lose
+//! it in `request_filter`).
 
 use std::net::IpAddr;
 

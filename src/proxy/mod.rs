@@ -421,7 +421,16 @@ impl ProxyHttp for Waitroom {
         }
         let header = session.req_header();
         let answer = match ctx.endpoint {
-            Endpoint::Passthrough => return Ok(false),
+            Endpoint::Passthrough => {
+                // The bypass secret is the proxy's, whatever the path: an upstream's access log
+                // or a third-party service behind a pass-through path has no business with it.
+                if let Some(rule) = &config.bypass.header {
+                    if header.headers.contains_key(&rule.name) {
+                        session.req_header_mut().remove_header(&rule.name);
+                    }
+                }
+                return Ok(false);
+            }
             Endpoint::Page => {
                 let accept_language = header.headers.get(http::header::ACCEPT_LANGUAGE);
                 let settings = crate::page::PageSettings {
