@@ -121,6 +121,42 @@ impl<'a> MakeWriter<'a> for Lines {
     }
 }
 
+/// One kind of warning, let through at most once a `period`: in an outage every failing request
+/// would log the same line, and a log that repeats itself thousands of times a second hides
+/// everything else in it (and fills the buffer, dropping lines of other kinds). The line that is
+/// let through carries how many of its kind were held back since the last one.
+pub struct Limited {
+    period_ms: u64,
+    /// When a line of this kind was last let through, in ms since [`EPOCH`] plus one (0: never).
+    last: std::sync::atomic::AtomicU64,
+    held_back: std::sync::atomic::AtomicU64,
+}
+
+static EPOCH: LazyLock<std::time::Instant> = LazyLock::new(std::time::Instant::now);
+
+impl Limited {
+    pub const fn every(period: Duration) -> Limited {
+        Limited {
+            period_ms: period.as_millis() as u64,
+            last: std::sync::atomic::AtomicU64::new(0),
+            held_back: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    /// `Some(lines held back since the last one)` when this line is to be logged.
+    pub fn pass(&self) -> Option<u64> {
+        let now = EPOCH.elapsed().as_millis() as u64 + 1;
+        let last = self.last.load(Ordering::Relaxed);
+        let due = last == 0 || now.saturating_sub(last) >= self.period_ms;
+        // Of the threads that find it due at once, one logs.
+        if due && self.last.compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed).is_ok() {
+            return Some(self.held_back.swap(0, Ordering::Relaxed));
+        }
+        self.held_back.fetch_add(1, Ordering::Relaxed);
+        None
+    }
+}
+
 /// The access log's target.
 pub const ACCESS: &str = "waitroom::access";
 

@@ -151,7 +151,7 @@ impl Waitroom {
         }
         // Cloned, not borrowed: a settings guard must not be held across an await.
         let lifetimes = self.state.settings().config.token.clone();
-        let fate = protected::settle(&self.room, self.state.spent(), user, claimed, outcome, &lifetimes).await;
+        let fate = protected::settle(&self.room, &self.state, user, claimed, outcome, &lifetimes).await;
         Some((outcome, fate))
     }
 }
@@ -518,7 +518,7 @@ impl ProxyHttp for Waitroom {
         }
         if let (Some(claimed), Some(user)) = (ctx.claimed.take(), ctx.user.as_deref()) {
             let lifetimes = self.state.settings().config.token.clone();
-            protected::settle(&self.room, self.state.spent(), user, claimed, Outcome::Answered(status), &lifetimes).await;
+            protected::settle(&self.room, &self.state, user, claimed, Outcome::Answered(status), &lifetimes).await;
         }
         Ok(())
     }
