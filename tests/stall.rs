@@ -139,3 +139,64 @@ async fn a_frozen_redis_leaves_a_bounded_queue_and_no_burst_when_it_returns() {
         assert_eq!(r.status, 201, "{user} after the freeze: {}", r.body);
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_reader_that_stops_reading_never_stops_the_proxy() {
+    let redis = RedisServer::start();
+    let api = DemoApi::start(&[]);
+    let builder = Proxy::builder(&redis.url(), api.addr());
+    let [listen, metrics] = free_ports();
+    let (listen, metrics) = (
+        std::net::SocketAddr::from(([127, 0, 0, 1], listen)),
+        std::net::SocketAddr::from(([127, 0, 0, 1], metrics)),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("proxy.yaml");
+    std::fs::write(&config, serde_yaml::to_string(&builder.config(listen, metrics)).unwrap()).unwrap();
+    // stdout and stderr into pipes nobody reads: a log collector that stalled.
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_waitroom"))
+        .arg("--config")
+        .arg(&config)
+        .current_dir(dir.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let client = http_client();
+    let ready = wait_until(Duration::from_secs(20), Duration::from_millis(20), || async {
+        client.get(format!("http://{metrics}/healthz")).send().await.is_ok_and(|r| r.status() == 200)
+    })
+    .await;
+    assert!(ready, "the proxy did not start");
+
+    // Each request's access line carries its 8 KB path: 2,500 of them are 20 MB of log, five times
+    // the buffer and three hundred times a pipe's.
+    let long = "x".repeat(8 * 1024);
+    let answered = std::sync::Mutex::new(Vec::new());
+    let requests = stream::iter(0..2500)
+        .map(|i| {
+            let request = client.get(format!("http://{listen}/{long}{i}")).timeout(Duration::from_secs(10));
+            async move { request.send().await.map(|r| r.status().as_u16()).unwrap_or(0) }
+        })
+        .buffer_unordered(16)
+        .for_each(|status| {
+            answered.lock().unwrap().push(status);
+            async {}
+        });
+    // Unblocked, they take a few seconds; a proxy that waits on its log never finishes them.
+    let finished = tokio::time::timeout(Duration::from_secs(60), requests).await.is_ok();
+    let answered = answered.into_inner().unwrap();
+    let unanswered = answered.iter().filter(|s| **s == 0).count() + (2500 - answered.len());
+    let status = client.get(format!("http://{listen}/queue/status")).header("X-User-Id", "late").timeout(Duration::from_secs(5)).send().await;
+    let text = client.get(format!("http://{metrics}/metrics")).timeout(Duration::from_secs(5)).send().await;
+    let dropped = match text {
+        Ok(r) => parse_metric(&r.text().await.unwrap_or_default(), "waitroom_log_lines_dropped_total"),
+        Err(_) => None,
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    println!("unanswered: {unanswered} of {}; log lines dropped: {dropped:?}", answered.len());
+    assert!(finished && unanswered == 0, "requests left unanswered while nobody read the log: {unanswered}");
+    assert!(status.is_ok_and(|r| r.status() == 200), "a status poll after them was not answered");
+    assert!(dropped.is_some_and(|n| n > 0.0), "no dropped line counted: {dropped:?}");
+}
