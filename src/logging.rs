@@ -600,6 +600,21 @@ mod tests {
     }
 
     #[test]
+    fn a_limited_warning_passes_once_a_period_with_the_count_held_back() {
+        let limited = Limited::every(Duration::from_secs(3600));
+        assert_eq!(limited.pass(), Some(0));
+        for _ in 0..5 {
+            assert_eq!(limited.pass(), None);
+        }
+        let every_time = Limited::every(Duration::ZERO);
+        assert_eq!((every_time.pass(), every_time.pass()), (Some(0), Some(0)));
+        // Due again: the line says how many were held back.
+        limited.last.store(1, Ordering::Relaxed);
+        let far = Limited { period_ms: 0, ..limited };
+        assert_eq!(far.pass(), Some(5));
+    }
+
+    #[test]
     fn access_lines_wait_for_the_filter() {
         // No subscriber: tracing's filter says no, and nothing reaches the buffer.
         let before = lock(&SINK.pending).lines.len();

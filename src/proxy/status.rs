@@ -220,7 +220,10 @@ async fn read(state: &RoomState, settings: &Settings, room: &Room, user: &str, a
         }
         Err(error) => {
             metrics::REDIS_ERRORS_TOTAL.inc();
-            tracing::warn!(%error, "status: redis unavailable");
+            static FAILED: crate::logging::Limited = crate::logging::Limited::every(std::time::Duration::from_secs(1));
+            if let Some(held_back) = FAILED.pass() {
+                tracing::warn!(%error, also_failed = held_back, "status: redis unavailable");
+            }
             Reading::new("error", Answer::unavailable(config))
         }
     }
