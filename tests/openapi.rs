@@ -15,8 +15,8 @@
 //! missing tool, or another version than the pinned one, fails the test with the command that
 //! installs it: skipping would let CI pass without checking anything.
 //!
-//! Operations tagged `pending` in the spec (the event endpoints of contract section 14 and the
-//! admin API of section 15, being built on other branches) are left out of the schemathesis runs
+//! Operations tagged `pending` in the spec (parts of sections 14 and 15 still being built on
+//! other branches; none today) are left out of the schemathesis runs
 //! until the proxy serves them; `pending_hides_only_what_is_being_built` keeps the tag from
 //! hiding anything else.
 
@@ -309,9 +309,8 @@ async fn schemathesis(what: &str, base_url: String, examples: u32, args: &[&str]
     );
 }
 
-/// The operations served on `listen` today: the queue, the page and the protected order. (The
-/// event endpoints join them when they are merged: drop `pending` from their operations, and
-/// give a room an `event` whose pre-queue is open, since without one their paths pass through.)
+/// The operations served on `listen`: the queue, the page, the event endpoints (404 in a room
+/// without an event) and the protected order.
 const LISTEN: &[&str] = &[
     "--exclude-tag",
     "pending",

@@ -195,7 +195,7 @@ fn drawn(phase: Phase, snapshot: &Snapshot) -> Option<u64> {
 }
 
 fn not_scheduled() -> Answer {
-    Answer::error(404, "no event is scheduled in this room")
+    Answer::error(404, "this room has no scheduled event")
 }
 
 async fn public_snapshot<'s>(

@@ -51,7 +51,9 @@ pub enum Endpoint {
     Enter,
     Status,
     Page,
-    /// `{prefix}/event` and `{prefix}/event/draw`, while an event is configured.
+    /// `{prefix}/event` and `{prefix}/event/draw`: the proxy's whether or not an event is
+    /// configured (404 without one), so a reload that adds or removes the event never hands the
+    /// path to the upstream, nor a spec's client two owners of one path.
     Event,
     EventDraw,
     Protected,
@@ -83,8 +85,8 @@ impl Endpoint {
                 "/" if config.page.enabled && header.method == http::Method::GET => {
                     return Ok((Endpoint::Page, None))
                 }
-                "/event" if config.event.is_some() => return Ok((Endpoint::Event, None)),
-                "/event/draw" if config.event.is_some() => return Ok((Endpoint::EventDraw, None)),
+                "/event" => return Ok((Endpoint::Event, None)),
+                "/event/draw" => return Ok((Endpoint::EventDraw, None)),
                 _ => {}
             }
         }
