@@ -71,6 +71,13 @@ impl RoomState {
         self.settings.load()
     }
 
+    /// The same snapshot as one to keep across an await: a `Guard` held there pins one of
+    /// arc_swap's few per-thread slots (and every other load on the thread falls back to a slower
+    /// path) for as long as the request waits on Redis or a held poll.
+    pub fn snapshot(&self) -> Arc<Settings> {
+        self.settings.load_full()
+    }
+
     pub fn replace_settings(&self, settings: Settings) {
         self.settings.store(Arc::new(settings));
     }

@@ -369,7 +369,8 @@ impl ProxyHttp for Waitroom {
     }
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> Result<bool> {
-        let settings = self.state.settings();
+        // An Arc, not a Guard: this request's snapshot waits with it on Redis and the body.
+        let settings = self.state.snapshot();
         let config = &settings.config;
         limit_slow_clients(session);
         shield_room_headers(config, session)?;
@@ -424,11 +425,17 @@ impl ProxyHttp for Waitroom {
                 Err(refusal) => refusal,
             },
             Endpoint::Status => match caller(config, session, ctx, http::Method::GET, "GET") {
-                Ok(user) => match status::handle(&self.state, &settings, &self.room, session, user).await {
-                    Some(answer) => answer,
-                    // Held, and the client went away: nobody to answer.
-                    None => return Err(Error::explain(ErrorType::ConnectionClosed, "the client left a held poll").into_down()),
-                },
+                Ok(user) => {
+                    // A held poll keeps no snapshot (see status::answer).
+                    drop(settings);
+                    match status::answer(&self.state, &self.room, session, user).await {
+                        Some(answer) => answer,
+                        // Held, and the client went away: nobody to answer.
+                        None => {
+                            return Err(Error::explain(ErrorType::ConnectionClosed, "the client left a held poll").into_down())
+                        }
+                    }
+                }
                 Err(refusal) => refusal,
             },
             // What follows a body the connection cannot delimit could reach pingora as more body
