@@ -6,8 +6,9 @@
 //! from the merged file, not per request.
 
 use std::path::Path;
+use std::sync::Arc;
 
-use crate::config::{Config, ConfigError};
+use crate::config::{Config, ConfigError, IdentityConfig};
 use crate::metrics;
 use crate::policy::Settings;
 use crate::state::RoomState;
@@ -54,9 +55,31 @@ pub fn merge(running: &Config, mut next: Config) -> (Config, Changes) {
     if needs_restart("endpoints.prefix", next.endpoints.prefix != running.endpoints.prefix) {
         next.endpoints.prefix = running.endpoints.prefix.clone();
     }
-    if needs_restart("identity", differs(&next.identity, &running.identity)) {
-        next.identity = running.identity.clone();
-    }
+    let mut rotated = Vec::new();
+    next.identity = match (&running.identity, &next.identity) {
+        (IdentityConfig::Header(a), IdentityConfig::Header(b)) => {
+            needs_restart("identity.header", a != b);
+            running.identity.clone()
+        }
+        // Keys rotate without a restart; what names the user stays until one.
+        (IdentityConfig::Jwt(a), IdentityConfig::Jwt(b)) => {
+            let rotation = a.rotation(b);
+            for key in rotation.need_restart {
+                needs_restart(key, true);
+            }
+            rotated = rotation.applied;
+            if rotated.is_empty() {
+                running.identity.clone()
+            } else {
+                IdentityConfig::Jwt(Arc::new(a.rotated_to(b)))
+            }
+        }
+        // Header mode to JWT or back would rename every user.
+        _ => {
+            needs_restart("identity", true);
+            running.identity.clone()
+        }
+    };
     if needs_restart("token.header", next.token.header != running.token.header) {
         next.token.header = running.token.header.clone();
     }
@@ -79,6 +102,7 @@ pub fn merge(running: &Config, mut next: Config) -> (Config, Changes) {
         ("event", next.event != running.event),
     ];
     changes.applied = applied.iter().filter(|(_, changed)| *changed).map(|(k, _)| *k).collect();
+    changes.applied.extend(rotated);
     (next, changes)
 }
 
@@ -123,7 +147,7 @@ mod tests {
         let (merged, changes) = merge(&running, next);
         assert_eq!(
             changes.need_restart,
-            vec!["listen", "redis", "upstream", "endpoints.prefix", "identity", "token.header"]
+            vec!["listen", "redis", "upstream", "endpoints.prefix", "identity.header", "token.header"]
         );
         assert_eq!(changes.applied, vec!["admission", "limits"]);
         assert_eq!(merged.limits.max_connections, 5);
