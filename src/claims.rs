@@ -142,6 +142,8 @@ struct Pending {
 pub struct Settles {
     queue: Mutex<VecDeque<Pending>>,
     wake: tokio::sync::Notify,
+    /// Settles taken by the worker and not yet answered.
+    out: std::sync::atomic::AtomicUsize,
 }
 
 static QUEUE_FULL: Limited = Limited::every(Duration::from_secs(10));
@@ -183,22 +185,35 @@ impl Settles {
         self.len() == 0
     }
 
+    /// Nothing queued and nothing being sent: what a graceful stop waits for.
+    pub fn settled(&self) -> bool {
+        self.out.load(Ordering::Acquire) == 0 && self.is_empty()
+    }
+
     /// The next call's settles, oldest first, the expired ones dropped.
     fn take(&self) -> Vec<Pending> {
         let now = Instant::now();
         let mut queue = self.queue();
         queue.retain(|p| p.until > now);
         let n = queue.len().min(GROUP_MAX);
+        self.out.fetch_add(n, Ordering::AcqRel);
         queue.drain(..n).collect()
     }
 
     /// Puts back a call's settles that failed, in front, as they were.
     fn put_back(&self, mut group: Vec<Pending>) {
+        let n = group.len();
         let mut queue = self.queue();
         while let Some(pending) = group.pop() {
             queue.push_front(pending);
         }
         while make_room(&mut queue, RETRY_BOUND).is_some() {}
+        self.out.fetch_sub(n, Ordering::AcqRel);
+    }
+
+    /// A call's settles reached Redis.
+    fn done(&self, n: usize) {
+        self.out.fetch_sub(n, Ordering::AcqRel);
     }
 }
 
@@ -242,6 +257,7 @@ impl SettleRetrier {
             let members: Vec<Settle> = group.iter().map(|p| p.settle.clone()).collect();
             match self.room.settle_all(&members).await {
                 Ok(deleted) => {
+                    settles.done(group.len());
                     let spent = deleted.iter().filter(|d| **d).count();
                     metrics::TOKENS_CONSUMED_TOTAL.inc_by(spent as u64);
                     tracing::info!(settled = members.len(), spent, left = settles.len(), "settled entry tokens after Redis came back");
@@ -263,11 +279,10 @@ impl SettleRetrier {
 
 #[async_trait]
 impl BackgroundService for SettleRetrier {
-    async fn start(&self, mut shutdown: ShutdownWatch) {
-        tokio::select! {
-            _ = self.run() => {}
-            _ = shutdown.changed() => {}
-        }
+    /// Runs through a graceful stop too: the requests still in flight then may queue settles, and
+    /// the drain (crate::lifecycle) waits for the queue within `shutdown.grace` before it exits.
+    async fn start(&self, _shutdown: ShutdownWatch) {
+        self.run().await
     }
 }
 
@@ -315,8 +330,12 @@ mod tests {
         assert_eq!(settles.len(), RETRY_BOUND);
         let group = settles.take();
         assert_eq!(group.len(), GROUP_MAX);
+        assert!(!settles.settled());
         settles.put_back(group);
         assert_eq!(settles.len(), RETRY_BOUND);
+        let group = settles.take();
+        settles.done(group.len());
+        assert_eq!(settles.len(), RETRY_BOUND - GROUP_MAX);
     }
 
     #[test]

@@ -200,3 +200,40 @@ async fn a_log_reader_that_stops_reading_never_stops_the_proxy() {
     assert!(status.is_ok_and(|r| r.status() == 200), "a status poll after them was not answered");
     assert!(dropped.is_some_and(|n| n > 0.0), "no dropped line counted: {dropped:?}");
 }
+
+/// A graceful stop gives the queue what is left of `shutdown.grace`: a spend that met a frozen
+/// Redis reaches it when Redis returns before the proxy exits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_graceful_stop_waits_for_queued_spends() {
+    let redis = RedisServer::start();
+    let api = DemoApi::start(&["--service-time-ms", "5", "--client-delays"]);
+    let proxy = Arc::new(
+        Proxy::builder(&redis.url(), api.addr())
+            .yaml("admission: {interval: 100ms, batch_size: 10}\ntoken: {ttl: 5m}\nredis: {timeout: 300ms}\nshutdown: {grace: 10s}")
+            .start()
+            .await,
+    );
+    let token = proxy.until_ready("buyer", Duration::from_secs(10)).await;
+    let order = {
+        let (proxy, token) = (proxy.clone(), token.clone());
+        tokio::spawn(async move { send(proxy.order_request("buyer", Some(&token)).header("X-Demo-Delay-Ms", "500")).await })
+    };
+    assert!(
+        wait_until(Duration::from_secs(5), Duration::from_millis(5), || async {
+            api.stats().await["inFlight"].as_u64() == Some(1)
+        })
+        .await
+    );
+    redis.freeze();
+    assert_eq!(order.await.unwrap().status, 201);
+    // The spend has met the freeze (redis.timeout) and waits in the queue.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    proxy.signal("TERM");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(proxy.is_running(), "the proxy exited with a spend still queued:\n{}", proxy.logs());
+    redis.thaw();
+    let status = proxy.wait_exit(Duration::from_secs(15)).await;
+    assert_eq!(status.map(|s| s.code()), Some(Some(0)), "{}", proxy.logs());
+    let left: i64 = redis::cmd("EXISTS").arg(keys(&proxy).token("buyer")).query_async(&mut redis.conn().await).await.unwrap();
+    assert_eq!(left, 0, "the queued spend never reached Redis before the proxy exited:\n{}", proxy.logs());
+}
