@@ -185,9 +185,11 @@ impl Settles {
         self.len() == 0
     }
 
-    /// Nothing queued and nothing being sent: what a graceful stop waits for.
+    /// No spend queued and no call out: what a graceful stop waits for. Releases are not waited
+    /// for: their claims end with `claim_timeout` anyway, and an outage's refused requests would
+    /// otherwise hold every stop for the whole grace period.
     pub fn settled(&self) -> bool {
-        self.out.load(Ordering::Acquire) == 0 && self.is_empty()
+        self.out.load(Ordering::Acquire) == 0 && !self.queue().iter().any(|p| p.why == Retry::Spend)
     }
 
     /// The next call's settles, oldest first, the expired ones dropped.
@@ -336,6 +338,10 @@ mod tests {
         let group = settles.take();
         settles.done(group.len());
         assert_eq!(settles.len(), RETRY_BOUND - GROUP_MAX);
+        assert!(!settles.settled(), "spends are queued");
+        let releases = Settles::default();
+        releases.retry(Settle::new("u", "t", "c", false), Retry::MaybeClaimed, Duration::from_secs(60));
+        assert!(releases.settled(), "a stop waits for releases");
     }
 
     #[test]

@@ -78,7 +78,7 @@ impl BackgroundService for Drain {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         if !settles.settled() {
-            tracing::error!(left = settles.len(), "grace period over; settles that never reached Redis are dropped");
+            tracing::error!(left = settles.len(), "grace period over; spends that never reached Redis are dropped");
         }
         // Let the other services see the stop (the admission ticker ends its loop) and the last
         // responses leave the socket buffers.
