@@ -69,5 +69,9 @@ trap 'rm -f "$log"' EXIT
 # run closes on the suite's total rather than on the last (possibly empty) test binary.
 # --no-fail-fast: a failing test binary does not hide what the binaries after it would say (cargo
 # still exits non-zero, and the line below counts every failure).
-cargo test --no-fail-fast "$@" 2>&1 | tee "$log"
+# The status is kept rather than let `set -e` end the script there: a failing run needs its
+# summary line most, and still exits with cargo's status.
+status=0
+cargo test --no-fail-fast "$@" 2>&1 | tee "$log" || status=$?
 awk '/^test result:/ { p += $4; f += $6 } END { printf "tests: %d passed, %d failed\n", p, f }' "$log"
+exit "$status"

@@ -136,7 +136,7 @@ impl Admitter {
 
     /// One tick; returns how long to sleep before the next.
     async fn tick(&self) -> Duration {
-        let settings = self.state.settings();
+        let settings = self.state.snapshot();
         let rules = &settings.policy.rules;
         let interval = rules.interval;
         let event = settings.config.event.as_ref();

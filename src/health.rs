@@ -49,7 +49,7 @@ impl Watch for RoomWatcher {
     const EVERY: Duration = PROBE_EVERY;
 
     async fn step(&self) {
-        let settings = self.state.settings();
+        let settings = self.state.snapshot();
         let (config, policy) = (&settings.config, &settings.policy);
         match self.room.watch(&policy.rules).await {
             Ok(stats) => {

@@ -262,6 +262,7 @@ pub struct KeyProblem {
 }
 
 /// One accepted algorithm: the key its tokens are checked with and the rules they must meet.
+#[derive(Clone)]
 struct Accepted {
     algorithm: Algorithm,
     key: DecodingKey,
@@ -278,6 +279,45 @@ pub struct JwtVerifier {
     accepted: Vec<Accepted>,
     /// Bytes of the HS256 secret, for the start-up warning about short ones.
     secret_len: Option<usize>,
+    /// What it was built from that a reload may rotate, to tell which of it a reload changed.
+    rotatable: Rotatable,
+}
+
+/// What of `identity.jwt` a reload takes without a restart (contract section 6): the keys and the
+/// rules a token must meet, but nothing that says which user a token names. The key material by
+/// its SHA-256, so that it is compared without being kept twice.
+#[derive(Clone, PartialEq, Eq)]
+struct Rotatable {
+    algorithms: Vec<Algorithm>,
+    secret: Option<[u8; 32]>,
+    public_key: Option<[u8; 32]>,
+    issuer: Option<String>,
+    audience: Option<String>,
+    leeway: Duration,
+}
+
+impl Rotatable {
+    fn of(config: &JwtConfig) -> Rotatable {
+        use sha2::Digest;
+        let digest = |bytes: &Option<Vec<u8>>| bytes.as_ref().map(|b| sha2::Sha256::digest(b).into());
+        Rotatable {
+            algorithms: config.algorithms.clone(),
+            secret: digest(&config.secret),
+            public_key: digest(&config.public_key_pem),
+            issuer: config.issuer.clone(),
+            audience: config.audience.clone(),
+            leeway: config.leeway,
+        }
+    }
+}
+
+/// How a reload's verified identity differs from the running one, by key path.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Rotation {
+    /// Keys and rules that take effect now.
+    pub applied: Vec<&'static str>,
+    /// What would rename users: kept as running until a restart.
+    pub need_restart: Vec<&'static str>,
 }
 
 impl fmt::Debug for JwtVerifier {
@@ -321,7 +361,43 @@ impl JwtVerifier {
             forward_header: config.forward_header.clone(),
             accepted,
             secret_len: config.secret.as_ref().map(Vec::len),
+            rotatable: Rotatable::of(config),
         })
+    }
+
+    /// What `next` (a reloaded file's verifier) changes of this running one, by key path.
+    pub fn rotation(&self, next: &JwtVerifier) -> Rotation {
+        let (a, b) = (&self.rotatable, &next.rotatable);
+        let changed = |key, differs: bool| differs.then_some(key);
+        let applied = [
+            changed("identity.jwt.algorithms", a.algorithms != b.algorithms),
+            changed("identity.jwt.secret_env", a.secret != b.secret),
+            changed("identity.jwt.public_key_file", a.public_key != b.public_key),
+            changed("identity.jwt.issuer", a.issuer != b.issuer),
+            changed("identity.jwt.audience", a.audience != b.audience),
+            changed("identity.jwt.leeway", a.leeway != b.leeway),
+        ];
+        let need_restart = [
+            changed("identity.jwt.from", self.from != next.from),
+            changed("identity.jwt.claim", self.claim != next.claim),
+            changed("identity.jwt.forward_header", self.forward_header != next.forward_header),
+        ];
+        Rotation {
+            applied: applied.into_iter().flatten().collect(),
+            need_restart: need_restart.into_iter().flatten().collect(),
+        }
+    }
+
+    /// `next`'s keys and rules, naming users as this running verifier does: what a reload applies.
+    pub fn rotated_to(&self, next: &JwtVerifier) -> JwtVerifier {
+        JwtVerifier {
+            from: self.from.clone(),
+            claim: self.claim.clone(),
+            forward_header: self.forward_header.clone(),
+            accepted: next.accepted.clone(),
+            secret_len: next.secret_len,
+            rotatable: next.rotatable.clone(),
+        }
     }
 
     pub fn algorithms(&self) -> Vec<Algorithm> {

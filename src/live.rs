@@ -6,8 +6,9 @@
 //! from the merged file, not per request.
 
 use std::path::Path;
+use std::sync::Arc;
 
-use crate::config::{Config, ConfigError};
+use crate::config::{Config, ConfigError, IdentityConfig};
 use crate::metrics;
 use crate::policy::Settings;
 use crate::state::RoomState;
@@ -57,9 +58,31 @@ pub fn merge(running: &Config, mut next: Config) -> (Config, Changes) {
     if needs_restart("endpoints.prefix", next.endpoints.prefix != running.endpoints.prefix) {
         next.endpoints.prefix = running.endpoints.prefix.clone();
     }
-    if needs_restart("identity", differs(&next.identity, &running.identity)) {
-        next.identity = running.identity.clone();
-    }
+    let mut rotated = Vec::new();
+    next.identity = match (&running.identity, &next.identity) {
+        (IdentityConfig::Header(a), IdentityConfig::Header(b)) => {
+            needs_restart("identity.header", a != b);
+            running.identity.clone()
+        }
+        // Keys rotate without a restart; what names the user stays until one.
+        (IdentityConfig::Jwt(a), IdentityConfig::Jwt(b)) => {
+            let rotation = a.rotation(b);
+            for key in rotation.need_restart {
+                needs_restart(key, true);
+            }
+            rotated = rotation.applied;
+            if rotated.is_empty() {
+                running.identity.clone()
+            } else {
+                IdentityConfig::Jwt(Arc::new(a.rotated_to(b)))
+            }
+        }
+        // Header mode to JWT or back would rename every user.
+        _ => {
+            needs_restart("identity", true);
+            running.identity.clone()
+        }
+    };
     if needs_restart("token.header", next.token.header != running.token.header) {
         next.token.header = running.token.header.clone();
     }
@@ -85,6 +108,7 @@ pub fn merge(running: &Config, mut next: Config) -> (Config, Changes) {
         ("mode", next.mode != running.mode),
     ];
     changes.applied = applied.iter().filter(|(_, changed)| *changed).map(|(k, _)| *k).collect();
+    changes.applied.extend(rotated);
     (next, changes)
 }
 
@@ -129,7 +153,7 @@ mod tests {
         let (merged, changes) = merge(&running, next);
         assert_eq!(
             changes.need_restart,
-            vec!["listen", "redis", "upstream", "endpoints.prefix", "identity", "token.header"]
+            vec!["listen", "redis", "upstream", "endpoints.prefix", "identity.header", "token.header"]
         );
         assert_eq!(changes.applied, vec!["admission", "limits"]);
         assert_eq!(merged.limits.max_connections, 5);
@@ -138,7 +162,47 @@ mod tests {
         assert_eq!(merged.upstream, running.upstream);
         assert_eq!(merged.endpoints.prefix, "/queue");
         assert_eq!(merged.token.header, running.token.header);
-        assert_eq!(format!("{:?}", merged.identity), format!("{:?}", running.identity));
+        assert!(matches!(&merged.identity, IdentityConfig::Header(h) if h == "x-user-id"), "{:?}", merged.identity);
         assert_eq!(merged.admission.batch_size.get(), 20);
+    }
+
+    /// Section 6: keys and the rules a token must meet rotate; what names the user waits for a
+    /// restart. Told apart by what the merged verifier accepts, not by how it prints.
+    #[test]
+    fn a_reload_rotates_jwt_keys_and_keeps_what_names_the_user() {
+        use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
+        const A: &str = "live-test-secret-a-of-at-least-32-bytes";
+        const B: &str = "live-test-secret-b-of-at-least-32-bytes";
+        std::env::set_var("WAITROOM_LIVE_TEST_SECRET_A", A);
+        std::env::set_var("WAITROOM_LIVE_TEST_SECRET_B", B);
+        let config = |jwt: &str| Config::parse(&format!("upstream: 127.0.0.1:1\nidentity: {{jwt: {{{jwt}}}}}")).unwrap();
+        let running = config("secret_env: WAITROOM_LIVE_TEST_SECRET_A, issuer: one");
+        let next = config("secret_env: WAITROOM_LIVE_TEST_SECRET_B, issuer: two, audience: shop, leeway: 5s, claim: uid, from: 'cookie:id'");
+        let (merged, changes) = merge(&running, next);
+        assert_eq!(
+            changes.applied,
+            ["identity.jwt.secret_env", "identity.jwt.issuer", "identity.jwt.audience", "identity.jwt.leeway"]
+        );
+        assert_eq!(changes.need_restart, ["identity.jwt.from", "identity.jwt.claim"]);
+        let IdentityConfig::Jwt(verifier) = &merged.identity else { panic!("{:?}", merged.identity) };
+        let exp = jsonwebtoken::get_current_timestamp() + 300;
+        let token = |secret: &str, iss: &str| {
+            let claims = serde_json::json!({"sub": "alice", "uid": "zed", "iss": iss, "aud": "shop", "exp": exp});
+            encode(&Header::new(Algorithm::HS256), &claims, &EncodingKey::from_secret(secret.as_bytes()).unwrap()).unwrap()
+        };
+        // The new key and issuer, and still the user `sub` names, read from the bearer header.
+        assert_eq!(verifier.verify_token(token(B, "two").as_bytes()).ok().as_deref(), Some("alice"));
+        let mut headers = http::HeaderMap::new();
+        headers.insert("authorization", format!("Bearer {}", token(B, "two")).parse().unwrap());
+        assert_eq!(verifier.verify(&headers).ok().as_deref(), Some("alice"));
+        assert!(verifier.verify_token(token(A, "one").as_bytes()).is_err(), "the old key verifies");
+        assert!(verifier.verify_token(token(B, "one").as_bytes()).is_err(), "the old issuer verifies");
+
+        // Nothing changed: nothing applied, and the running verifier stays the very same.
+        let again = config("secret_env: WAITROOM_LIVE_TEST_SECRET_A, issuer: one");
+        let (merged, changes) = merge(&running, again);
+        assert_eq!(changes, Changes::default());
+        let (IdentityConfig::Jwt(a), IdentityConfig::Jwt(b)) = (&running.identity, &merged.identity) else { panic!() };
+        assert!(Arc::ptr_eq(a, b));
     }
 }

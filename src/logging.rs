@@ -7,14 +7,13 @@
 //! headers (the token header included, which must travel upstream), so pingora's targets are
 //! capped at INFO whatever `RUST_LOG` says.
 //!
-//! Access lines are written to stderr in blocks, not one `write` a line: with the access log on
-//! (the default) a line per request made every request pay a system call under stderr's lock. An
-//! access line is appended to a buffer; the buffer goes out whole when it holds [`FLUSH_AT`]
-//! bytes, every [`FLUSH_EVERY`] (a thread of its own), with the next line of any other target, and
-//! before the process exits ([`flush`]). Lines stay
-//! whole and in order: a block is taken and written under one lock, so two blocks never
-//! interleave, and a writer that fills the buffer waits for the block before it (backpressure
-//! rather than an unbounded buffer when stderr is slow).
+//! No request thread ever writes to stderr: every line is appended to one bounded buffer, and one
+//! writer thread ([`init`]) writes it out in blocks. A log collector that stops reading (a full
+//! pipe) then stalls only that thread; once the buffer holds [`BUFFER_MAX`] bytes, new lines are
+//! dropped and counted (`waitroom_log_lines_dropped_total`), and the writer says how many when it
+//! can write again. Lines stay whole and in order. Access lines go out when the buffer holds
+//! [`FLUSH_AT`] bytes or every [`FLUSH_EVERY`]; any other line wakes the writer at once (operators
+//! and tests read those as they happen); [`flush`] writes what is left before the process exits.
 //!
 //! An access line is not a tracing event: [`access`] asks tracing's filter whether the line is
 //! wanted, then formats it itself, in the very shape the subscriber would (see [`Access`]).
@@ -22,7 +21,7 @@
 use std::cell::RefCell;
 use std::io::Write as _;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{LazyLock, Mutex, MutexGuard};
+use std::sync::{Condvar, LazyLock, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tracing::Level;
@@ -41,20 +40,41 @@ fn not_pingora_debug(meta: &tracing::Metadata<'_>) -> bool {
 const FLUSH_AT: usize = 32 * 1024;
 /// ... and at least this often, so a quiet proxy's lines are never held back long.
 const FLUSH_EVERY: Duration = Duration::from_millis(100);
-/// What a block may hold beyond FLUSH_AT: the line that fills it (most lines are far shorter).
-const BLOCK_SLACK: usize = 4 * 1024;
+/// Bytes waiting for the writer at most: beyond, lines are dropped. A few seconds of a busy
+/// proxy's access log, so a collector that pauses briefly loses nothing.
+pub const BUFFER_MAX: usize = 4 * 1024 * 1024;
+/// How long [`flush`] waits for the writer at exit: a stalled reader must not hold up a stop.
+const EXIT_WAIT: Duration = Duration::from_secs(1);
 
 /// The process's one log stream, like stderr itself: a static because the tracing subscriber it
 /// serves is process-wide too, and `flush` must reach it from the exit paths.
-static SINK: LazyLock<Sink> = LazyLock::new(|| Sink { pending: Mutex::new(Vec::new()), out: Mutex::new(Vec::new()) });
+static SINK: LazyLock<Sink> = LazyLock::new(|| Sink {
+    pending: Mutex::new(Pending::default()),
+    wake: Condvar::new(),
+    written: Condvar::new(),
+    writer: AtomicBool::new(false),
+});
 
 struct Sink {
+    pending: Mutex<Pending>,
+    /// Wakes the writer: a line that must go out now, a full block, or an exit.
+    wake: Condvar,
+    /// The writer finished a block.
+    written: Condvar,
+    /// Whether the writer thread runs (without it, `flush` writes itself).
+    writer: AtomicBool,
+}
+
+#[derive(Default)]
+struct Pending {
     /// Lines not written yet.
-    pending: Mutex<Vec<u8>>,
-    /// Held while a block is taken and written, so blocks leave in the order they were taken;
-    /// it keeps the buffer of the block written last, which `pending` gets back at the next
-    /// flush (see `flush`).
-    out: Mutex<Vec<u8>>,
+    lines: Vec<u8>,
+    /// Whether a line in `lines` is to go out at once.
+    urgent: bool,
+    /// Lines dropped since the writer last said so.
+    dropped: u64,
+    /// Whether the writer is writing a block now.
+    writing: bool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -62,47 +82,100 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Sink {
-    fn append(&self, line: &[u8]) {
-        let full = {
+    /// Appends one whole line, or drops it when the buffer is full; never blocks on stderr.
+    fn append(&self, line: &[u8], urgent: bool) {
+        let wake = {
             let mut pending = lock(&self.pending);
-            pending.extend_from_slice(line);
-            pending.len() >= FLUSH_AT
+            if pending.lines.len() + line.len() > BUFFER_MAX {
+                pending.dropped += 1;
+                drop(pending);
+                crate::metrics::LOG_LINES_DROPPED_TOTAL.inc();
+                return;
+            }
+            pending.lines.extend_from_slice(line);
+            pending.urgent |= urgent;
+            pending.urgent || pending.lines.len() >= FLUSH_AT
         };
-        if full {
-            self.flush();
+        if wake {
+            self.wake.notify_one();
         }
     }
 
+    /// The writer thread: takes the buffer whole and writes it, with no lock held while writing.
+    fn write_forever(&self) {
+        let mut block = Vec::with_capacity(FLUSH_AT);
+        loop {
+            let dropped = {
+                let mut pending = lock(&self.pending);
+                pending.writing = false;
+                self.written.notify_all();
+                if !(pending.urgent || pending.lines.len() >= FLUSH_AT) {
+                    pending = self.wake.wait_timeout(pending, FLUSH_EVERY).unwrap_or_else(|e| e.into_inner()).0;
+                }
+                if pending.lines.is_empty() && pending.dropped == 0 {
+                    continue;
+                }
+                // The two buffers take turns, so neither is grown again line by line.
+                std::mem::swap(&mut pending.lines, &mut block);
+                pending.urgent = false;
+                pending.writing = true;
+                std::mem::take(&mut pending.dropped)
+            };
+            let mut stderr = std::io::stderr().lock();
+            if dropped > 0 {
+                let _ = stderr.write_all(&dropped_line(dropped));
+            }
+            let _ = stderr.write_all(&block);
+            let _ = stderr.flush();
+            block.clear();
+        }
+    }
+
+    /// Waits (at most [`EXIT_WAIT`]) until the writer has written every line appended so far.
     fn flush(&self) {
-        let mut block = lock(&self.out);
-        {
+        if !self.writer.load(Ordering::Acquire) {
             let mut pending = lock(&self.pending);
-            if pending.is_empty() {
+            let _ = std::io::stderr().write_all(&pending.lines);
+            pending.lines.clear();
+            return;
+        }
+        let deadline = std::time::Instant::now() + EXIT_WAIT;
+        let mut pending = lock(&self.pending);
+        pending.urgent = true;
+        self.wake.notify_one();
+        while !pending.lines.is_empty() || pending.writing {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
                 return;
             }
-            // The two buffers take turns, each with room for a whole block: grown line by line,
-            // a buffer was copied by every doubling (about 150 instructions a line, callgrind),
-            // and a fresh one for every flush would be an allocation for every line of the
-            // other targets, which flush at once.
-            block.reserve(FLUSH_AT + BLOCK_SLACK);
-            std::mem::swap(&mut *pending, &mut *block);
+            pending = self.written.wait_timeout(pending, left).unwrap_or_else(|e| e.into_inner()).0;
         }
-        let mut stderr = std::io::stderr().lock();
-        let _ = stderr.write_all(&block);
-        let _ = stderr.flush();
-        block.clear();
     }
 }
 
-/// What the fmt layer writes each event to: one `write_all` of the whole formatted line, which
-/// goes out at once (operators and tests read these as they happen), after the access lines
-/// before it, so the order holds.
+/// The line that says how many lines the buffer dropped, in the log's format.
+fn dropped_line(dropped: u64) -> Vec<u8> {
+    let mut clock = Clock::default();
+    let mut line = Vec::with_capacity(160);
+    let message = "log lines dropped: the log's reader did not keep up";
+    if JSON.load(Ordering::Relaxed) {
+        line.extend_from_slice(b"{\"timestamp\":\"");
+        line.extend_from_slice(clock.now());
+        let _ = writeln!(line, "\",\"level\":\"WARN\",\"message\":\"{message}\",\"dropped\":{dropped},\"target\":\"waitroom::logging\"}}");
+    } else {
+        line.extend_from_slice(clock.now());
+        let _ = writeln!(line, "  WARN waitroom::logging: {message} dropped={dropped}");
+    }
+    line
+}
+
+/// What the fmt layer writes each event to: the whole formatted line, which goes out at once,
+/// after the access lines before it, so the order holds.
 struct Line;
 
 impl std::io::Write for Line {
     fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        SINK.append(bytes);
-        SINK.flush();
+        SINK.append(bytes, true);
         Ok(bytes.len())
     }
 
@@ -121,6 +194,42 @@ impl<'a> MakeWriter<'a> for Lines {
     }
 }
 
+/// One kind of warning, let through at most once a `period`: in an outage every failing request
+/// would log the same line, and a log that repeats itself thousands of times a second hides
+/// everything else in it (and fills the buffer, dropping lines of other kinds). The line that is
+/// let through carries how many of its kind were held back since the last one.
+pub struct Limited {
+    period_ms: u64,
+    /// When a line of this kind was last let through, in ms since [`EPOCH`] plus one (0: never).
+    last: std::sync::atomic::AtomicU64,
+    held_back: std::sync::atomic::AtomicU64,
+}
+
+static EPOCH: LazyLock<std::time::Instant> = LazyLock::new(std::time::Instant::now);
+
+impl Limited {
+    pub const fn every(period: Duration) -> Limited {
+        Limited {
+            period_ms: period.as_millis() as u64,
+            last: std::sync::atomic::AtomicU64::new(0),
+            held_back: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    /// `Some(lines held back since the last one)` when this line is to be logged.
+    pub fn pass(&self) -> Option<u64> {
+        let now = EPOCH.elapsed().as_millis() as u64 + 1;
+        let last = self.last.load(Ordering::Relaxed);
+        let due = last == 0 || now.saturating_sub(last) >= self.period_ms;
+        // Of the threads that find it due at once, one logs.
+        if due && self.last.compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed).is_ok() {
+            return Some(self.held_back.swap(0, Ordering::Relaxed));
+        }
+        self.held_back.fetch_add(1, Ordering::Relaxed);
+        None
+    }
+}
+
 /// The access log's target.
 pub const ACCESS: &str = "waitroom::access";
 
@@ -134,13 +243,13 @@ pub fn init() {
     let json = std::env::var("WAITROOM_LOG_FORMAT").map(|v| v == "json").unwrap_or(false);
     JSON.store(json, Ordering::Relaxed);
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(Lines);
-    let flusher = std::thread::Builder::new().name("waitroom-log".into()).spawn(|| loop {
-        std::thread::sleep(FLUSH_EVERY);
-        flush();
-    });
-    if let Err(error) = flusher {
-        // Without the thread, lines still go out as the buffer fills and at exit.
-        eprintln!("waitroom: could not start the log flusher: {error}");
+    if !SINK.writer.load(Ordering::Acquire) {
+        match std::thread::Builder::new().name("waitroom-log".into()).spawn(|| SINK.write_forever()) {
+            Ok(_) => SINK.writer.store(true, Ordering::Release),
+            // Without the thread, lines wait in the buffer (the oldest kept, the newest dropped)
+            // and go out at exit.
+            Err(error) => eprintln!("waitroom: could not start the log writer: {error}"),
+        }
     }
     let cap = filter_fn(not_pingora_debug);
     // With tracing-subscriber's `tracing-log` feature, `try_init` also installs the `log`
@@ -183,7 +292,7 @@ pub fn access(line: &Access<'_>) {
         let (buf, clock) = &mut *cell.borrow_mut();
         buf.clear();
         line.write(buf, clock.now(), json);
-        SINK.append(buf);
+        SINK.append(buf, false);
     });
 }
 
@@ -491,9 +600,24 @@ mod tests {
     }
 
     #[test]
+    fn a_limited_warning_passes_once_a_period_with_the_count_held_back() {
+        let limited = Limited::every(Duration::from_secs(3600));
+        assert_eq!(limited.pass(), Some(0));
+        for _ in 0..5 {
+            assert_eq!(limited.pass(), None);
+        }
+        let every_time = Limited::every(Duration::ZERO);
+        assert_eq!((every_time.pass(), every_time.pass()), (Some(0), Some(0)));
+        // Due again: the line says how many were held back.
+        limited.last.store(1, Ordering::Relaxed);
+        let far = Limited { period_ms: 0, ..limited };
+        assert_eq!(far.pass(), Some(5));
+    }
+
+    #[test]
     fn access_lines_wait_for_the_filter() {
         // No subscriber: tracing's filter says no, and nothing reaches the buffer.
-        let before = lock(&SINK.pending).len();
+        let before = lock(&SINK.pending).lines.len();
         access(&Access {
             method: "GET",
             path: "/",
@@ -503,6 +627,6 @@ mod tests {
             user: "-",
             error: None,
         });
-        assert_eq!(lock(&SINK.pending).len(), before);
+        assert_eq!(lock(&SINK.pending).lines.len(), before);
     }
 }

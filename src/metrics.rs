@@ -152,6 +152,10 @@ metric!(UPSTREAM_DURATION: HistogramVec = register_histogram_vec!(
 /// `UPSTREAM_DURATION` by the endpoints that go upstream.
 pub static UPSTREAM_DURATION_BY_ENDPOINT: Hot<Histogram, 2> =
     Hot::new(|v| UPSTREAM_DURATION.with_label_values(&[v]), ["protected", "passthrough"]);
+metric!(LOG_LINES_DROPPED_TOTAL: IntCounter = register_int_counter!(
+    "waitroom_log_lines_dropped_total",
+    "Log lines dropped because the log's reader (stderr) did not keep up: lines wait in a bounded buffer, never on a request"
+));
 metric!(REDIS_ERRORS_TOTAL: IntCounter =
     register_int_counter!("waitroom_redis_errors_total", "Redis calls that failed or timed out"));
 metric!(CONFIG_RELOADS_TOTAL: IntCounterVec =
@@ -190,6 +194,7 @@ pub fn init() {
     LazyLock::force(&REQUEST_DURATION);
     LazyLock::force(&UPSTREAM_DURATION);
     LazyLock::force(&REDIS_ERRORS_TOTAL);
+    LazyLock::force(&LOG_LINES_DROPPED_TOTAL);
     LazyLock::force(&CONFIG_RELOADS_TOTAL);
     LazyLock::force(&REDIS_UP);
     LazyLock::force(&OPEN_CONNECTIONS);

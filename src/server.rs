@@ -106,6 +106,10 @@ pub fn run(config: Config, config_path: PathBuf) -> Result<(), StartError> {
     // pingora's proxy app, run by our connection guard (see crate::limits for why there).
     let connections = Connections::new(state.clone());
     let room = Arc::new(Room::new(&redis)?);
+    // The proxy's own handle: the retried settles follow its claims on one connection.
+    let mut settle_retrier =
+        background_service("settle retries", crate::claims::SettleRetrier::new(state.clone(), room.clone()));
+    settle_retrier.threads = Some(1);
     let app = pingora::proxy::http_proxy(&server.configuration, Waitroom::new(state.clone(), room.clone(), upstream));
     let mut proxy = Service::new("waitroom".to_string(), Guarded::new(app, connections.clone(), room));
     proxy.set_connection_filter(Arc::new(AtCapacity(connections)));
@@ -162,6 +166,7 @@ pub fn run(config: Config, config_path: PathBuf) -> Result<(), StartError> {
     server.add_service(event_watcher);
     server.add_service(reloader);
     server.add_service(claim_keeper);
+    server.add_service(settle_retrier);
     server.add_service(drain);
 
     tracing::info!(%listen, %metrics_listen, %upstream, "waitroom starting");

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use arc_swap::{ArcSwap, ArcSwapOption, Guard};
 
 use crate::admission::{LatencyHistogram, Pacing, RoomView};
-use crate::claims::LiveClaims;
+use crate::claims::{LiveClaims, Settles};
 use crate::config::Config;
 use crate::control::Mode;
 use crate::event::EventState;
@@ -43,6 +43,8 @@ pub struct RoomState {
     held: HeldPolls,
     /// Claims of this proxy's orders in flight, renewed while their request lasts.
     claims: LiveClaims,
+    /// Settles that met an outage, waiting for Redis (one bounded queue per proxy).
+    settles: Settles,
 }
 
 impl RoomState {
@@ -59,6 +61,7 @@ impl RoomState {
             event: EventState::default(),
             held: HeldPolls::default(),
             claims: LiveClaims::default(),
+            settles: Settles::default(),
         })
     }
 
@@ -66,6 +69,13 @@ impl RoomState {
     /// changes the rules half way through.
     pub fn settings(&self) -> Guard<Arc<Settings>> {
         self.settings.load()
+    }
+
+    /// The same snapshot as one to keep across an await: a `Guard` held there pins one of
+    /// arc_swap's few per-thread slots (and every other load on the thread falls back to a slower
+    /// path) for as long as the request waits on Redis or a held poll.
+    pub fn snapshot(&self) -> Arc<Settings> {
+        self.settings.load_full()
     }
 
     pub fn replace_settings(&self, settings: Settings) {
@@ -102,6 +112,10 @@ impl RoomState {
 
     pub fn claims(&self) -> &LiveClaims {
         &self.claims
+    }
+
+    pub fn settles(&self) -> &Settles {
+        &self.settles
     }
 
     pub fn held(&self) -> &HeldPolls {

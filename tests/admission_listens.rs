@@ -410,12 +410,16 @@ async fn abandoned_places_move_the_line_up_and_are_never_admitted() {
     // (100 ms) of it (section 11). A status sent after that deadline must show the new line.
     let (abandon_after, interval) = (Duration::from_secs(2), Duration::from_millis(100));
     let deadline = quiet_3_answered + abandon_after + interval;
+    // Readings whose answers both came back before quiet-1 could have been abandoned: the
+    // first is taken at once, so there is one unless the enters alone took abandon_after.
+    let mut read_before = 0;
     loop {
         let sent = Instant::now();
         let p2 = a.status("poller-2").await.json()["position"].clone();
         let p4 = b.status("poller-4").await.json()["position"].clone();
-        // Both answers came back before quiet-1 could have been abandoned: Redis read them then.
+        // Redis read these before quiet-1 could have been abandoned.
         if Instant::now() < quiet_1_sent + abandon_after {
+            read_before += 1;
             assert_eq!(
                 (&p2, &p4),
                 (&2.into(), &4.into()),
@@ -423,6 +427,13 @@ async fn abandoned_places_move_the_line_up_and_are_never_admitted() {
             );
         }
         if p2 == 1 && p4 == 2 {
+            assert!(
+                read_before > 0,
+                "no reading came back before abandon_after ({:?} after quiet-1's enter was sent): \
+                 the test saw nothing of the line before it moved",
+                Instant::now() - quiet_1_sent
+            );
+            println!("{read_before} readings before abandon_after showed the line unmoved");
             break;
         }
         assert!(

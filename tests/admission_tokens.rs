@@ -856,13 +856,23 @@ async fn protected_requests_fail_closed_while_redis_is_down() {
         } else {
             redis.stop();
         }
-        let (r, took) = timed(send(order(&proxy, Some("gina"), Some(&token)))).await;
-        println!("503 after {took:?} (frozen: {frozen})");
-        assert_error("503", &r, 503);
-        assert_eq!(r.header("retry-after"), Some("30"));
+        // Section 3: within redis.timeout + 100 ms. Asserted on all but one in twenty samples, so
+        // one request a starved scheduler delays cannot fail it, and a real delay cannot pass.
+        let mut took = Vec::new();
+        for _ in 0..20 {
+            let (r, t) = timed(send(order(&proxy, Some("gina"), Some(&token)))).await;
+            assert_error("503", &r, 503);
+            assert_eq!(r.header("retry-after"), Some("30"));
+            took.push(t);
+        }
+        took.sort();
+        let ms: Vec<u128> = took.iter().map(|t| t.as_millis()).collect();
+        println!("503s in ms (frozen: {frozen}), sorted: {ms:?}");
+        let bound = Duration::from_millis(300 + 100);
         assert!(
-            took < Duration::from_millis(1500),
-            "frozen: {frozen}: {took:?}"
+            took[18] <= bound,
+            "frozen: {frozen}: the 19th of 20 503s took {:?}, over redis.timeout + 100 ms; all (ms): {ms:?}",
+            took[18]
         );
     }
     assert_eq!(

@@ -126,11 +126,13 @@ async fn jwt_mode_forwards_the_verified_identity_not_the_clients() {
     let bearer = format!("Bearer {jwt}");
     let client = proxy.client();
     send(client.post(proxy.url("/queue/enter")).header("authorization", &bearer)).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
     let token = loop {
         let body = send(client.get(proxy.url("/queue/status")).header("authorization", &bearer)).await.json();
         if body["status"] == "READY" {
             break body["token"].as_str().unwrap().to_owned();
         }
+        assert!(std::time::Instant::now() < deadline, "alice not READY within 10 s: {body}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     let echo = send(
@@ -187,7 +189,10 @@ async fn rewritten_order_paths_never_reach_the_upstream_without_a_token() {
     // The method in another case, or named by an override header on a GET.
     let lower = "post /api/orders HTTP/1.1\r\nHost: shop\r\nX-User-Id: alice\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
     let (status, raw) = raw_status(proxy.addr(), lower).await;
-    assert!(status == 403 || status == 400, "post: {raw}");
+    // Section 12: the method matches case-insensitively, so `post` is a protected request with
+    // no token: 403, as POST would get.
+    assert_eq!(status, 403, "post: {raw}");
+    assert_eq!(json_body(&raw), serde_json::json!({"error": "an entry token is required"}), "post");
     for header in ["X-HTTP-Method-Override", "X-HTTP-Method", "X-Method-Override"] {
         let request = format!("GET /api/orders HTTP/1.1\r\nHost: shop\r\nX-User-Id: alice\r\n{header}: post\r\nConnection: close\r\n\r\n");
         let (status, raw) = raw_status(proxy.addr(), &request).await;
@@ -420,11 +425,14 @@ async fn an_order_is_settled_by_its_answer_whatever_its_client_does() {
             }
         }
         // While the order is out its claim holds (409); once answered the token is spent (403).
+        // The order takes 300 ms upstream; a claim still held after 10 s was never settled.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
         let repeat = loop {
             let r = proxy.order(&user, Some(&token)).await;
             if r.status != 409 {
                 break r;
             }
+            assert!(std::time::Instant::now() < deadline, "{move_}: the claim still held 10 s later");
             tokio::time::sleep(Duration::from_millis(50)).await;
         };
         assert_eq!(repeat.status, 403, "{move_}: the repeat with the token: {}", repeat.body);

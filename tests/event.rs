@@ -433,15 +433,18 @@ async fn the_per_address_limit_holds_the_pre_queue_too() {
 }
 
 #[tokio::test]
-async fn without_an_event_its_paths_are_the_upstreams() {
+async fn without_an_event_its_paths_are_still_the_proxys() {
     let redis = RedisServer::start();
     let upstream = Recorder::start(204).await;
     let proxy = Proxy::builder(&redis.url(), upstream.addr()).start().await;
     for path in ["/queue/event", "/queue/event/draw"] {
-        assert_eq!(proxy.get(path).await.status, 204, "{path} reached the upstream");
+        let r = proxy.get(path).await;
+        assert_answer(path, &r, 404, serde_json::json!({"error": "this room has no scheduled event"}));
+        let r = send(proxy.client().post(proxy.url(path))).await;
+        assert_eq!((r.status, r.header("allow")), (405, Some("GET")), "POST {path}: {}", r.body);
     }
     let lines = upstream.lines();
-    assert!(lines.iter().any(|l| l.starts_with("GET /queue/event/draw ")), "{lines:?}");
+    assert!(lines.is_empty(), "the event paths reached the upstream: {lines:?}");
 }
 
 /// The admit script's own gate, through the library: the window between `closes_at` and the

@@ -953,7 +953,7 @@ async fn eta_becomes(proxy: &Proxy, user: &str, eta: u64, within: Duration) -> b
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn turning_watch_on_by_sighup_works_or_is_logged_as_needing_a_restart() {
+async fn turning_watch_on_by_sighup_is_logged_as_needing_a_restart() {
     let redis = RedisServer::start();
     let api = DemoApi::start(&[]);
     let proxy = room_builder(&redis, &api)
@@ -967,50 +967,83 @@ async fn turning_watch_on_by_sighup_works_or_is_logged_as_needing_a_restart() {
         .await
         .is_some());
 
-    // A change of the file alone, no signal: either the watch is on now and the room's ETAs
-    // follow the new batch size, or the log said the watch waits for a restart and nothing moved.
+    // The watch is started with the process (live::merge keeps `reload.watch` as it was): a
+    // change of the file alone, no signal, moves nothing, and the reload said why.
     proxy.rewrite_config("admission: {batch_size: 10}");
     let ten = expected_eta(30, 10, 3_600_000);
     let watched = eta_becomes(&proxy, &tail, ten, WATCH_NOTICED).await;
     let logs = proxy.logs();
-    let logged = logged_as_needing_restart(&logs, "reload.watch")
-        || logged_as_needing_restart(&logs, "reload");
-    println!("reload.watch turned on by SIGHUP: file change applied {watched}, logged as needing a restart {logged}");
-    if watched {
-        assert!(
-            !logged,
-            "the watch works, yet the log says it needs a restart:\n{logs}"
-        );
-        assert_eq!(
-            reloads(&proxy, "ok").await,
-            2.0,
-            "the watched change counted"
-        );
-    } else {
-        assert!(
-            logged,
-            "reload.watch turned on by SIGHUP neither watches the file nor says it needs a restart:\n{logs}"
-        );
-        assert_eq!(
-            reloads(&proxy, "ok").await,
-            1.0,
-            "no reload without the watch"
-        );
-        assert_eq!(
-            waiting(&proxy, &tail).await.1,
-            30 * 3600,
-            "the unwatched change applied anyway"
-        );
-        // The file itself was good: a SIGHUP applies it.
-        proxy.signal("HUP");
-        assert!(await_reloads(&proxy, "ok", 2.0, Duration::from_secs(3))
-            .await
-            .is_some());
-        assert_eq!(
-            waiting(&proxy, &tail).await.1,
-            ten,
-            "SIGHUP applies the change"
-        );
+    assert!(!watched, "reload.watch turned on by SIGHUP watches the file without a restart:\n{logs}");
+    assert!(
+        logged_as_needing_restart(&logs, "reload.watch"),
+        "reload.watch turned on by SIGHUP was not logged as needing a restart:\n{logs}"
+    );
+    assert_eq!(reloads(&proxy, "ok").await, 1.0, "no reload without the watch");
+    assert_eq!(waiting(&proxy, &tail).await.1, 30 * 3600, "the unwatched change applied anyway");
+    // The file itself was good: a SIGHUP applies it.
+    proxy.signal("HUP");
+    assert!(await_reloads(&proxy, "ok", 2.0, Duration::from_secs(3))
+        .await
+        .is_some());
+    assert_eq!(waiting(&proxy, &tail).await.1, ten, "SIGHUP applies the change");
+}
+
+const JWT_SECRET: &str = "a-test-secret-of-at-least-32-bytes!!";
+const JWT_SECRET_NEXT: &str = "the-rotated-secret-also-32-bytes-long!";
+
+fn jwt(secret: &str, claims: serde_json::Value) -> String {
+    let key = jsonwebtoken::EncodingKey::from_secret(secret.as_bytes()).unwrap();
+    jsonwebtoken::encode(&jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256), &claims, &key).unwrap()
+}
+
+async fn status_as(proxy: &Proxy, token: &str) -> Resp {
+    send(proxy.client().get(proxy.url("/queue/status")).header("Authorization", format!("Bearer {token}"))).await
+}
+
+/// Contract section 6: in JWT mode a reload takes the new key, issuer and audience at once, and
+/// keeps what names the user (`claim`, `from`, `forward_header`) until a restart, saying so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_rotates_jwt_keys_and_keeps_what_names_the_user() {
+    let redis = RedisServer::start();
+    let api = DemoApi::start(&[]);
+    let proxy = room_builder(&redis, &api)
+        .yaml("admission: {interval: 1h, batch_size: 1}")
+        .yaml("identity: {jwt: {secret_env: WAITROOM_JWT_SECRET, issuer: 'https://id.example', audience: shop}}")
+        .env("WAITROOM_JWT_SECRET", JWT_SECRET)
+        .env("WAITROOM_JWT_SECRET_NEXT", JWT_SECRET_NEXT)
+        .start_settled(&redis.conn().await)
+        .await;
+    let exp = jsonwebtoken::get_current_timestamp() + 300;
+    let old = jwt(JWT_SECRET, serde_json::json!({"sub": "alice", "iss": "https://id.example", "aud": "shop", "exp": exp}));
+    let r = send(proxy.client().post(proxy.url("/queue/enter")).header("Authorization", format!("Bearer {old}"))).await;
+    assert_status_is(&r, 200, "WAITING");
+
+    proxy.rewrite_config(
+        "identity: {jwt: {secret_env: WAITROOM_JWT_SECRET_NEXT, issuer: 'https://id2.example', audience: shop2, claim: uid}}",
+    );
+    proxy.signal("HUP");
+    assert!(await_reloads(&proxy, "ok", 1.0, Duration::from_secs(3)).await.is_some(), "{}", proxy.logs());
+
+    let claims = |iss: &str, aud: &str| serde_json::json!({"sub": "alice", "uid": "zed", "iss": iss, "aud": aud, "exp": exp});
+    // The old key is refused now.
+    assert_eq!(status_as(&proxy, &old).await.status, 401, "the old key still verifies after the reload");
+    // The new key, issuer and audience together verify, and the token still names `sub`
+    // (alice, waiting), not the new `claim` (zed, who never entered).
+    let new = jwt(JWT_SECRET_NEXT, claims("https://id2.example", "shop2"));
+    let r = status_as(&proxy, &new).await;
+    assert_status_is(&r, 200, "WAITING");
+    assert_eq!(r.json()["position"], 1, "the rotated token names someone else: {}", r.body);
+    // Each of the new issuer and audience is checked.
+    for (what, token) in [
+        ("the old issuer", jwt(JWT_SECRET_NEXT, claims("https://id.example", "shop2"))),
+        ("the old audience", jwt(JWT_SECRET_NEXT, claims("https://id2.example", "shop"))),
+    ] {
+        assert_eq!(status_as(&proxy, &token).await.status, 401, "{what} still verifies after the reload");
+    }
+    let logs = proxy.logs();
+    assert!(logged_as_needing_restart(&logs, "identity.jwt.claim"), "the claim was not logged as needing a restart:\n{logs}");
+    for key in ["identity.jwt.issuer", "identity.jwt.audience", "identity.jwt.secret_env"] {
+        assert!(!logged_as_needing_restart(&logs, key), "{key} logged as needing a restart:\n{logs}");
     }
 }
 

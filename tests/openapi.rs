@@ -307,7 +307,7 @@ async fn schemathesis(what: &str, base_url: String, examples: u32, args: &[&str]
 }
 
 /// The operations of `listen` in a room without an event: the queue, the page and the protected
-/// order. (Without an `event` the event paths are the upstream's; `DROP` runs them.)
+/// order. (Without an `event` the event paths answer 404; `DROP` runs them in a room with one.)
 const LISTEN: &[&str] = &[
     "--exclude-tag",
     "event",

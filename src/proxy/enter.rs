@@ -83,7 +83,10 @@ pub async fn handle(state: &RoomState, settings: &Settings, room: &Arc<Room>, se
         }
         Err(error) => {
             metrics::REDIS_ERRORS_TOTAL.inc();
-            tracing::warn!(%error, "enter: redis unavailable");
+            static FAILED: crate::logging::Limited = crate::logging::Limited::every(std::time::Duration::from_secs(1));
+            if let Some(held_back) = FAILED.pass() {
+                tracing::warn!(%error, also_failed = held_back, "enter: redis unavailable");
+            }
             ("error", Answer::unavailable(config))
         }
     };

@@ -124,7 +124,10 @@ pub async fn status(state: &RoomState, settings: &Settings, room: &Room, user: &
 
 fn unavailable(settings: &Settings, endpoint: &str, error: &StoreError) -> Answer {
     metrics::REDIS_ERRORS_TOTAL.inc();
-    tracing::warn!(%error, endpoint, "event: redis unavailable");
+    static FAILED: crate::logging::Limited = crate::logging::Limited::every(std::time::Duration::from_secs(1));
+    if let Some(held_back) = FAILED.pass() {
+        tracing::warn!(%error, endpoint, also_failed = held_back, "event: redis unavailable");
+    }
     if endpoint == "status" {
         metrics::STATUS_TOTAL.with_label_values(&["error"]).inc();
     }
@@ -192,7 +195,7 @@ fn drawn(phase: Phase, snapshot: &Snapshot) -> Option<u64> {
 }
 
 fn not_scheduled() -> Answer {
-    Answer::error(404, "no event is scheduled in this room")
+    Answer::error(404, "this room has no scheduled event")
 }
 
 async fn public_snapshot<'s>(
@@ -209,7 +212,10 @@ async fn public_snapshot<'s>(
         Ok(snapshot) => Ok((event, snapshot)),
         Err(error) => {
             metrics::REDIS_ERRORS_TOTAL.inc();
-            tracing::warn!(%error, "event: redis unavailable");
+            static FAILED: crate::logging::Limited = crate::logging::Limited::every(std::time::Duration::from_secs(1));
+            if let Some(held_back) = FAILED.pass() {
+                tracing::warn!(%error, also_failed = held_back, "event: redis unavailable");
+            }
             Err(Answer::unavailable(&settings.config))
         }
     }

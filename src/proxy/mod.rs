@@ -52,7 +52,9 @@ pub enum Endpoint {
     Enter,
     Status,
     Page,
-    /// `{prefix}/event` and `{prefix}/event/draw`, while an event is configured.
+    /// `{prefix}/event` and `{prefix}/event/draw`: the proxy's whether or not an event is
+    /// configured (404 without one), so a reload that adds or removes the event never hands the
+    /// path to the upstream, nor a spec's client two owners of one path.
     Event,
     EventDraw,
     Protected,
@@ -84,8 +86,8 @@ impl Endpoint {
                 "/" if config.page.enabled && header.method == http::Method::GET => {
                     return Ok((Endpoint::Page, None))
                 }
-                "/event" if config.event.is_some() => return Ok((Endpoint::Event, None)),
-                "/event/draw" if config.event.is_some() => return Ok((Endpoint::EventDraw, None)),
+                "/event" => return Ok((Endpoint::Event, None)),
+                "/event/draw" => return Ok((Endpoint::EventDraw, None)),
                 _ => {}
             }
         }
@@ -169,7 +171,7 @@ impl Waitroom {
         }
         // Cloned, not borrowed: a settings guard must not be held across an await.
         let lifetimes = self.state.settings().config.token.clone();
-        let fate = protected::settle(&self.room, self.state.spent(), user, claimed, outcome, &lifetimes).await;
+        let fate = protected::settle(&self.room, &self.state, user, claimed, outcome, &lifetimes).await;
         Some((outcome, fate))
     }
 }
@@ -385,7 +387,8 @@ impl ProxyHttp for Waitroom {
     }
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> Result<bool> {
-        let settings = self.state.settings();
+        // An Arc, not a Guard: this request's snapshot waits with it on Redis and the body.
+        let settings = self.state.snapshot();
         let config = &settings.config;
         limit_slow_clients(session);
         shield_room_headers(config, session)?;
@@ -452,11 +455,17 @@ impl ProxyHttp for Waitroom {
                 Err(refusal) => refusal,
             },
             Endpoint::Status => match caller(config, session, ctx, http::Method::GET, "GET") {
-                Ok(user) => match status::handle(&self.state, &settings, &self.room, session, user).await {
-                    Some(answer) => answer,
-                    // Held, and the client went away: nobody to answer.
-                    None => return Err(Error::explain(ErrorType::ConnectionClosed, "the client left a held poll").into_down()),
-                },
+                Ok(user) => {
+                    // A held poll keeps no snapshot (see status::answer).
+                    drop(settings);
+                    match status::answer(&self.state, &self.room, session, user).await {
+                        Some(answer) => answer,
+                        // Held, and the client went away: nobody to answer.
+                        None => {
+                            return Err(Error::explain(ErrorType::ConnectionClosed, "the client left a held poll").into_down())
+                        }
+                    }
+                }
                 Err(refusal) => refusal,
             },
             Endpoint::Protected => {
@@ -571,7 +580,7 @@ impl ProxyHttp for Waitroom {
         }
         if let (Some(claimed), Some(user)) = (ctx.claimed.take(), ctx.user.as_deref()) {
             let lifetimes = self.state.settings().config.token.clone();
-            protected::settle(&self.room, self.state.spent(), user, claimed, Outcome::Answered(status), &lifetimes).await;
+            protected::settle(&self.room, &self.state, user, claimed, Outcome::Answered(status), &lifetimes).await;
         }
         Ok(())
     }

@@ -7,18 +7,23 @@
 //! nothing and the request goes upstream).
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use pingora::proxy::Session;
 
 use super::{identity, Answer, Ctx};
-use crate::claims::Live;
+use crate::claims::{Live, Retry};
 use crate::config::{Config, TokenConfig};
+use crate::logging::Limited;
 use crate::metrics;
 use crate::rules::{self, Outcome, TokenFate};
-use crate::spent::SpentTokens;
 use crate::state::RoomState;
-use crate::store::{Claim, Room};
+use crate::store::{Claim, Room, Settle};
+
+/// In an outage every protected request fails alike: one line of each kind a second says so.
+static CLAIM_FAILED: Limited = Limited::every(Duration::from_secs(1));
+static RELEASE_FAILED: Limited = Limited::every(Duration::from_secs(1));
+static SPEND_FAILED: Limited = Limited::every(Duration::from_secs(1));
 
 /// A token this request holds: what settling it needs, and its registration with the proxy's
 /// claim keeper, which renews the claim until this is settled.
@@ -87,24 +92,26 @@ async fn decide(
         Ok(Claim::Invalid) => ("forbidden", Some(Answer::error(403, "the entry token is not valid for this user"))),
         Err(error) => {
             metrics::REDIS_ERRORS_TOTAL.inc();
-            tracing::warn!(%error, "protected: redis unavailable, refusing (fail closed)");
-            // The claim may have been written before the reply was lost (Redis died in between):
-            // left alone it would hold the user's retries at 409 for claim_timeout. The id is
-            // this request's own, so ending it can never end another request's claim.
-            let room = room.clone();
-            let (user, token) = (user.clone(), token.to_owned());
-            let deadline = Instant::now() + config.token.claim_timeout;
-            tokio::spawn(async move { settle_later(&room, &user, &token, &id, false, deadline).await });
+            if let Some(held_back) = CLAIM_FAILED.pass() {
+                tracing::warn!(%error, also_refused = held_back, "protected: redis unavailable, refusing (fail closed)");
+            }
+            // The claim may have been written before the reply was lost (a frozen Redis runs it
+            // when it returns): left alone it would hold the user's retries at 409 for
+            // claim_timeout. One try from the proxy's bounded queue, the first thing it drops
+            // when full; the id is this request's own, so ending it never ends another's claim.
+            let release = Settle::new(user, token, &id, false);
+            state.settles().retry(release, Retry::MaybeClaimed, config.token.claim_timeout);
             ("unavailable", Some(Answer::unavailable(config)))
         }
     }
 }
 
 /// Applies what became of the order to the token that was used (see [`rules::token_fate`]);
-/// returns the fate it applied.
+/// returns the fate it applied. What Redis could not take now goes to the proxy's queue of
+/// settles ([`crate::claims::Settles`]).
 pub async fn settle(
     room: &Arc<Room>,
-    spent: &SpentTokens,
+    state: &RoomState,
     user: &str,
     claimed: Claimed,
     outcome: Outcome,
@@ -115,22 +122,20 @@ pub async fn settle(
     let (token_ttl, claim_timeout) = (lifetimes.ttl, lifetimes.claim_timeout);
     let fate = rules::token_fate(outcome, lifetimes.spend_terms());
     if fate == TokenFate::Keep {
-        // Retrying is the user's right; if this release fails the claim still ends with
-        // claim_timeout.
+        // Retrying is the user's right: left to claim_timeout, the claim would refuse the
+        // user's retries with 409 long after Redis is back.
         if let Err(error) = room.consume_grouped(user, &token, &id, false).await {
-            // Left to claim_timeout, the claim would refuse the user's retries with 409 long
-            // after Redis is back.
             metrics::REDIS_ERRORS_TOTAL.inc();
-            tracing::warn!(%error, user, "could not release an entry token's claim; retrying");
-            let (room, user) = (room.clone(), user.to_owned());
-            let deadline = Instant::now() + claim_timeout;
-            tokio::spawn(async move { settle_later(&room, &user, &token, &id, false, deadline).await });
+            if let Some(held_back) = RELEASE_FAILED.pass() {
+                tracing::warn!(%error, user, also_failed = held_back, "could not release an entry token's claim; queued");
+            }
+            state.settles().retry(Settle::new(user, &token, &id, false), Retry::Release, claim_timeout);
         }
         return fate;
     }
     // Before Redis hears of it: a repeat through this proxy is refused from now on, whatever
     // becomes of the delete.
-    spent.remember(&token, user, token_ttl);
+    state.spent().remember(&token, user, token_ttl);
     match room.consume_grouped(user, &token, &id, true).await {
         Ok(true) => metrics::TOKENS_CONSUMED_TOTAL.inc(),
         // Expired, or already replaced by a newer token, between the check and now.
@@ -138,31 +143,13 @@ pub async fn settle(
         Err(error) => {
             // The order went through (or may have); refusing its response now would only hide
             // that from the user. While Redis is away a repeat is refused anyway (fail closed);
-            // keep trying in the background so the token is gone as soon as Redis is back.
+            // the queue spends the token as soon as Redis is back.
             metrics::REDIS_ERRORS_TOTAL.inc();
-            tracing::error!(%error, user, "could not spend an entry token after a successful order; retrying");
-            let (room, user) = (room.clone(), user.to_owned());
-            let deadline = Instant::now() + token_ttl;
-            tokio::spawn(async move { settle_later(&room, &user, &token, &id, true, deadline).await });
+            if let Some(held_back) = SPEND_FAILED.pass() {
+                tracing::error!(%error, user, also_failed = held_back, "could not spend an entry token after a successful order; queued");
+            }
+            state.settles().retry(Settle::new(user, &token, &id, true), Retry::Spend, token_ttl);
         }
     }
     fate
-}
-
-/// Retries settling a token (ending its claim, and spending it after a successful order) until
-/// Redis answers or there is nothing left to settle: the claim or the token would have expired.
-async fn settle_later(room: &Room, user: &str, token: &str, claim: &str, spend: bool, deadline: Instant) {
-    while Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        match room.consume(user, token, claim, spend).await {
-            Ok(spent) => {
-                if spent {
-                    metrics::TOKENS_CONSUMED_TOTAL.inc();
-                }
-                tracing::info!(user, spend, "entry token settled after Redis came back");
-                return;
-            }
-            Err(_) => metrics::REDIS_ERRORS_TOTAL.inc(),
-        }
-    }
 }

@@ -71,14 +71,24 @@ impl Client for Session {
     }
 }
 
-/// Answers a status call; `None` when the client went away while its poll was held.
+/// [`answer`], for a caller that holds a snapshot of the settings itself (the connection loop's
+/// early path): that snapshot then lives as long as the poll is held. New callers use [`answer`].
 pub async fn handle(
     state: &RoomState,
-    settings: &Settings,
+    _settings: &Settings,
     room: &Room,
     client: &mut impl Client,
     user: &str,
 ) -> Option<Answer> {
+    answer(state, room, client, user).await
+}
+
+/// Answers a status call; `None` when the client went away while its poll was held. A held poll
+/// keeps no snapshot of the settings while it waits: one held up to `endpoints.hold` would keep a
+/// configuration a reload replaced, and each reading after a wake takes the running one.
+pub async fn answer(state: &RoomState, room: &Room, client: &mut impl Client, user: &str) -> Option<Answer> {
+    let snapshot = state.snapshot();
+    let settings = &*snapshot;
     let now = read_small(state, settings, room, user, false).await;
     let pace = state.pacing(settings).pace();
     let (position, score) = match to_hold(&now, state, settings) {
@@ -106,6 +116,9 @@ pub async fn handle(
     let abandon = settings.config.queue.abandon_after;
     let touch = (!abandon.is_zero()).then(|| abandon / TOUCH_PER_ABANDON);
     let mut watch_client = true;
+    // From here each reading takes the settings running when it is made.
+    drop(snapshot);
+    let read_now = || async { read_small(state, &state.snapshot(), room, user, true).await };
     let reading = loop {
         let wake = tokio::select! {
             _ = hold.woken() => Wake::Front,
@@ -114,15 +127,15 @@ pub async fn handle(
             watched = client.watch(), if watch_client => Wake::Client(watched),
         };
         match wake {
-            Wake::Over => break read_small(state, settings, room, user, true).await,
+            Wake::Over => break read_now().await,
             Wake::Client(Watched::Left) => {
                 tracing::debug!("status: the client went away while its poll was held");
                 return None;
             }
             Wake::Client(Watched::Spoke) => watch_client = false,
-            Wake::Front if state.held().stopping() => break read_small(state, settings, room, user, true).await,
+            Wake::Front if state.held().stopping() => break read_now().await,
             Wake::Front => {
-                let exact = read_small(state, settings, room, user, true).await;
+                let exact = read_now().await;
                 match exact.waiting {
                     // Still waiting (woken for the whole room, or entered again behind a place
                     // that was removed): hold on, for the score the place has now.
@@ -134,7 +147,7 @@ pub async fn handle(
     };
     drop(hold);
     if let Some(remaining_ms) = reading.ready_ms {
-        let issued_ago = settings.config.token.ttl.saturating_sub(Duration::from_millis(remaining_ms));
+        let issued_ago = state.settings().config.token.ttl.saturating_sub(Duration::from_millis(remaining_ms));
         metrics::HELD_READY_DELAY.observe(issued_ago.as_secs_f64());
     }
     Some(reading.count())
@@ -220,7 +233,10 @@ async fn read(state: &RoomState, settings: &Settings, room: &Room, user: &str, a
         }
         Err(error) => {
             metrics::REDIS_ERRORS_TOTAL.inc();
-            tracing::warn!(%error, "status: redis unavailable");
+            static FAILED: crate::logging::Limited = crate::logging::Limited::every(std::time::Duration::from_secs(1));
+            if let Some(held_back) = FAILED.pass() {
+                tracing::warn!(%error, also_failed = held_back, "status: redis unavailable");
+            }
             Reading::new("error", Answer::unavailable(config))
         }
     }

@@ -167,9 +167,9 @@ pub enum Claim {
     Invalid,
 }
 
-/// One settle of a group.
-#[derive(Debug)]
-pub(super) struct Settle {
+/// One settle: of a group, or of the proxy's retries (see `crate::claims::Settles`).
+#[derive(Debug, Clone)]
+pub struct Settle {
     user: String,
     token: String,
     /// The request's claim id; empty for none.
@@ -178,8 +178,13 @@ pub(super) struct Settle {
 }
 
 impl Settle {
-    fn new(user: &str, token: &str, claim: &str, spend: bool) -> Settle {
+    pub fn new(user: &str, token: &str, claim: &str, spend: bool) -> Settle {
         Settle { user: user.to_owned(), token: token.to_owned(), claim: claim.to_owned(), spend }
+    }
+
+    /// Whether it spends the token (an order that succeeded), rather than only ending a claim.
+    pub fn spends(&self) -> bool {
+        self.spend
     }
 }
 
@@ -212,6 +217,17 @@ impl Room {
         }
         let deleted: Vec<i64> = self.run(&call).await?;
         Ok(deleted.into_iter().map(|deleted| deleted == 1).collect())
+    }
+
+    /// Several settles in one call of their own, in their order (at most [`super::GROUP_MAX`]
+    /// make a call short); for each, whether its token was deleted.
+    pub async fn settle_all(&self, settles: &[Settle]) -> Result<Vec<bool>, StoreError> {
+        let members: Vec<&Settle> = settles.iter().collect();
+        let replies = self.settle_members(&members).await?;
+        if replies.len() != members.len() {
+            return Err(StoreError::Reply(format!("{FILE}: {} replies for {} members", replies.len(), members.len())));
+        }
+        Ok(replies)
     }
 
     /// The user's current token, if one is live.

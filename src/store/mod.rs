@@ -52,7 +52,7 @@ mod status;
 pub use adapt::{AdaptOutcome, AdaptStep, ADAPT_PERIOD};
 pub use admit::AdmitOutcome;
 pub use conn::{Connector, RedisConn};
-pub use consume::Claim;
+pub use consume::{Claim, Settle};
 pub use enter::{EnterOutcome, EnterRequest, Entered};
 pub use event::{seed_bytes, Entering, EventEnter, EventTick, EventTimes, SeedRef, Standing, DRAW_PAGE};
 pub use group::{GROUPS_IN_FLIGHT, GROUP_MAX};

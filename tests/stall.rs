@@ -1,0 +1,239 @@
+//! Nothing piles up when a dependency stalls (issue 36): a frozen Redis leaves the proxy a bounded
+//! queue of settles, not a task per request, and Redis no burst when it returns; a log reader that
+//! stops reading never stops the proxy answering.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use futures::stream::{self, StreamExt};
+
+/// Every command Redis has run (`INFO commandstats`), by name.
+async fn command_calls(redis: &RedisServer) -> std::collections::BTreeMap<String, u64> {
+    let info: String = redis::cmd("INFO").arg("commandstats").query_async(&mut redis.conn().await).await.unwrap();
+    info.lines()
+        .filter_map(|line| {
+            let (name, rest) = line.strip_prefix("cmdstat_")?.split_once(":calls=")?;
+            Some((name.to_owned(), rest.split(',').next()?.parse().ok()?))
+        })
+        .collect()
+}
+
+/// The proxy's resident memory, in kB.
+fn rss_kb(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+/// The queue's bound (`waitroom::claims::RETRY_BOUND`) and the members one call settles.
+const QUEUE_CALLS: u64 = (waitroom::claims::RETRY_BOUND / waitroom::store::GROUP_MAX) as u64;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_redis_leaves_a_bounded_queue_and_no_burst_when_it_returns() {
+    let redis = RedisServer::start();
+    let api = DemoApi::start(&["--service-time-ms", "5", "--client-delays"]);
+    let proxy = Arc::new(
+        Proxy::builder(&redis.url(), api.addr())
+            // One tick a second, which admits every user of the test at once: the ticks add little
+            // to what Redis is asked after the freeze.
+            .yaml("admission: {interval: 1s, batch_size: 100}\ntoken: {ttl: 5m}\nredis: {timeout: 300ms}")
+            .start()
+            .await,
+    );
+    let keys = keys(&proxy);
+    // Real tokens: one whose order is in flight when Redis freezes, and some whose orders arrive
+    // during the freeze.
+    let buyer = proxy.until_ready("buyer", Duration::from_secs(10)).await;
+    let mut real = Vec::new();
+    for i in 0..20 {
+        let user = format!("real-{i}");
+        let token = proxy.until_ready(&user, Duration::from_secs(10)).await;
+        real.push((user, token));
+    }
+
+    // The buyer's order is claimed, then Redis freezes while the upstream works on it: its 201
+    // comes back during the freeze, and the spend cannot reach Redis.
+    let slow_order = {
+        let proxy = proxy.clone();
+        let buyer = buyer.clone();
+        tokio::spawn(async move { send(proxy.order_request("buyer", Some(&buyer)).header("X-Demo-Delay-Ms", "800")).await })
+    };
+    assert!(
+        wait_until(Duration::from_secs(5), Duration::from_millis(5), || async {
+            api.stats().await["inFlight"].as_u64() == Some(1)
+        })
+        .await,
+        "the buyer's order never reached the upstream"
+    );
+    let before = command_calls(&redis).await;
+    let rss_before = rss_kb(proxy.pid());
+    redis.freeze();
+    let frozen_at = Instant::now();
+    let r = slow_order.await.unwrap();
+    assert_eq!(r.status, 201, "the order that succeeded during the freeze: {}", r.body);
+
+    // 3,000 protected requests with made-up tokens, and five orders of each real user, all refused.
+    let sent = 3000 + 5 * real.len();
+    let statuses: Vec<u16> = stream::iter(0..sent)
+        .map(|i| {
+            let proxy = proxy.clone();
+            let (user, token) = if i < 5 * real.len() {
+                real[i % real.len()].clone()
+            } else {
+                (format!("made-up-{i}"), format!("00000000-0000-4000-8000-{i:012}"))
+            };
+            async move { send(proxy.order_request(&user, Some(&token))).await.status }
+        })
+        .buffer_unordered(200)
+        .collect()
+        .await;
+    let refused = statuses.iter().filter(|s| **s == 503).count();
+    let froze_for = frozen_at.elapsed();
+    let rss_frozen = rss_kb(proxy.pid());
+    redis.thaw();
+    assert_eq!(refused, sent, "every order during the freeze is a 503: {statuses:?}");
+
+    // What Redis runs once it returns: what waited in the sockets, then the queue, in calls of
+    // GROUP_MAX settles. The scripts and the MGETs they run are what a task per request made
+    // thousands of (issue 36: 9,167 in the 3 s after a freeze like this one).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let after = command_calls(&redis).await;
+    let rss_after = rss_kb(proxy.pid());
+    let delta: Vec<(String, u64)> = after
+        .iter()
+        .map(|(name, n)| (name.clone(), n - before.get(name).copied().unwrap_or(0)))
+        .filter(|(_, n)| *n > 0)
+        .collect();
+    let scripts = |calls: &std::collections::BTreeMap<String, u64>| {
+        ["evalsha", "mget"].iter().map(|name| calls.get(*name).copied().unwrap_or(0)).sum::<u64>()
+    };
+    let calls = scripts(&after) - scripts(&before);
+    println!(
+        "frozen {froze_for:?} for {sent} orders; EVALSHA + MGET from the freeze to 3 s after it: {calls}; all commands: {delta:?}; \
+         RSS kB before {rss_before}, frozen {rss_frozen}, 3 s after {rss_after}"
+    );
+    let spent = redis::cmd("EXISTS").arg(keys.token("buyer")).query_async::<i64>(&mut redis.conn().await).await == Ok(0);
+    assert!(spent, "the buyer's token, whose order succeeded during the freeze, was not spent 3 s after Redis returned");
+    // A settle call is one EVALSHA and two MGETs, a claim call one and one. Beside the queue's
+    // calls: the claims' groups that waited in the socket (one a redis.timeout of freeze), and the
+    // background services' scripts (ticks, watchers: a few a second).
+    let claim_groups = froze_for.as_millis() as u64 / 300 + 2;
+    let background = 10 * (froze_for.as_secs() + 4);
+    let bound = 3 * QUEUE_CALLS + 2 * claim_groups + background;
+    assert!(calls <= bound, "{calls} script calls and MGETs after the freeze, more than the queue's bound allows ({bound})");
+    assert!(
+        rss_frozen < rss_before + 64 * 1024,
+        "the proxy grew from {rss_before} kB to {rss_frozen} kB during the freeze"
+    );
+
+    // The real users' claims that Redis ran when it returned were released by the queue: their
+    // next order goes through rather than meeting 409 until claim_timeout.
+    for (user, token) in &real {
+        let r = proxy.order(user, Some(token)).await;
+        assert_eq!(r.status, 201, "{user} after the freeze: {}", r.body);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_reader_that_stops_reading_never_stops_the_proxy() {
+    let redis = RedisServer::start();
+    let api = DemoApi::start(&[]);
+    let builder = Proxy::builder(&redis.url(), api.addr());
+    let [listen, metrics] = free_ports();
+    let (listen, metrics) = (
+        std::net::SocketAddr::from(([127, 0, 0, 1], listen)),
+        std::net::SocketAddr::from(([127, 0, 0, 1], metrics)),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("proxy.yaml");
+    std::fs::write(&config, serde_yaml::to_string(&builder.config(listen, metrics)).unwrap()).unwrap();
+    // stdout and stderr into pipes nobody reads: a log collector that stalled.
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_waitroom"))
+        .arg("--config")
+        .arg(&config)
+        .current_dir(dir.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let client = http_client();
+    let ready = wait_until(Duration::from_secs(20), Duration::from_millis(20), || async {
+        client.get(format!("http://{metrics}/healthz")).send().await.is_ok_and(|r| r.status() == 200)
+    })
+    .await;
+    assert!(ready, "the proxy did not start");
+
+    // Each request's access line carries its 8 KB path: 2,500 of them are 20 MB of log, five times
+    // the buffer and three hundred times a pipe's.
+    let long = "x".repeat(8 * 1024);
+    let answered = std::sync::Mutex::new(Vec::new());
+    let requests = stream::iter(0..2500)
+        .map(|i| {
+            let request = client.get(format!("http://{listen}/{long}{i}")).timeout(Duration::from_secs(10));
+            async move { request.send().await.map(|r| r.status().as_u16()).unwrap_or(0) }
+        })
+        .buffer_unordered(16)
+        .for_each(|status| {
+            answered.lock().unwrap().push(status);
+            async {}
+        });
+    // Unblocked, they take a few seconds; a proxy that waits on its log never finishes them.
+    let finished = tokio::time::timeout(Duration::from_secs(60), requests).await.is_ok();
+    let answered = answered.into_inner().unwrap();
+    let unanswered = answered.iter().filter(|s| **s == 0).count() + (2500 - answered.len());
+    let status = client.get(format!("http://{listen}/queue/status")).header("X-User-Id", "late").timeout(Duration::from_secs(5)).send().await;
+    let text = client.get(format!("http://{metrics}/metrics")).timeout(Duration::from_secs(5)).send().await;
+    let dropped = match text {
+        Ok(r) => parse_metric(&r.text().await.unwrap_or_default(), "waitroom_log_lines_dropped_total"),
+        Err(_) => None,
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    println!("unanswered: {unanswered} of {}; log lines dropped: {dropped:?}", answered.len());
+    assert!(finished && unanswered == 0, "requests left unanswered while nobody read the log: {unanswered}");
+    assert!(status.is_ok_and(|r| r.status() == 200), "a status poll after them was not answered");
+    assert!(dropped.is_some_and(|n| n > 0.0), "no dropped line counted: {dropped:?}");
+}
+
+/// A graceful stop gives the queue what is left of `shutdown.grace`: a spend that met a frozen
+/// Redis reaches it when Redis returns before the proxy exits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_graceful_stop_waits_for_queued_spends() {
+    let redis = RedisServer::start();
+    let api = DemoApi::start(&["--service-time-ms", "5", "--client-delays"]);
+    let proxy = Arc::new(
+        Proxy::builder(&redis.url(), api.addr())
+            .yaml("admission: {interval: 100ms, batch_size: 10}\ntoken: {ttl: 5m}\nredis: {timeout: 300ms}\nshutdown: {grace: 10s}")
+            .start()
+            .await,
+    );
+    let token = proxy.until_ready("buyer", Duration::from_secs(10)).await;
+    let order = {
+        let (proxy, token) = (proxy.clone(), token.clone());
+        tokio::spawn(async move { send(proxy.order_request("buyer", Some(&token)).header("X-Demo-Delay-Ms", "500")).await })
+    };
+    assert!(
+        wait_until(Duration::from_secs(5), Duration::from_millis(5), || async {
+            api.stats().await["inFlight"].as_u64() == Some(1)
+        })
+        .await
+    );
+    redis.freeze();
+    assert_eq!(order.await.unwrap().status, 201);
+    // The spend has met the freeze (redis.timeout) and waits in the queue.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    proxy.signal("TERM");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(proxy.is_running(), "the proxy exited with a spend still queued:\n{}", proxy.logs());
+    redis.thaw();
+    let status = proxy.wait_exit(Duration::from_secs(15)).await;
+    assert_eq!(status.map(|s| s.code()), Some(Some(0)), "{}", proxy.logs());
+    let left: i64 = redis::cmd("EXISTS").arg(keys(&proxy).token("buyer")).query_async(&mut redis.conn().await).await.unwrap();
+    assert_eq!(left, 0, "the queued spend never reached Redis before the proxy exited:\n{}", proxy.logs());
+}
