@@ -184,6 +184,7 @@ impl Side {
         stream.set_nodelay(true).unwrap();
         let (mut reader, mut writer) = stream.into_split();
         let read = async {
+            let reader = &mut reader;
             let mut got = Vec::new();
             let _ = tokio::time::timeout(CLIENT_WAIT, reader.read_to_end(&mut got)).await;
             got
@@ -198,9 +199,12 @@ impl Side {
             // The write half stays open: a client that has sent everything still reads.
             writer
         };
-        let (got, _writer) = tokio::join!(read, write);
-        // The upstream's side of a request the proxy gave up on comes with the proxy's close.
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        let (got, writer) = tokio::join!(read, write);
+        // A request still open at the wait's end (a body that never came whole) ends with the
+        // client, and the upstream's record of it with the proxy's close.
+        drop(writer);
+        drop(reader);
+        tokio::time::sleep(Duration::from_millis(100)).await;
         let upstream = self.upstream.take().iter().map(|r| String::from_utf8_lossy(r).into_owned()).collect();
         Outcome { client: dateless(&String::from_utf8_lossy(&got)), upstream }
     }
