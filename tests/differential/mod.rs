@@ -27,6 +27,10 @@ pub struct Upstream {
     seen: Arc<Mutex<Vec<Vec<u8>>>>,
 }
 
+/// How long an upstream connection with an unreadable request may stay silent before it is
+/// recorded and closed.
+const QUIET: Duration = Duration::from_millis(200);
+
 const ANSWER: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 8\r\n\r\nupstream";
 
 impl Upstream {
@@ -63,6 +67,15 @@ async fn record(mut conn: TcpStream, seen: Arc<Mutex<Vec<Vec<u8>>>>) {
                 }
                 Split::More => break,
                 Split::Unreadable => {
+                    // What follows such a head (its body, sent after pingora flushed the head)
+                    // belongs to the record too: read until the proxy sends nothing more, so the
+                    // record does not depend on how the bytes were cut on their way here.
+                    while let Ok(Ok(n)) = tokio::time::timeout(QUIET, conn.read(&mut chunk)).await {
+                        if n == 0 {
+                            break;
+                        }
+                        buf.extend_from_slice(&chunk[..n]);
+                    }
                     let mut marked = b"UNREADABLE:".to_vec();
                     marked.append(&mut buf);
                     seen.lock().unwrap().push(marked);
