@@ -142,6 +142,9 @@ pub trait Early: Send + Sync + 'static {
 }
 
 /// What an [`Early`] answerer made of a head.
+// Returned once per head and taken apart at once: boxing the larger variant would cost every
+// forwarded head an allocation.
+#[allow(clippy::large_enum_variant)]
 pub enum Taken<C> {
     Call(C),
     Not(head::Head),
