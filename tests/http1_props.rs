@@ -55,6 +55,10 @@ fn header_line() -> impl Strategy<Value = Vec<u8>> {
         Just(b"content-length:0\r\n".to_vec()),
         Just(b"Transfer-Encoding: chunked\r\n".to_vec()),
         Just(b"Transfer-Encoding : chunked\r\n".to_vec()),
+        Just(b"Transfer-Encoding: gzip, chunked\r\n".to_vec()),
+        Just(b"transfer-encoding:  Chunked \r\n".to_vec()),
+        prop_oneof![Just("+5"), Just("5, 5"), Just(""), Just(" 7 "), Just("-1"), Just("99999999999999999999999"), Just("0x5")]
+            .prop_map(|v| format!("Content-Length: {v}\r\n").into_bytes()),
         Just(b"X-Fold: a\r\n b\r\n".to_vec()),
         Just(b"X-Lf: a\n".to_vec()),
         Just(b"X-Nul: a\0b\r\n".to_vec()),

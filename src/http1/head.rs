@@ -133,13 +133,13 @@ fn framing_of(parsed: &httparse::Request) -> Framing {
             Some(b'c') if name.eq_ignore_ascii_case(b"content-length") => length(field.value).map(Body::Length),
             _ => continue,
         };
-        match plain {
-            Some(body) if !framed => {
-                framing.body = body;
-                framed = true;
-            }
-            _ => framing.body = Body::Unknown,
-        }
+        // A second framing field, even an equal one, is not plain; neither is one after a field
+        // that did not read plainly (`Content-Length: -1` then `Content-Length: 5`).
+        framing.body = match plain {
+            Some(body) if !framed => body,
+            _ => Body::Unknown,
+        };
+        framed = true;
     }
     framing
 }
@@ -228,6 +228,8 @@ mod tests {
             "Content-Length: 5\r\nTransfer-Encoding: chunked\r\n",
             "Transfer-Encoding: chunked\r\nContent-Length: 5\r\n",
             "Content-Length: 99999999999999999999999\r\n",
+            "Content-Length: -1\r\nContent-Length: 5\r\n",
+            "Transfer-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n",
             "Upgrade: websocket\r\nConnection: upgrade\r\n",
             "upgrade: h2c\r\n",
         ] {
