@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A mutation pass (cargo-mutants) over the room's pure and stateful cores: the queue's rules, the
-# local line, the held polls, the spent-token memory, the canonical path and protection decision.
+# local line, the held polls, the spent-token memory, the canonical path and protection decision,
+# and the HTTP/1 splitters and framing decision the connection loop and the early answers obey.
 # Each mutant is one small change to the code (a `<` turned `<=`, a function returning a
 # default); a test suite that still passes with it in place does not check that line.
 #
@@ -11,7 +12,10 @@
 # The tests built and run per mutant are the ones that need no Redis and no network, so a mutant
 # takes one incremental build and a few seconds of tests: the library's unit tests, plus the property tests
 # that cover the file (tests/rules_props.rs for the queue's arithmetic and the address rules,
-# tests/path_props.rs for paths). Files are grouped by the tests they need, so a file checked by
+# tests/path_props.rs for paths, tests/http1_props.rs for the head and chunk splitters). The early
+# answers (src/proxy/early.rs) are checked by tests/early_answers.rs, which starts Redis and two
+# proxies per test: a group of its own, run only when named (`scripts/mutants.sh src/proxy/early.rs`),
+# as each of its mutants costs a build and half a minute of tests. Files are grouped by the tests they need, so a file checked by
 # unit tests alone builds one test binary per mutant, not three. A mutant these miss may still be
 # caught by the integration tests; the summary says which mutants to look at, not that the suite
 # misses them.
@@ -32,13 +36,15 @@ fi
 files=("$@")
 if [ ${#files[@]} -eq 0 ]; then
   files=(src/spent.rs src/rules/address.rs src/rules/token.rs src/rules/wait.rs src/hold.rs
-    src/line.rs src/rules/adaptive.rs src/paths.rs)
+    src/line.rs src/rules/adaptive.rs src/paths.rs src/http1/head.rs src/http1/chunked.rs)
 fi
 
 # The tests a file's mutants are checked against.
 group_of() {
   case "$1" in
     src/paths.rs) echo paths ;;
+    src/http1/*) echo http1 ;;
+    src/proxy/early.rs) echo early ;;
     src/rules/wait.rs | src/rules/address.rs | src/rules/token.rs) echo rules ;;
     *) echo unit ;;
   esac
@@ -49,6 +55,8 @@ group_of() {
 tests_of() {
   case "$1" in
     paths) echo "--cargo-test-arg=--lib --cargo-test-arg=--test=path_props" ;;
+    http1) echo "--cargo-test-arg=--lib --cargo-test-arg=--test=http1_props" ;;
+    early) echo "--cargo-test-arg=--test=early_answers" ;;
     rules) echo "--cargo-test-arg=--lib --cargo-test-arg=--test=rules_props" ;;
     unit) echo "--cargo-test-arg=--lib" ;;
   esac
@@ -56,7 +64,7 @@ tests_of() {
 
 export CARGO_TARGET_DIR=$PWD/target/mutants-build
 status=0
-for group in unit rules paths; do
+for group in unit rules paths http1 early; do
   globs=()
   for f in "${files[@]}"; do
     [ "$(group_of "$f")" = "$group" ] && globs+=(--file "$f")

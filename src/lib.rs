@@ -14,6 +14,7 @@ pub mod control;
 pub mod event;
 pub mod health;
 pub mod hold;
+pub mod http1;
 pub mod identity;
 pub mod lifecycle;
 pub mod limits;

@@ -14,8 +14,9 @@
 //!   on the first request and on every later one. It reads each head itself and hands it to
 //!   pingora's new session as the session's pipelined prefix, so an idle or trickling connection
 //!   holds no pingora session, request future or head buffer (BENCHMARKS.md, "Memory per
-//!   connection"); a status or enter call it answers itself, without pingora
-//!   ([`crate::proxy::early`]);
+//!   connection"). Each head is read once ([`crate::http1`]) into the framing every later
+//!   reader obeys; a call the layer above can answer without pingora (an [`Early`] answerer, the
+//!   room's status and enter calls) it hands to that answerer, which never reaches into the loop;
 //! - the accepted stream: each one is wrapped in a [`LimitedStream`] that implements pingora's
 //!   IO traits by delegation. While a head is awaited it holds the bytes itself and hands them to
 //!   pingora only once the blank line that ends the head has arrived. So pingora parses each head
@@ -72,10 +73,17 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::{Instant, Sleep};
 
 use crate::config::LimitsConfig;
+use crate::http1::chunked::{ChunkedEnd, Fed};
+use crate::http1::head::{self, Body, Framing, HeadEnd};
 use crate::metrics;
-use crate::proxy::early::{self, After, Early, Unread};
 use crate::state::RoomState;
-use crate::store::Room;
+
+/// How long an answer written to a client may take before the connection is given up (pingora's
+/// own answers are bounded alike, see [`crate::proxy`]).
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+
+const BAD_REQUEST_LINE_BODY: &str =
+    r#"{"error":"the request line must be METHOD, one space, the target, one space, HTTP/1.x"}"#;
 
 /// How long a refused connection's input is read and dropped after its 431, so that closing
 /// with unread bytes (a reset) does not destroy the answer before the client reads it.
@@ -99,6 +107,81 @@ fn too_large_response() -> Vec<u8> {
         TOO_LARGE_BODY.len()
     )
     .into_bytes()
+}
+
+/// The answer to a request line that is not exactly `METHOD SP target SP HTTP/1.x` (see
+/// [`head::plain_request_line`]), in the bytes pingora writes an answer of the proxy's own; the
+/// connection is closed after it (what follows cannot be trusted either).
+fn bad_request_line_response() -> Vec<u8> {
+    let head = format!(
+        "HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\nCache-Control: no-store\r\n\
+         Content-Length: {}\r\nDate: ",
+        BAD_REQUEST_LINE_BODY.len()
+    );
+    let date = pingora::protocols::http::date::get_cached_date();
+    [head.as_bytes(), date.as_bytes(), b"\r\nConnection: close\r\n\r\n", BAD_REQUEST_LINE_BODY.as_bytes()].concat()
+}
+
+/// Requests the connection loop may answer itself, before pingora's session and its request
+/// future exist (the room's status and enter calls, [`crate::proxy::early`]). The loop asks and
+/// serves; the answerer sees only the head and the connection it is given.
+pub trait Early: Send + Sync + 'static {
+    type Call: Send + 'static;
+
+    /// The call `head` is, when this answerer takes it; otherwise the head as read (once, by
+    /// [`head::read`]), for pingora. A head whose request line is not plain is never taken.
+    fn take(&self, head: &[u8]) -> Taken<Self::Call>;
+
+    /// Answers `call` on `conn`; what becomes of the connection.
+    fn serve<'a>(
+        &'a self,
+        call: Self::Call,
+        conn: &'a mut LimitedStream,
+        shutdown: &'a ShutdownWatch,
+    ) -> Pin<Box<dyn Future<Output = After> + Send + 'a>>;
+}
+
+/// What an [`Early`] answerer made of a head.
+// Returned once per head and taken apart at once: boxing the larger variant would cost every
+// forwarded head an allocation.
+#[allow(clippy::large_enum_variant)]
+pub enum Taken<C> {
+    Call(C),
+    Not(head::Head),
+}
+
+/// No early answers: every head goes to pingora.
+pub struct NoEarly;
+
+impl Early for NoEarly {
+    type Call = std::convert::Infallible;
+
+    fn take(&self, head: &[u8]) -> Taken<Self::Call> {
+        Taken::Not(head::read(head, false))
+    }
+
+    fn serve<'a>(
+        &'a self,
+        call: Self::Call,
+        _: &'a mut LimitedStream,
+        _: &'a ShutdownWatch,
+    ) -> Pin<Box<dyn Future<Output = After> + Send + 'a>> {
+        match call {}
+    }
+}
+
+/// What becomes of a connection once an early call is over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum After {
+    /// It waits for the next request.
+    KeepAlive,
+    /// It is closed.
+    Close,
+}
+
+/// A connection that takes back bytes read off it, to be read again first.
+pub trait Unread {
+    fn unread(&mut self, bytes: &[u8]);
 }
 
 /// Connections open on `listen`, shared by the listener's filter and [`Guarded`].
@@ -239,17 +322,43 @@ impl ConnectionFilter for AtCapacity {
     }
 }
 
-/// pingora's HTTP app (the proxy) with every connection held to `limits`.
-pub struct Guarded<A> {
+/// pingora's HTTP app (the proxy) with every connection held to `limits`, and the calls `early`
+/// answers taken before pingora.
+pub struct Guarded<A, E = NoEarly> {
     app: Arc<A>,
     connections: Arc<Connections>,
-    /// The room the proxy serves, for the status and enter calls the loop answers itself.
-    room: Arc<Room>,
+    /// `None`: every head goes to pingora (`WAITROOM_EARLY_ANSWERS=off`, see [`crate::server`]).
+    early: Option<E>,
 }
 
-impl<A> Guarded<A> {
-    pub fn new(app: A, connections: Arc<Connections>, room: Arc<Room>) -> Guarded<A> {
-        Guarded { app: Arc::new(app), connections, room }
+impl<A, E> Guarded<A, E> {
+    pub fn new(app: A, connections: Arc<Connections>, early: Option<E>) -> Guarded<A, E> {
+        Guarded { app: Arc::new(app), connections, early }
+    }
+}
+
+/// What the loop does with a head.
+enum Next<C> {
+    Early(C),
+    Forward(Framing),
+    Refuse,
+}
+
+/// Reads `head` once (through `early`, when it may take it) and says what comes of it. Not in
+/// the loop itself: the read head (a `RequestHeader` included) must not become part of the
+/// loop's state, which every idle connection holds.
+fn next<E: Early>(early: Option<&E>, head: &[u8]) -> Next<E::Call> {
+    let read = match early {
+        Some(early) => match early.take(head) {
+            Taken::Call(call) => return Next::Early(call),
+            Taken::Not(read) => read,
+        },
+        None => head::read(head, false),
+    };
+    if read.plain_line {
+        Next::Forward(read.framing)
+    } else {
+        Next::Refuse
     }
 }
 
@@ -261,9 +370,10 @@ fn backstop_secs(limits: &LimitsConfig) -> u64 {
 }
 
 #[async_trait]
-impl<A> ServerApp for Guarded<A>
+impl<A, E> ServerApp for Guarded<A, E>
 where
     A: HttpServerApp + Send + Sync + 'static,
+    E: Early,
 {
     /// pingora's HTTP/1 loop (`apps/mod.rs`, `impl ServerApp for T: HttpServerApp`) with the
     /// stream wrapped and told, before every request, that a head is due. h2c and TLS are not
@@ -284,7 +394,7 @@ where
         };
         let mut persistent: Option<HttpPersistentSettings> = None;
         // A limit on requests per connection is counted by pingora's sessions only.
-        let early = self.app.server_options().and_then(|o| o.keepalive_request_limit).is_none();
+        let early = self.early.as_ref().filter(|_| self.app.server_options().and_then(|o| o.keepalive_request_limit).is_none());
         let mut stopping = shutdown.clone();
         let mut fresh = true;
         loop {
@@ -310,24 +420,25 @@ where
                 return None;
             }
             fresh = false;
-            if let Some(refusal) = early::bad_request_line(&head) {
-                // Never pingora's to repair (see `early::bad_request_line`).
-                tracing::debug!("request line refused");
-                let _ = tokio::time::timeout(crate::proxy::WRITE_TIMEOUT, async {
-                    use tokio::io::AsyncWriteExt;
-                    limited.write_all(&refusal).await?;
-                    limited.flush().await
-                })
-                .await;
-                return None;
-            }
-            if early {
-                if let Some(call) = early::take(&self.connections.state, &head) {
+            let framing = match next(early, &head) {
+                Next::Early(call) => {
                     limited = self.answer_early(limited, call, shutdown).await?;
                     continue;
                 }
-            }
-            limited.hand_over(early::declared_body(&head));
+                Next::Forward(framing) => framing,
+                Next::Refuse => {
+                    // Never pingora's to repair (see `head::plain_request_line`).
+                    tracing::debug!("request line refused");
+                    let _ = tokio::time::timeout(WRITE_TIMEOUT, async {
+                        use tokio::io::AsyncWriteExt;
+                        limited.write_all(&bad_request_line_response()).await?;
+                        limited.flush().await
+                    })
+                    .await;
+                    return None;
+                }
+            };
+            limited.hand_over(framing);
             let reused = self.serve(limited, head, persistent, backstop, shutdown).await?;
             let (next, settings) = reused.consume();
             limited = next.into_any().downcast::<LimitedStream>().ok()?;
@@ -341,23 +452,24 @@ where
     }
 }
 
-impl<A> Guarded<A>
+impl<A, E> Guarded<A, E>
 where
     A: HttpServerApp + Send + Sync + 'static,
+    E: Early,
 {
-    /// A call the connection loop answers itself (see [`early`]); the stream back when
+    /// A call the connection loop answers itself (see [`Early`]); the stream back when
     /// the connection stays open. Boxed, as `serve`'s future is, to keep the loop's state small.
     fn answer_early<'a>(
         self: &'a Arc<Self>,
         mut limited: Box<LimitedStream>,
-        call: Box<Early>,
+        call: E::Call,
         shutdown: &'a ShutdownWatch,
     ) -> Pin<Box<dyn Future<Output = Option<Box<LimitedStream>>> + Send + 'a>> {
         Box::pin(async move {
-            let state = &self.connections.state;
-            match call.serve(state, &self.room, &mut *limited, shutdown).await {
+            let Some(early) = &self.early else { return None };
+            match early.serve(call, &mut limited, shutdown).await {
                 After::KeepAlive => {
-                    limited.expect_head(&state.settings().config.limits, false);
+                    limited.expect_head(&self.connections.state.settings().config.limits, false);
                     Some(limited)
                 }
                 // Closed by dropping the stream, as pingora closes a connection it does not keep.
@@ -391,121 +503,6 @@ where
             session.set_keepalive(None);
         }
         self.app.process_new_http(session, shutdown)
-    }
-}
-
-/// Where a request head ends, fed as bytes arrive: the first empty line (`\n\n` or `\n\r\n`)
-/// after the request line. Empty lines before the request line are skipped, as httparse skips
-/// them, so they cannot end a head early; a bare CR only delays the end, and httparse refuses it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-enum HeadEnd {
-    #[default]
-    Leading,
-    InLine,
-    LineStart,
-    LineStartCr,
-}
-
-impl HeadEnd {
-    /// The number of bytes of `bytes` that belong to the head, once its end is among them.
-    fn feed(&mut self, bytes: &[u8]) -> Option<usize> {
-        let mut i = 0;
-        while i < bytes.len() {
-            let b = bytes[i];
-            *self = match (*self, b) {
-                (HeadEnd::Leading, b'\r' | b'\n') => HeadEnd::Leading,
-                (HeadEnd::LineStart | HeadEnd::LineStartCr, b'\n') => return Some(i + 1),
-                (HeadEnd::LineStart, b'\r') => HeadEnd::LineStartCr,
-                (_, b'\n') => HeadEnd::LineStart,
-                _ => {
-                    // Inside a line: jump to its end.
-                    *self = HeadEnd::InLine;
-                    match bytes[i..].iter().position(|&c| c == b'\n') {
-                        Some(at) => {
-                            i += at;
-                            continue;
-                        }
-                        None => return None,
-                    }
-                }
-            };
-            i += 1;
-        }
-        None
-    }
-}
-
-/// Where a chunked request body ends (RFC 9112, 7.1), fed as pingora reads it: after the last
-/// chunk (size 0) and the empty line that ends its trailer section. Strict: every line ends in
-/// CRLF; what it cannot read as that framing (`Fed::Lost`) makes the connection give pingora
-/// every byte from then on, as for a body of unknown length, and pingora's own parser refuses
-/// what it refuses. Reading a body's end differently from pingora can only make pingora wait for
-/// body bytes held back (its body timeout then refuses the request) or see bytes past its end
-/// (the 400 it gave before): never move where the next request starts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum ChunkedEnd {
-    /// In a chunk's size line: the size so far, and whether a digit came.
-    Size { size: u64, digits: bool },
-    /// Past the size, in a chunk extension, up to the line's CR.
-    Extension { size: u64 },
-    /// The size line's CR came.
-    SizeLf { size: u64 },
-    Data { left: u64 },
-    DataCr,
-    DataLf,
-    /// Past the last chunk, at the start of a trailer line or of the final empty line.
-    TrailerStart,
-    TrailerLine,
-    /// The final empty line's CR came.
-    EndLf,
-}
-
-#[derive(Debug, PartialEq, Eq)]
-enum Fed {
-    More,
-    /// The body ends after this many of the bytes fed.
-    End(usize),
-    Lost,
-}
-
-impl ChunkedEnd {
-    const START: ChunkedEnd = ChunkedEnd::Size { size: 0, digits: false };
-
-    fn feed(&mut self, bytes: &[u8]) -> Fed {
-        use ChunkedEnd::*;
-        let mut i = 0;
-        while i < bytes.len() {
-            if let Data { left } = *self {
-                let take = left.min((bytes.len() - i) as u64);
-                i += take as usize;
-                *self = if take == left { DataCr } else { Data { left: left - take } };
-                continue;
-            }
-            let b = bytes[i];
-            *self = match (*self, b) {
-                (Size { size, .. }, b'0'..=b'9' | b'a'..=b'f' | b'A'..=b'F') => {
-                    let digit = u64::from((b as char).to_digit(16).unwrap_or(0));
-                    match size.checked_mul(16).and_then(|s| s.checked_add(digit)) {
-                        Some(size) => Size { size, digits: true },
-                        None => return Fed::Lost,
-                    }
-                }
-                (Size { size, digits: true }, b';' | b' ' | b'\t') => Extension { size },
-                (Size { size, digits: true } | Extension { size }, b'\r') => SizeLf { size },
-                (Extension { size }, b) if b != b'\n' => Extension { size },
-                (SizeLf { size: 0 }, b'\n') => TrailerStart,
-                (SizeLf { size }, b'\n') => Data { left: size },
-                (DataCr, b'\r') => DataLf,
-                (DataLf, b'\n') => ChunkedEnd::START,
-                (TrailerStart, b'\r') => EndLf,
-                (TrailerStart | TrailerLine, b) if b != b'\n' => TrailerLine,
-                (TrailerLine, b'\n') => TrailerStart,
-                (EndLf, b'\n') => return Fed::End(i + 1),
-                _ => return Fed::Lost,
-            };
-            i += 1;
-        }
-        Fed::More
     }
 }
 
@@ -576,7 +573,7 @@ pub struct LimitedStream {
     /// does (a protected order: its token is settled by that answer, see [`hold_client`]).
     held: AtomicBool,
     /// The body the head being served declares, whether or not it asks to switch protocols.
-    declared: early::Body,
+    declared: Body,
     /// The head asks to switch protocols: pingora may read every byte (a tunnel after a 101) ...
     switch: bool,
     /// ... unless the proxy forwards it without its `Upgrade` ([`forwarding`]): then only the
@@ -600,12 +597,12 @@ enum Allowance {
     Chunked(ChunkedEnd),
 }
 
-impl From<early::Body> for Allowance {
-    fn from(body: early::Body) -> Allowance {
+impl From<Body> for Allowance {
+    fn from(body: Body) -> Allowance {
         match body {
-            early::Body::Length(length) => Allowance::Length(length),
-            early::Body::Chunked => Allowance::Chunked(ChunkedEnd::START),
-            early::Body::Unknown => Allowance::All,
+            Body::Length(length) => Allowance::Length(length),
+            Body::Chunked => Allowance::Chunked(ChunkedEnd::START),
+            Body::Unknown => Allowance::All,
         }
     }
 }
@@ -639,10 +636,17 @@ pub fn forwarding(session: &pingora::protocols::http::ServerSession, drop_switch
         limited.switch_dropped.store(true, Ordering::Relaxed);
     }
     Some(match limited.declared {
-        early::Body::Unknown => Delimited::Not,
+        Body::Unknown => Delimited::Not,
         _ if limited.switch && !drop_switch => Delimited::UnlessSwitched,
         _ => Delimited::Yes,
     })
+}
+
+/// The body the request `session` serves declares, as the connection loop read its head (the one
+/// framing decision, see [`crate::http1`]), or `None` for a stream that is not the loop's.
+pub fn declared_body(session: &pingora::protocols::http::ServerSession) -> Option<Body> {
+    let limited = session.stream().and_then(|stream| stream.as_any().downcast_ref::<LimitedStream>())?;
+    Some(limited.declared)
 }
 
 /// Whether the connection knows where a request ends, and so where the next one starts.
@@ -670,7 +674,7 @@ impl LimitedStream {
             unread: Vec::new(),
             allowance: Allowance::All,
             held: AtomicBool::new(false),
-            declared: early::Body::Length(0),
+            declared: Body::Length(0),
             switch: false,
             switch_dropped: AtomicBool::new(false),
             departed: None,
@@ -689,7 +693,7 @@ impl LimitedStream {
         self.deadline = now + idle;
         self.allowance = Allowance::All;
         *self.held.get_mut() = false;
-        self.declared = early::Body::Length(0);
+        self.declared = Body::Length(0);
         self.switch = false;
         *self.switch_dropped.get_mut() = false;
         self.phase = Phase::Head { held: Vec::new(), end: HeadEnd::default(), first_byte: false, fresh, started: now };
@@ -994,8 +998,9 @@ impl LimitedStream {
         !self.unread.is_empty()
     }
 
-    /// The head about to go to pingora frames what follows it as `framing`.
-    fn hand_over(&mut self, framing: early::Framing) {
+    /// The head about to go to pingora frames what follows it as `framing`: the one decision
+    /// every reader of this request obeys (see [`crate::http1`]).
+    fn hand_over(&mut self, framing: Framing) {
         self.declared = framing.body;
         self.switch = framing.switch;
         self.allowance = if framing.switch { Allowance::All } else { framing.body.into() };
@@ -1173,45 +1178,6 @@ mod tests {
         assert_eq!(connections.open(), 0);
     }
 
-    #[test]
-    fn a_chunked_body_ends_after_its_last_chunk_and_trailers() {
-        let end = |pieces: &[&[u8]]| {
-            let mut at = ChunkedEnd::START;
-            let mut fed = 0;
-            for piece in pieces {
-                match at.feed(piece) {
-                    Fed::More => fed += piece.len(),
-                    Fed::End(n) => return Some(fed + n),
-                    Fed::Lost => return None,
-                }
-            }
-            Some(usize::MAX)
-        };
-        let body: &[u8] = b"5\r\nhello\r\n1A;name=\"x\"\r\nabcdefghijklmnopqrstuvwxyz\r\n0\r\n\r\n";
-        let next = b"GET / HTTP/1.1\r\n\r\n";
-        let whole = [body, next].concat();
-        assert_eq!(end(&[&whole]), Some(body.len()));
-        // Fed a byte at a time, as a trickling client sends it.
-        let bytes: Vec<&[u8]> = whole.chunks(1).collect();
-        assert_eq!(end(&bytes), Some(body.len()));
-        // A chunk's data may hold anything, a chunk's framing included.
-        assert_eq!(end(&[b"5\r\n0\r\n\r\n\r\n0\r\n\r\n"]), Some(15));
-        assert_eq!(end(&[b"0\r\nExpires: never\r\nX-A: b\r\n\r\nGET"]), Some(29));
-        assert_eq!(end(&[b"000\r\n\r\n"]), Some(7));
-        assert_eq!(end(&[b"5\r\nhel"]), Some(usize::MAX), "not over yet");
-        for lost in [
-            &b"\r\n"[..],
-            b"g\r\n",
-            b"5\nhello\r\n0\r\n\r\n",
-            b"5\r\nhelloX\r\n",
-            b"0\r\n\n",
-            b"0\r\nX: y\n\n",
-            b"1ffffffffffffffff\r\n",
-        ] {
-            assert_eq!(end(&[lost]), None, "{:?}", String::from_utf8_lossy(lost));
-        }
-    }
-
     #[tokio::test]
     async fn a_split_head_is_handed_on_whole_and_only_once_complete() {
         let (mut s, mut client) = connection(&limits(5000, 5000, 1024));
@@ -1235,7 +1201,7 @@ mod tests {
         client.write_all(b"POST / HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}GET /next HTTP/1.1\r\n\r\n").await.unwrap();
         let n = s.read(&mut buf).await.unwrap();
         assert!(buf[..n].ends_with(b"\r\n\r\n"), "the head alone");
-        s.hand_over(early::Framing { body: early::Body::Length(2), switch: false });
+        s.hand_over(Framing { body: Body::Length(2), switch: false });
         let n = s.read(&mut buf).await.unwrap();
         assert_eq!(&buf[..n], b"{}", "the declared body");
         assert!(tokio::time::timeout(Duration::from_millis(100), s.read(&mut buf)).await.is_err(), "the next request waits");
@@ -1279,11 +1245,10 @@ mod tests {
         assert_eq!(rest, b"tail");
     }
 
-    /// `app` behind the connection loop, in a room that is never called.
+    /// `app` behind the connection loop, with no early answers.
     fn guarded<A: HttpServerApp + Send + Sync + 'static>(app: A) -> Arc<Guarded<A>> {
         let state = RoomState::new(Config::parse("upstream: 127.0.0.1:1").unwrap());
-        let room = Arc::new(Room::new(&state.settings().config.redis).unwrap());
-        Arc::new(Guarded::new(app, Connections::new(state), room))
+        Arc::new(Guarded::new(app, Connections::new(state), None::<NoEarly>))
     }
 
     /// An app that serves nothing: only the loop around it is measured.
@@ -1422,39 +1387,5 @@ mod tests {
         let (read, answer) = tokio::join!(server, client_side);
         assert_eq!(read.unwrap_err().kind(), io::ErrorKind::InvalidData);
         assert_eq!(answer, too_large_response());
-    }
-
-    fn end_of(parts: &[&[u8]]) -> Option<usize> {
-        let mut end = HeadEnd::default();
-        let mut seen = 0;
-        for part in parts {
-            if let Some(n) = end.feed(part) {
-                return Some(seen + n);
-            }
-            seen += part.len();
-        }
-        None
-    }
-
-    #[test]
-    fn a_head_ends_at_its_first_empty_line_however_it_is_split() {
-        let head = b"GET / HTTP/1.1\r\nHost: a\r\n\r\nBODY";
-        assert_eq!(end_of(&[head]), Some(head.len() - 4));
-        for cut in 0..head.len() {
-            assert_eq!(end_of(&[&head[..cut], &head[cut..]]), Some(head.len() - 4), "cut at {cut}");
-        }
-        let bytes: Vec<&[u8]> = head.chunks(1).collect();
-        assert_eq!(end_of(&bytes), Some(head.len() - 4));
-        assert_eq!(end_of(&[b"GET / HTTP/1.1\nHost: a\n\n"]), Some(24));
-        assert_eq!(end_of(&[b"GET / HTTP/1.1\r\nHost: a\n\r\n"]), Some(26));
-    }
-
-    #[test]
-    fn empty_lines_before_the_request_line_do_not_end_a_head() {
-        assert_eq!(end_of(&[b"\r\n\r\n\n\n", b"GET / HTTP/1.1\r\n"]), None);
-        assert_eq!(end_of(&[b"\r\n\r\nGET / HTTP/1.1\r\n\r\n"]), Some(22));
-        // A bare CR at a line start is no end (httparse refuses it; the deadline still runs).
-        assert_eq!(end_of(&[b"GET / HTTP/1.1\r\n\rX: y\r\n"]), None);
-        assert_eq!(end_of(&[b"GET / HTTP/1.1\r\nX: y"]), None);
     }
 }

@@ -19,6 +19,7 @@ use crate::event::EventWatcher;
 use crate::health::{OpsEndpoints, OpsPart, RoomWatcher};
 use crate::lifecycle::{Drain, Reloader, StopSignals};
 use crate::limits::{AtCapacity, Connections, Guarded};
+use crate::proxy::early;
 use crate::line::LineWatcher;
 use crate::metrics;
 use crate::periodic::Watching;
@@ -111,7 +112,10 @@ pub fn run(config: Config, config_path: PathBuf) -> Result<(), StartError> {
         background_service("settle retries", crate::claims::SettleRetrier::new(state.clone(), room.clone()));
     settle_retrier.threads = Some(1);
     let app = pingora::proxy::http_proxy(&server.configuration, Waitroom::new(state.clone(), room.clone(), upstream));
-    let mut proxy = Service::new("waitroom".to_string(), Guarded::new(app, connections.clone(), room));
+    // `WAITROOM_EARLY_ANSWERS=off` sends every head to pingora: the fuzz target and the
+    // differential tests compare both ways on the same bytes (tests/early_answers.rs).
+    let early = (std::env::var_os("WAITROOM_EARLY_ANSWERS").is_none_or(|v| v != "off")).then(|| early::Answers::new(state.clone(), room));
+    let mut proxy = Service::new("waitroom".to_string(), Guarded::new(app, connections.clone(), early));
     proxy.set_connection_filter(Arc::new(AtCapacity(connections)));
     // No L4 buffers under pingora's parser (by default 64 KiB to read and 1,460 B to write, kept
     // for the connection's life): the connection loop reads each head into a per-thread buffer

@@ -38,7 +38,8 @@ pub use answer::Answer;
 
 use crate::config::{Config, IdentityConfig, RoomMode};
 use crate::identity::Refusal;
-use crate::limits::Delimited;
+use crate::http1::head::Body;
+use crate::limits::{Delimited, WRITE_TIMEOUT};
 use crate::logging;
 use crate::metrics;
 use crate::paths::{self, PathRefusal, Verdict};
@@ -243,8 +244,6 @@ fn identity_in(config: &Config, headers: &http::HeaderMap) -> Result<String, Ref
 /// Each read of a request body must bring bytes within this, or the request fails (400): a
 /// client cannot hold a connection, or an upstream request, by trickling its body.
 const BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
-/// Each write to the client must complete within this: a client that stops reading is dropped.
-pub(crate) const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 /// The proxy's own endpoints read no body; a larger one is refused (413) without reading it.
 const OWN_BODY_LIMIT: u64 = 8 * 1024;
 
@@ -271,9 +270,9 @@ async fn own_body_refusal(session: &mut Session, endpoint: Endpoint, deadline: D
         return Ok(None);
     }
     let too_large = || Ok(Some(Answer::error(413, "request body too large")));
-    let declared = session.req_header().headers.get(http::header::CONTENT_LENGTH);
-    if let Some(len) = declared.and_then(|v| v.to_str().ok()).and_then(|v| v.trim().parse::<u64>().ok()) {
-        if len > OWN_BODY_LIMIT {
+    // The length the connection loop read from the head, not a second reading of it.
+    if let Some(Body::Length(len)) = crate::limits::declared_body(session) {
+        if len as u64 > OWN_BODY_LIMIT {
             return too_large();
         }
     }
