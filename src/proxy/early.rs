@@ -17,7 +17,7 @@
 //! (a framing other than no body, a `Content-Length` other than one `0`), no `Upgrade`, `Expect` or
 //! `Keep-Alive`, and `Connection` at most `keep-alive`. Anything else goes to pingora as before,
 //! with the same head bytes, so this path never refuses or changes a request the full path would
-//! take otherwise. The call itself is the full path's own ([`status::handle`], whose client is the
+//! take otherwise. The call itself is the full path's own ([`status::answer`], whose client is the
 //! connection here and pingora's session there; [`enter::handle`], told the connection's peer as
 //! pingora would tell it). The response is written from the same fields as the full path's and
 //! finished as pingora finishes it (its `Date`, its `Connection`): the same bytes, which
@@ -133,19 +133,20 @@ impl Early {
     where
         S: AsyncRead + AsyncWrite + GetSocketDigest + Unread + Unpin + Send,
     {
-        let settings = state.settings();
         let mut client = Watch { stream: &mut *stream };
         let answer = match (&self.caller, self.endpoint) {
             (Err(refusal), _) => Some(Answer::identity(*refusal)),
             (Ok(user), Endpoint::Enter) => {
+                // An Arc, not a Guard: the enter waits on Redis with it.
+                let settings = state.snapshot();
                 let limited = settings.config.abuse.identities_per_address > 0;
                 let peer = limited.then(|| peer_ip(client.stream)).flatten();
                 let sender = enter::Sender { peer, headers: &self.request.headers };
                 Some(enter::handle(state, &settings, room, &sender, user).await)
             }
-            (Ok(user), _) => status::handle(state, &settings, room, &mut client, user).await,
+            // A held poll takes the settings of each reading itself (see `status::answer`).
+            (Ok(user), _) => status::answer(state, room, &mut client, user).await,
         };
-        drop(settings);
         let Some(answer) = answer else {
             self.done(0, Some("the client left a held poll".to_owned()));
             return After::Close;

@@ -71,18 +71,6 @@ impl Client for Session {
     }
 }
 
-/// [`answer`], for a caller that holds a snapshot of the settings itself (the connection loop's
-/// early path): that snapshot then lives as long as the poll is held. New callers use [`answer`].
-pub async fn handle(
-    state: &RoomState,
-    _settings: &Settings,
-    room: &Room,
-    client: &mut impl Client,
-    user: &str,
-) -> Option<Answer> {
-    answer(state, room, client, user).await
-}
-
 /// Answers a status call; `None` when the client went away while its poll was held. A held poll
 /// keeps no snapshot of the settings while it waits: one held up to `endpoints.hold` would keep a
 /// configuration a reload replaced, and each reading after a wake takes the running one.
