@@ -321,15 +321,30 @@ async fn a_close_answers_held_polls_within_a_second() {
         let proxy = start_settled(&redis, &builder).await;
         (redis, api, proxy)
     };
-    enter_all(&proxy, &names("c", 1)).await;
-    let poll = poll_all(&proxy, &["c1"]).remove(0);
-    until_held(&proxy, 1).await;
+    // Twenty held polls, so the second is asserted on all but one of them (a statistic, not
+    // one sample the loaded machine may leave unscheduled); every one must answer CLOSED.
+    const HELD: usize = 20;
+    let users = names("c", HELD);
+    enter_all(&proxy, &users).await;
+    let polls = poll_all(&proxy, &users);
+    until_held(&proxy, HELD as u64).await;
+    let at = Instant::now();
     let closed = send(proxy.client().post(proxy.metrics_url("/admin/room/close")).bearer_auth("close-me")).await;
     assert_eq!(closed.status, 200, "{}", closed.body);
-    let at = Instant::now();
-    let (r, _) = poll.await.unwrap();
-    assert!(at.elapsed() <= Duration::from_secs(1), "CLOSED reached the held poll after {:?}", at.elapsed());
-    assert_answer("held through a close", &r, 200, json!({"status": "CLOSED", "pollAfter": null}));
+    let mut took = Vec::new();
+    for (user, poll) in users.iter().zip(polls) {
+        let (r, answered) = poll.await.unwrap();
+        assert_answer(&format!("{user} held through a close"), &r, 200, json!({"status": "CLOSED", "pollAfter": null}));
+        took.push(answered.saturating_duration_since(at));
+    }
+    took.sort();
+    let ms: Vec<u128> = took.iter().map(Duration::as_millis).collect();
+    println!("CLOSED reached the held polls after (ms, sorted, from the close call): {ms:?}");
+    assert!(
+        took[HELD - 2] <= Duration::from_secs(1),
+        "the 19th of {HELD} held polls learned CLOSED {:?} after the close; all (ms): {ms:?}",
+        took[HELD - 2]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
