@@ -338,12 +338,14 @@ async fn times_moved_after_the_draw_or_the_close_cannot_undo_them() {
         at(now, 300)
     ));
     proxy.signal("HUP");
-    // The close is a fact once a proxy's tick has made it (within a reading of closes_at).
+    // The close is a fact once a proxy's tick has recorded it in Redis (within a reading of
+    // closes_at): the event's `closed` field, which no later reload can take back.
+    let event_key = keys(&proxy).event;
     let closed = wait_until(Duration::from_secs(5), Duration::from_millis(20), || async {
-        proxy.logs().contains("event: closed; the line has ended")
+        redis::cmd("HEXISTS").arg(&event_key).arg("closed").query_async::<i64>(&mut redis.conn().await).await == Ok(1)
     })
     .await;
-    assert!(closed, "the close did not happen:\n{}", proxy.logs());
+    assert!(closed, "the close was never recorded in Redis:\n{}", proxy.logs());
     move_event(&proxy, &event(3_600_000, 7_200_000)).await;
     assert_eq!(event_of(&proxy).await["phase"], "closed", "a reload after the close reopened the line");
     assert_answer("enter after the close", &proxy.enter("later").await, 200, json!({"status": "CLOSED", "pollAfter": null}));
