@@ -45,9 +45,11 @@ fn names(prefix: &str, n: usize) -> Vec<String> {
 
 /// Section 13: "holding costs no Redis call per held user per tick". 200 polls are held while
 /// the room admits one user every 100 ms; the Redis calls of one second with them held are
-/// compared with the calls of one second with the same line and nobody polling. Asking Redis
-/// once per held user per admission tick would add 200 x 10 = 2,000 calls; the bound allows
-/// 150 (the ten users admitted meanwhile each read their answer once, a few calls each).
+/// compared with the calls of one second with the same line and nobody polling (about 750 here:
+/// the line watcher's readings, admission, the event and state watchers). Asking Redis once per
+/// held user per admission tick would add 200 x 10 = 2,000 calls; the bound allows half the idle
+/// figure again (a starved window reads less) plus 150 (the users admitted meanwhile each read
+/// their answer once).
 /// Seen red: each held poll made to wake every 100 ms and ask Redis (`room.status`) before
 /// re-arming: 13,078 extra calls. (Waking every poll at each reading of the front is not a
 /// break this test sees: a woken poll is answered from the proxy's own view of the line.)
@@ -93,8 +95,10 @@ async fn held_polls_cost_no_redis_call_per_held_user_per_tick() {
     println!("1 s, nobody held: {idle_calls} Redis calls, {idle_ticks} admitted; 1 s, {N} held: {held_calls} calls, {held_ticks} admitted, {still} still held");
     assert!(idle_ticks >= 5.0 && held_ticks >= 5.0, "admission must tick meanwhile: {idle_ticks}, {held_ticks}");
     assert!(still >= (N - 20) as f64, "the polls must stay held through the window: {still}");
+    // Half the idle figure again as slack: a window the loaded machine starved has fewer of the
+    // line watcher's readings, whatever is held.
     assert!(
-        held_calls <= idle_calls + 150,
+        held_calls <= idle_calls + idle_calls / 2 + 150,
         "{N} held polls added {} Redis calls in {held_ticks} ticks (per held user per tick would be {})",
         held_calls.saturating_sub(idle_calls),
         N as f64 * held_ticks
