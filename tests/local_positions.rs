@@ -199,13 +199,32 @@ async fn known_waiting_user(redis: &RedisServer, api: &DemoApi) -> Proxy {
     proxy
 }
 
-/// Both of u1's calls meet Redis's absence: 503 within the timeout, no position from memory.
+/// Both of u1's calls meet Redis's absence: every one a 503, never a position from memory, and
+/// within `redis.timeout` + 100 ms (section 3) on all but one in twenty: twenty of each, asked
+/// five at a time, so one call the loaded machine left unscheduled cannot fail the test and a
+/// proxy that waits past the bound on purpose fails nearly every call.
 async fn assert_unavailable_for_u1(proxy: &Proxy) {
-    let (status, took) = timed(proxy.status("u1")).await;
-    let (enter, enter_took) = timed(proxy.enter("u1")).await;
-    for (call, r, took) in [("status", status, took), ("enter", enter, enter_took)] {
-        assert_eq!(r.status, 503, "{call}: {}", r.body);
-        assert!(took < Duration::from_millis(400), "{call} took {took:?}");
+    const SAMPLES: usize = 20;
+    let bound = Duration::from_millis(300 + 100);
+    let (mut status_took, mut enter_took) = (Vec::new(), Vec::new());
+    for _ in 0..SAMPLES / 5 {
+        let round = (0..5).map(|_| async { (timed(proxy.status("u1")).await, timed(proxy.enter("u1")).await) });
+        for ((status, s_took), (enter, e_took)) in futures::future::join_all(round).await {
+            assert_eq!(status.status, 503, "status: {}", status.body);
+            assert_eq!(enter.status, 503, "enter: {}", enter.body);
+            status_took.push(s_took);
+            enter_took.push(e_took);
+        }
+    }
+    for (call, mut took) in [("status", status_took), ("enter", enter_took)] {
+        took.sort();
+        let ms: Vec<u128> = took.iter().map(Duration::as_millis).collect();
+        println!("{call} 503 after (ms, sorted): {ms:?}");
+        assert!(
+            took[SAMPLES - 2] <= bound,
+            "{call}: the 19th of {SAMPLES} 503s took {:?}, over redis.timeout + 100 ms; all (ms): {ms:?}",
+            took[SAMPLES - 2]
+        );
     }
 }
 
