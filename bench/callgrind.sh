@@ -4,7 +4,7 @@
 #
 #   bench/callgrind.sh [--waitroom-bin PATH] [--n 2000] [--paths status,pass,enter,enter_new,protected]
 #                      [--out DIR (default bench/out/callgrind)] [--redis] [--rust-log FILTER]
-#                      [--connections C]
+#                      [--connections C] [--config-extra YAML]
 #
 # `enter` is the enter of a user already waiting (one of the 100,000 seeded), `enter_new` that of a
 # user never seen before (a new id each request).
@@ -16,6 +16,10 @@
 # another): requests that arrive together share Redis calls (grouped enters, claims and settles),
 # which one connection never shows; `--connections 64 --paths protected` counts an order in
 # groups.
+#
+# --config-extra appends YAML lines to the proxy's configuration, to count what a setting costs
+# the paths when it is configured and does not apply (e.g. bypass rules that match no request;
+# a secret_env it names must be set in the environment).
 #
 # --rust-log sets the proxy's RUST_LOG (default `warn`: the access log off); `--rust-log info`
 # counts what the access log costs a request.
@@ -39,6 +43,7 @@ N=2000 WARM=300 PATHS=status,pass,enter,protected OUT="" REDIS_CG=0 CONNS=1
 WR_BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release/waitroom
 TOP=20
 RUST_LOG_WR=warn
+CONFIG_EXTRA=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --waitroom-bin) WR_BIN=$2; shift ;;
@@ -49,6 +54,7 @@ while [ $# -gt 0 ]; do
     --redis) REDIS_CG=1 ;;
     --rust-log) RUST_LOG_WR=$2; shift ;;
     --connections) CONNS=$2; shift ;;
+    --config-extra) CONFIG_EXTRA=$2; shift ;;
     -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown option $1" ;;
   esac
@@ -95,7 +101,11 @@ PIDS+=($!)
 wait_until 10 demo-order-api curl -fsS -o /dev/null "http://127.0.0.1:$P_API/admin/stats"
 "$WRBENCH" seed-queue --prefix bench --count 100000 | rcli --pipe >/dev/null
 
-{ bench_paths_room "$P_WR" "$P_WM" "$P_API" "$P_REDIS"; echo "shutdown: { grace: 1s }"; } >"$OUT/waitroom.yaml"
+{
+  bench_paths_room "$P_WR" "$P_WM" "$P_API" "$P_REDIS"
+  echo "shutdown: { grace: 1s }"
+  [ -z "$CONFIG_EXTRA" ] || printf '%s\n' "$CONFIG_EXTRA"
+} >"$OUT/waitroom.yaml"
 cat >"$OUT/nginx.conf" <<EOF
 $([ "$(id -u)" -eq 0 ] && echo "user root;")
 worker_processes 1;
