@@ -42,6 +42,7 @@
 //! more, and learns READY at the next poll.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -52,7 +53,7 @@ use pingora::services::background::BackgroundService;
 
 use crate::periodic::every_beside;
 use crate::state::RoomState;
-use crate::store::{LineReading, Room};
+use crate::store::{LineReading, Room, StoreError};
 
 /// How often each proxy reads the line's mark: one MULTI of five reads, 100 a second.
 pub const REFRESH_EVERY: Duration = Duration::from_millis(10);
@@ -288,13 +289,18 @@ pub struct LineWatcher {
     /// The Redis server (`run_id`) the last reading came from.
     server: Mutex<Option<String>>,
     state: Arc<RoomState>,
+    /// Readings failed in a row (see [`LineWatcher::read`]).
+    failures: AtomicU32,
 }
+
+/// The longest pause between readings while Redis does not answer.
+const MOST_BETWEEN_FAILURES: Duration = Duration::from_millis(500);
 
 impl LineWatcher {
     pub fn new(state: Arc<RoomState>, room: Room) -> LineWatcher {
         // A reading that takes much longer than its freshness is useless anyway.
         let timeout = room.timeout().min(FRESH_FOR * 4);
-        LineWatcher { room: Arc::new(room.with_timeout(timeout)), server: Mutex::default(), state }
+        LineWatcher { room: Arc::new(room.with_timeout(timeout)), server: Mutex::default(), state, failures: Default::default() }
     }
 
     fn line(&self) -> &LocalLine {
@@ -400,8 +406,26 @@ impl LineWatcher {
             Err(error) => {
                 self.line().invalidate();
                 tracing::debug!(%error, "reading the line's mark failed");
+                // A reading that timed out still sits in the socket of a frozen Redis, which
+                // runs it when it wakes: every 10 ms through an outage would be a burst of
+                // thousands. Doubling pauses keep it to a few a second, and the first reading
+                // after it returns comes within MOST_BETWEEN_FAILURES. A refusal queues nothing.
+                let timed_out = match &error {
+                    StoreError::Timeout(_) => true,
+                    StoreError::Redis(e) => e.is_timeout(),
+                    _ => false,
+                };
+                if !timed_out {
+                    self.failures.store(0, Ordering::Relaxed);
+                    return;
+                }
+                let failures = self.failures.fetch_add(1, Ordering::Relaxed).min(16);
+                let pause = REFRESH_EVERY.saturating_mul(1 << failures).min(MOST_BETWEEN_FAILURES);
+                tokio::time::sleep(pause).await;
+                return;
             }
         }
+        self.failures.store(0, Ordering::Relaxed);
     }
 }
 

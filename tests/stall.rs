@@ -237,3 +237,45 @@ async fn a_graceful_stop_waits_for_queued_spends() {
     let left: i64 = redis::cmd("EXISTS").arg(keys(&proxy).token("buyer")).query_async(&mut redis.conn().await).await.unwrap();
     assert_eq!(left, 0, "the queued spend never reached Redis before the proxy exited:\n{}", proxy.logs());
 }
+
+/// What a proxy with nobody to serve leaves in the sockets of a frozen Redis: the line watcher's
+/// readings (a MULTI each, every 10 ms while Redis answers) and the connections' keep-alive PINGs
+/// (every 250 ms). Each that timed out is still run when Redis wakes, so the two back off while
+/// Redis does not answer: a few a second, not one per period.
+#[tokio::test]
+async fn background_calls_back_off_while_redis_is_frozen() {
+    let redis = RedisServer::start();
+    let api = DemoApi::start(&[]);
+    let proxy = Proxy::builder(&redis.url(), api.addr())
+        .yaml("admission: {interval: 1h}\nredis: {timeout: 100ms}")
+        .start()
+        .await;
+    // Opened before the freeze, so asking right after it costs no accept behind the pile.
+    let mut ask = redis.conn().await;
+    let calls = |info: String| -> std::collections::BTreeMap<String, u64> {
+        info.lines()
+            .filter_map(|line| {
+                let (name, rest) = line.strip_prefix("cmdstat_")?.split_once(":calls=")?;
+                Some((name.to_owned(), rest.split(',').next()?.parse().ok()?))
+            })
+            .collect()
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before = calls(redis::cmd("INFO").arg("commandstats").query_async(&mut ask).await.unwrap());
+    let frozen = Duration::from_secs(4);
+    redis.freeze();
+    tokio::time::sleep(frozen).await;
+    redis.thaw();
+    // Long enough for Redis to run what waited, short enough for few new calls (about 5 readings).
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let after = calls(redis::cmd("INFO").arg("commandstats").query_async(&mut ask).await.unwrap());
+    let ran = |name: &str| after.get(name).copied().unwrap_or(0) - before.get(name).copied().unwrap_or(0);
+    let (readings, pings) = (ran("multi"), ran("ping"));
+    println!("frozen {frozen:?}: {readings} line readings and {pings} PINGs ran when Redis woke");
+    // Without the back-off (seen: 45 readings, 64 PINGs from 4 connections): a reading per
+    // timeout and a PING per 250 ms per connection. With it (seen: 11 and 16): doubling pauses
+    // up to 500 ms and 1,750 ms.
+    assert!(readings <= 20, "{readings} line readings piled up in {frozen:?}");
+    assert!(pings <= 32, "{pings} PINGs piled up in {frozen:?}");
+    assert!(proxy.is_running());
+}

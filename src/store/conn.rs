@@ -400,10 +400,23 @@ impl ConnectionLike for RedisConn {
 async fn keepalive(mut manager: ConnectionManager, timeout: Duration, alive: Weak<()>) {
     let mut every = tokio::time::interval(KEEPALIVE_EVERY);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut unanswered = 0u32;
     while alive.strong_count() > 0 {
         every.tick().await;
         let ping = redis::cmd("PING");
-        let _ = tokio::time::timeout(timeout, ping.query_async::<()>(&mut manager)).await;
+        match tokio::time::timeout(timeout, ping.query_async::<()>(&mut manager)).await {
+            // An error (a refused or reset connection) queues nothing, and the next PING is what
+            // reconnects: no pause.
+            Ok(Ok(())) => unanswered = 0,
+            Ok(Err(error)) if !error.is_timeout() => unanswered = 0,
+            // A frozen Redis keeps every PING it was sent and runs them all when it wakes: after
+            // one it did not answer in time, pause longer (up to 8 periods) instead of adding
+            // four a second to that pile.
+            _ => {
+                unanswered = (unanswered + 1).min(3);
+                tokio::time::sleep(KEEPALIVE_EVERY * ((1 << unanswered) - 1)).await;
+            }
+        }
     }
 }
 
