@@ -309,10 +309,12 @@ async fn running_it_works_as_written() {
         enter.body
     );
     let again = send(client.post(&enter_url).header("cookie", &cookie)).await;
-    assert_eq!(
-        again.json()["position"],
-        enter.json()["position"],
-        "the same user again"
+    let (first, again) = (enter.json(), again.json());
+    // The same user keeps their place, or, admitted in between (the block's room admits every
+    // 100 ms), is READY: a new user would be neither.
+    assert!(
+        again["position"] == first["position"] || again["status"] == "READY",
+        "the same user again: {first} then {again}"
     );
     // Straight on the proxy, nobody names the browser: 401, which the page shows as SIGN_IN.
     let direct = format!("http://127.0.0.1:{proxy}/queue/enter");
