@@ -239,6 +239,9 @@ mod tests {
         // Names only like a framing field's, and framing words elsewhere, frame nothing.
         let lookalikes = "Content-Length-Hint: 5\r\nX-Upgrade: h2c\r\nCookie: content-length:5\r\nTE: chunked\r\n";
         assert_eq!(body(head(lookalikes).as_bytes()), Body::Length(0));
+        // Other fields starting with `u` are no switch (the mutation pass's one survivor).
+        let others = "User-Agent: curl\r\nUpgrade-Insecure-Requests: 1\r\nContent-Length: 4\r\n";
+        assert_eq!(framing(head(others).as_bytes()), Framing { body: Body::Length(4), switch: false });
         assert_eq!(body(b"GET /x HTTP/1.1\nhost: a\ncontent-length: 3\n\n"), Body::Length(3));
         // A head httparse cannot read, whatever pingora then makes of it.
         assert_eq!(body(b"GET /x HTTP/1.1\r\nContent-Length: 5\r\nBad Name: x\r\n\r\n"), Body::Unknown);
