@@ -232,6 +232,19 @@ pub struct PageSettings<'a> {
     pub template: Option<&'a Template>,
 }
 
+impl<'a> PageSettings<'a> {
+    pub fn of(config: &'a crate::config::Config) -> PageSettings<'a> {
+        PageSettings {
+            prefix: &config.endpoints.prefix,
+            ready_url: &config.page.ready_url,
+            texts: &config.page.texts,
+            sign_in_url: &config.page.sign_in_url,
+            event: config.event.is_some(),
+            template: config.page.template.as_ref(),
+        }
+    }
+}
+
 /// Renders the page with these settings, in the language `Accept-Language` asks for.
 pub fn render(settings: PageSettings<'_>, accept_language: Option<&[u8]>) -> Vec<u8> {
     render_lang(settings, choose_language(accept_language)).into_bytes()
@@ -332,14 +345,7 @@ mod tests {
     use crate::config::Config;
 
     fn page_settings(config: &Config) -> PageSettings<'_> {
-        PageSettings {
-            prefix: &config.endpoints.prefix,
-            ready_url: &config.page.ready_url,
-            texts: &config.page.texts,
-            sign_in_url: &config.page.sign_in_url,
-            event: config.event.is_some(),
-            template: config.page.template.as_ref(),
-        }
+        PageSettings::of(config)
     }
 
     fn choose(header: &str) -> Lang {

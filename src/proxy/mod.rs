@@ -435,15 +435,7 @@ impl ProxyHttp for Waitroom {
             }
             Endpoint::Page => {
                 let accept_language = header.headers.get(http::header::ACCEPT_LANGUAGE);
-                let settings = crate::page::PageSettings {
-                    prefix: &config.endpoints.prefix,
-                    ready_url: &config.page.ready_url,
-                    texts: &config.page.texts,
-                    sign_in_url: &config.page.sign_in_url,
-                    event: config.event.is_some(),
-                    template: config.page.template.as_ref(),
-                };
-                let page = crate::page::render(settings, accept_language.map(|v| v.as_bytes()));
+                let page = crate::page::render(crate::page::PageSettings::of(config), accept_language.map(|v| v.as_bytes()));
                 write_page(session, page).await?;
                 return Ok(true);
             }
