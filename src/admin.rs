@@ -1,6 +1,6 @@
 //! The admin API on `metrics_listen`, or on `admin.listen` (contract section 15): look at the
 //! room, pause, resume, close and open it. Parse (enabled? bearer token, path, method) -> apply
-//! ([`crate::control::apply`]) -> render (the room's JSON, or `{"error": ...}`).
+//! ([`crate::services::control::apply`]) -> render (the room's JSON, or `{"error": ...}`).
 //!
 //! It sits on an operator listener, not on `listen`, so the public side never routes to it, and
 //! with `admin.listen` not even on the port opened to Prometheus and health probes;
@@ -13,9 +13,9 @@ use pingora::protocols::http::ServerSession;
 use serde::Serialize;
 use subtle::ConstantTimeEq;
 
-use crate::control::{self, Actor, Command, View};
-use crate::state::RoomState;
-use crate::store::Room;
+use crate::services::control::{self, Actor, Command, View};
+use crate::process::Process;
+use crate::store::Redis;
 
 /// Where the admin API lives: everything under it is answered here, never by the metrics side.
 pub const PREFIX: &str = "/admin";
@@ -102,9 +102,9 @@ fn authorized(header: Option<&http::HeaderValue>, token: &[u8]) -> bool {
 /// Answers a request under [`PREFIX`]. Disabled: 404, as if there were no such path. Then the
 /// token (401 for anything without it, so nothing is learned about the API without it), then
 /// the path (404) and the method (405 with `Allow`).
-pub async fn serve(state: &RoomState, room: &Room, session: &ServerSession) -> Response<Vec<u8>> {
+pub async fn serve(process: &Process, redis: &Redis, session: &ServerSession) -> Response<Vec<u8>> {
     let request = session.req_header();
-    let token = state.settings().config.admin.token.clone();
+    let token = process.settings().config.admin.token.clone();
     let Some(token) = token else {
         return error(StatusCode::NOT_FOUND, "not found");
     };
@@ -123,8 +123,11 @@ pub async fn serve(state: &RoomState, room: &Room, session: &ServerSession) -> R
         answer.headers_mut().insert(http::header::ALLOW, http::HeaderValue::from_static(allow));
         return answer;
     }
+    let Some(room) = process.rooms().default_or_only() else {
+        return error(StatusCode::NOT_FOUND, "not found");
+    };
     let who = session.client_addr().map_or_else(|| "admin API".to_owned(), |a| format!("admin API from {a}"));
-    match control::apply(state, room, command, Actor::Admin, &who).await {
+    match control::apply(&room, &redis.room(room.keys().clone()), command, Actor::Admin, &who).await {
         Ok(applied) => match applied.refused {
             None => json(StatusCode::OK, room_body(&applied.view)),
             Some(reason) => error(StatusCode::CONFLICT, &reason),

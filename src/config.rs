@@ -20,6 +20,9 @@ pub mod schema;
 mod structure;
 
 pub use crate::identity::{IdentityConfig, JwtConfig};
+
+mod event;
+pub use event::{format_time, parse_time, EventConfig, Phase};
 pub use raw::{RoomMode, UnknownOutcome};
 
 /// The shortest admission interval served: the ticker and the Redis schedule count in
@@ -768,7 +771,7 @@ pub struct Config {
     pub abuse: AbuseConfig,
     pub page: PageConfig,
     pub limits: LimitsConfig,
-    pub event: Option<crate::event::EventConfig>,
+    pub event: Option<EventConfig>,
     pub admin: AdminConfig,
     /// `bypass` (contract section 18): belongs to the proxy, checked before any room's rules.
     pub bypass: BypassConfig,
@@ -941,10 +944,10 @@ pub struct PageConfig {
     pub ready_url: String,
     pub enabled: bool,
     /// `page.texts`, checked: only the page's languages and the keys its texts have.
-    pub texts: crate::page::TextOverrides,
+    pub texts: crate::page::texts::TextOverrides,
     /// `page.template_file`, read and checked at load: the shop's page, split where the proxy's
     /// script goes. `None`: the built-in page.
-    pub template: Option<crate::page::Template>,
+    pub template: Option<crate::page::template::Template>,
     /// `page.sign_in_url`; empty: the page offers no sign-in link.
     pub sign_in_url: String,
 }
@@ -1683,8 +1686,8 @@ impl Validator {
         })
     }
 
-    fn event(&mut self, e: raw::Event) -> Option<crate::event::EventConfig> {
-        let instant = |v: &mut Validator, path: &str, text: &str| match crate::event::parse_time(text) {
+    fn event(&mut self, e: raw::Event) -> Option<EventConfig> {
+        let instant = |v: &mut Validator, path: &str, text: &str| match event::parse_time(text) {
             Ok(t) => Some(t),
             Err(why) => v.fail(path, format!("'{text}' is not an RFC 3339 time ({why}), e.g. 2026-12-24T10:00:00Z")),
         };
@@ -1698,7 +1701,7 @@ impl Validator {
         if closes_at.is_some_and(|c| c <= opens_at) {
             return self.fail("event.closes_at", "must be after event.opens_at");
         }
-        Some(crate::event::EventConfig { opens_at, prequeue: prequeue?, closes_at, shuffle: e.shuffle })
+        Some(EventConfig { opens_at, prequeue: prequeue?, closes_at, shuffle: e.shuffle })
     }
 
     fn page(&mut self, p: raw::Page, folder: &Path) -> Option<PageConfig> {
@@ -1713,19 +1716,19 @@ impl Validator {
             "" => None,
             file => {
                 let path = folder.join(file);
-                match crate::page::Template::load(&path) {
+                match crate::page::template::Template::load(&path) {
                     Ok(template) => Some(template),
                     Err(why) => return self.fail("page.template_file", format!("{}: {why}", path.display())),
                 }
             }
         };
-        let mut texts = crate::page::TextOverrides::default();
+        let mut texts = crate::page::texts::TextOverrides::default();
         for (lang, overrides) in p.texts {
-            match crate::page::Lang::from_code(&lang) {
+            match crate::page::texts::Lang::from_code(&lang) {
                 None => self.fail::<()>(&format!("page.texts.{lang}"), "not a language of the page (en, ko)"),
                 Some(code) => {
                     for (key, text) in overrides {
-                        if crate::page::Lang::En.has_text(&key) {
+                        if crate::page::texts::Lang::En.has_text(&key) {
                             texts.insert(code, key, text);
                         } else {
                             self.fail::<()>(&format!("page.texts.{lang}.{key}"), "not a text of the page (see assets/i18n/en.json)");

@@ -5,20 +5,14 @@
 //! phases and one module per endpoint) -> [`rules`] (the queue's arithmetic) -> [`store`] (Redis
 //! and the scripts in `lua/`).
 
-pub mod admission;
 pub mod admin;
-pub mod claims;
 pub mod cli;
 pub mod config;
-pub mod control;
-pub mod event;
 pub mod health;
-pub mod hold;
 pub mod http1;
 pub mod identity;
 pub mod lifecycle;
 pub mod limits;
-pub mod line;
 pub mod live;
 pub mod logging;
 pub mod metrics;
@@ -26,9 +20,10 @@ pub mod page;
 pub mod paths;
 pub mod periodic;
 pub mod policy;
+pub mod process;
 pub mod proxy;
+pub mod room;
 pub mod rules;
 pub mod server;
-pub mod spent;
-pub mod state;
+pub mod services;
 pub mod store;

@@ -16,7 +16,7 @@ use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::mpsc;
 
 use crate::live;
-use crate::state::RoomState;
+use crate::process::Process;
 
 /// Which signals stop the server, and how.
 pub struct StopSignals;
@@ -43,12 +43,12 @@ impl ShutdownSignalWatch for StopSignals {
 
 /// Ends the process once a graceful stop has drained the in-flight requests.
 pub struct Drain {
-    state: Arc<RoomState>,
+    process: Arc<Process>,
 }
 
 impl Drain {
-    pub fn new(state: Arc<RoomState>) -> Drain {
-        Drain { state }
+    pub fn new(process: Arc<Process>) -> Drain {
+        Drain { process }
     }
 }
 
@@ -59,13 +59,16 @@ impl BackgroundService for Drain {
             return;
         }
         // Held polls are answered now (WAITING, ask again at once) rather than cut at the end.
-        self.state.held().stop();
-        let grace = self.state.settings().config.shutdown_grace;
+        let rooms = self.process.rooms().all();
+        for room in rooms.iter() {
+            room.held().stop();
+        }
+        let grace = self.process.settings().config.shutdown_grace;
         let deadline = Instant::now() + grace;
-        while self.state.in_flight() > 0 && Instant::now() < deadline {
+        while self.process.in_flight() > 0 && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        let left = self.state.in_flight();
+        let left = self.process.in_flight();
         if left > 0 {
             tracing::warn!(left, ?grace, "grace period over; dropping unfinished requests");
         } else {
@@ -73,12 +76,13 @@ impl BackgroundService for Drain {
         }
         // A spend that met an outage is the only trace of a placed order: it gets what is left
         // of the grace period to reach Redis.
-        let settles = self.state.settles();
-        while !settles.settled() && Instant::now() < deadline {
+        let settled = || rooms.iter().all(|room| room.settles().settled());
+        while !settled() && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        if !settles.settled() {
-            tracing::error!(left = settles.len(), "grace period over; spends that never reached Redis are dropped");
+        if !settled() {
+            let left: usize = rooms.iter().map(|room| room.settles().len()).sum();
+            tracing::error!(left, "grace period over; spends that never reached Redis are dropped");
         }
         // Let the other services see the stop (the admission ticker ends its loop) and the last
         // responses leave the socket buffers.
@@ -91,7 +95,7 @@ impl BackgroundService for Drain {
 
 /// Reloads the configuration file on SIGHUP, and on a change of the file when `reload.watch`.
 pub struct Reloader {
-    state: Arc<RoomState>,
+    process: Arc<Process>,
     path: PathBuf,
 }
 
@@ -100,8 +104,8 @@ pub struct Reloader {
 const SETTLE: Duration = Duration::from_millis(200);
 
 impl Reloader {
-    pub fn new(state: Arc<RoomState>, path: PathBuf) -> Reloader {
-        Reloader { state, path }
+    pub fn new(process: Arc<Process>, path: PathBuf) -> Reloader {
+        Reloader { process, path }
     }
 
     /// Watches the file's folder rather than the file: a file replaced by rename is a new inode,
@@ -146,7 +150,7 @@ impl Reloader {
     fn reload(&self, why: &str) {
         tracing::info!(path = %self.path.display(), why, "reloading the configuration");
         // The outcome is logged and counted inside.
-        let _ = live::reload(&self.state, &self.path);
+        let _ = live::reload(&self.process, &self.path);
     }
 }
 
@@ -161,7 +165,7 @@ impl BackgroundService for Reloader {
             }
         };
         // Kept alive for as long as the loop runs; dropping it stops the watch.
-        let (_watcher, mut changes) = match self.state.settings().config.reload_watch.then(|| self.watch()).flatten() {
+        let (_watcher, mut changes) = match self.process.settings().config.reload_watch.then(|| self.watch()).flatten() {
             Some((w, rx)) => (Some(w), Some(rx)),
             None => (None, None),
         };

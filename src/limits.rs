@@ -76,7 +76,7 @@ use crate::config::LimitsConfig;
 use crate::http1::chunked::{ChunkedEnd, Fed};
 use crate::http1::head::{self, Body, Framing, HeadEnd};
 use crate::metrics;
-use crate::state::RoomState;
+use crate::process::Process;
 
 /// How long an answer written to a client may take before the connection is given up (pingora's
 /// own answers are bounded alike, see [`crate::proxy`]).
@@ -186,7 +186,7 @@ pub trait Unread {
 
 /// Connections open on `listen`, shared by the listener's filter and [`Guarded`].
 pub struct Connections {
-    state: Arc<RoomState>,
+    process: Arc<Process>,
     open: AtomicUsize,
     /// Open connections per peer IP, counted whether or not `max_connections_per_address` is on,
     /// so a reload that turns it on finds the connections already open. An address leaves the map
@@ -202,13 +202,13 @@ enum Refused {
 }
 
 impl Connections {
-    pub fn new(state: Arc<RoomState>) -> Arc<Connections> {
-        Arc::new(Connections { state, open: AtomicUsize::new(0), by_address: Mutex::new(HashMap::new()) })
+    pub fn new(process: Arc<Process>) -> Arc<Connections> {
+        Arc::new(Connections { process, open: AtomicUsize::new(0), by_address: Mutex::new(HashMap::new()) })
     }
 
     /// `max_connections` and `max_connections_per_address` as the running settings have them.
     fn max(&self) -> (usize, usize) {
-        let settings = self.state.settings();
+        let settings = self.process.settings();
         let limits = &settings.config.limits;
         (limits.max_connections, limits.max_connections_per_address)
     }
@@ -388,7 +388,7 @@ where
             }
         };
         let (mut limited, backstop) = {
-            let settings = self.connections.state.settings();
+            let settings = self.connections.process.settings();
             let limits = &settings.config.limits;
             (Box::new(LimitedStream::new(stream, slot, limits)), backstop_secs(limits))
         };
@@ -442,7 +442,7 @@ where
             let reused = self.serve(limited, head, persistent, backstop, shutdown).await?;
             let (next, settings) = reused.consume();
             limited = next.into_any().downcast::<LimitedStream>().ok()?;
-            limited.expect_head(&self.connections.state.settings().config.limits, false);
+            limited.expect_head(&self.connections.process.settings().config.limits, false);
             persistent = settings;
         }
     }
@@ -469,7 +469,7 @@ where
             let Some(early) = &self.early else { return None };
             match early.serve(call, &mut limited, shutdown).await {
                 After::KeepAlive => {
-                    limited.expect_head(&self.connections.state.settings().config.limits, false);
+                    limited.expect_head(&self.connections.process.settings().config.limits, false);
                     Some(limited)
                 }
                 // Closed by dropping the stream, as pingora closes a connection it does not keep.
@@ -1149,7 +1149,7 @@ mod tests {
 
     /// A limited stream as pingora would read it, and the client's end of its socket.
     fn connection(limits: &LimitsConfig) -> (LimitedStream, DuplexStream) {
-        let state = RoomState::new(Config::parse("upstream: 127.0.0.1:1").unwrap());
+        let state = Process::new(Config::parse("upstream: 127.0.0.1:1").unwrap()).unwrap();
         let slot = Connections::new(state).take(None).unwrap();
         let (server, client) = tokio::io::duplex(64 * 1024);
         (LimitedStream::new(Box::new(server), slot, limits), client)
@@ -1158,7 +1158,7 @@ mod tests {
     #[test]
     fn each_address_has_its_own_count_and_leaves_the_map_with_its_last_connection() {
         let yaml = "upstream: 127.0.0.1:1\nlimits: {max_connections: 4, max_connections_per_address: 2}";
-        let connections = Connections::new(RoomState::new(Config::parse(yaml).unwrap()));
+        let connections = Connections::new(Process::new(Config::parse(yaml).unwrap()).unwrap());
         let (a, b): (IpAddr, IpAddr) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
         assert_eq!(peer_ip(&"[::ffff:10.0.0.1]:443".parse().unwrap()), a, "one client whichever way listen is bound");
         let a1 = connections.take(Some(a)).unwrap();
@@ -1247,7 +1247,7 @@ mod tests {
 
     /// `app` behind the connection loop, with no early answers.
     fn guarded<A: HttpServerApp + Send + Sync + 'static>(app: A) -> Arc<Guarded<A>> {
-        let state = RoomState::new(Config::parse("upstream: 127.0.0.1:1").unwrap());
+        let state = Process::new(Config::parse("upstream: 127.0.0.1:1").unwrap()).unwrap();
         Arc::new(Guarded::new(app, Connections::new(state), None::<NoEarly>))
     }
 

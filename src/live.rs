@@ -11,7 +11,7 @@ use std::sync::Arc;
 use crate::config::{Config, ConfigError, IdentityConfig};
 use crate::metrics;
 use crate::policy::Settings;
-use crate::state::RoomState;
+use crate::process::Process;
 
 /// What a reload changed: settings now in force, and settings that wait for a restart.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -113,13 +113,13 @@ pub fn merge(running: &Config, mut next: Config) -> (Config, Changes) {
 }
 
 /// Re-reads the file and swaps it in when valid; an invalid file leaves everything as it was.
-pub fn reload(state: &RoomState, path: &Path) -> Result<Changes, ConfigError> {
+pub fn reload(process: &Process, path: &Path) -> Result<Changes, ConfigError> {
     match Config::load(path) {
         Ok(next) => {
-            let (merged, changes) = merge(&state.settings().config, next);
+            let (merged, changes) = merge(&process.settings().config, next);
             let settings = Settings::new(merged);
             metrics::ADMISSION_RATE.set(settings.policy.configured_rate());
-            state.replace_settings(settings);
+            process.replace_settings(settings);
             metrics::CONFIG_RELOADS_TOTAL.with_label_values(&["ok"]).inc();
             tracing::info!(applied = ?changes.applied, "configuration reloaded");
             for key in &changes.need_restart {

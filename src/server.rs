@@ -1,6 +1,6 @@
 //! Assembles the process: the proxy service on `listen`, the operator endpoints on
-//! `metrics_listen`, and the background services (admission ticker, room watcher, reloader,
-//! drain), then hands control to pingora.
+//! `metrics_listen`, the rooms' background work, the reloader and the drain, then hands control to
+//! pingora.
 
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
@@ -12,21 +12,17 @@ use pingora::services::background::background_service;
 use pingora::listeners::{L4BufferSettings, ListenerConfig};
 use pingora::services::listening::Service;
 
-use crate::admission::Admitter;
 use crate::config::Config;
-use crate::control::ModeWatcher;
-use crate::event::EventWatcher;
-use crate::health::{OpsEndpoints, OpsPart, RoomWatcher};
+use crate::health::{OpsEndpoints, OpsPart};
 use crate::lifecycle::{Drain, Reloader, StopSignals};
 use crate::limits::{AtCapacity, Connections, Guarded};
-use crate::proxy::early;
-use crate::line::LineWatcher;
 use crate::metrics;
-use crate::periodic::Watching;
+use crate::process::Process;
+use crate::proxy::early;
 use crate::proxy::Waitroom;
 use crate::rules;
-use crate::state::RoomState;
-use crate::store::{Room, StoreError};
+use crate::services::RoomWork;
+use crate::store::{Redis, StoreError};
 
 /// Why the server could not start (exit code 1).
 #[derive(Debug, thiserror::Error)]
@@ -96,25 +92,20 @@ pub fn run(config: Config, config_path: PathBuf) -> Result<(), StartError> {
     let listen = config.listen.to_string();
     let metrics_listen = config.metrics_listen.to_string();
     let redis = config.redis.clone();
-    // The one room state every service below shares (no process-wide statics but the metrics).
-    let state = RoomState::new(config);
+    // The one process value every service below shares (no process-wide statics but the metrics).
+    let process = Process::new(config)?;
     {
-        let policy = &state.settings().policy;
+        let policy = &process.settings().policy;
         metrics::ADMISSION_RATE.set(policy.configured_rate());
         metrics::ADMISSION_BATCH.set(policy.rules.batch_size as i64);
     }
 
     // pingora's proxy app, run by our connection guard (see crate::limits for why there).
-    let connections = Connections::new(state.clone());
-    let room = Arc::new(Room::new(&redis)?);
-    // The proxy's own handle: the retried settles follow its claims on one connection.
-    let mut settle_retrier =
-        background_service("settle retries", crate::claims::SettleRetrier::new(state.clone(), room.clone()));
-    settle_retrier.threads = Some(1);
-    let app = pingora::proxy::http_proxy(&server.configuration, Waitroom::new(state.clone(), room.clone(), upstream));
+    let connections = Connections::new(process.clone());
+    let app = pingora::proxy::http_proxy(&server.configuration, Waitroom::new(process.clone(), upstream));
     // `WAITROOM_EARLY_ANSWERS=off` sends every head to pingora: the fuzz target and the
     // differential tests compare both ways on the same bytes (tests/early_answers.rs).
-    let early = (std::env::var_os("WAITROOM_EARLY_ANSWERS").is_none_or(|v| v != "off")).then(|| early::Answers::new(state.clone(), room));
+    let early = (std::env::var_os("WAITROOM_EARLY_ANSWERS").is_none_or(|v| v != "off")).then(|| early::Answers::new(process.clone()));
     let mut proxy = Service::new("waitroom".to_string(), Guarded::new(app, connections.clone(), early));
     proxy.set_connection_filter(Arc::new(AtCapacity(connections)));
     // No L4 buffers under pingora's parser (by default 64 KiB to read and 1,460 B to write, kept
@@ -123,14 +114,16 @@ pub fn run(config: Config, config_path: PathBuf) -> Result<(), StartError> {
     // pingora reads bodies into buffers of its own.
     proxy.add_listener(ListenerConfig::tcp(listen.clone()).l4_buffer(L4BufferSettings::unbuffered()));
 
-    let admin_listen = state.settings().config.admin.listen;
+    // The operator endpoints run on a runtime of their own, with a connection of their own: a
+    // connection's driver task lives on the runtime that made it.
+    let admin_listen = process.settings().config.admin.listen;
     let probes = if admin_listen.is_some() { OpsPart::Probes } else { OpsPart::Both };
-    let mut ops = Service::new("ops".to_string(), OpsEndpoints::new(state.clone(), Room::new(&redis)?, probes));
+    let mut ops = Service::new("ops".to_string(), OpsEndpoints::new(process.clone(), Redis::new(&redis)?, probes));
     ops.add_tcp(&metrics_listen);
     ops.threads = Some(1);
     let admin = match admin_listen {
         Some(addr) => {
-            let mut admin = Service::new("admin".to_string(), OpsEndpoints::new(state.clone(), Room::new(&redis)?, OpsPart::Admin));
+            let mut admin = Service::new("admin".to_string(), OpsEndpoints::new(process.clone(), Redis::new(&redis)?, OpsPart::Admin));
             admin.add_tcp(&addr.to_string());
             admin.threads = Some(1);
             Some(admin)
@@ -138,24 +131,12 @@ pub fn run(config: Config, config_path: PathBuf) -> Result<(), StartError> {
         None => None,
     };
 
-    // Each background service gets its own Redis handle: a connection's driver task lives on the
-    // runtime that made it, and pingora gives every service its own runtime.
-    let mut admitter = background_service("admission", Admitter::new(state.clone(), Room::new(&redis)?));
-    admitter.threads = Some(1);
-    let mut watcher = background_service("room watcher", Watching(RoomWatcher::new(state.clone(), Room::new(&redis)?)));
-    watcher.threads = Some(1);
-    let mut line_watcher = background_service("line watcher", LineWatcher::new(state.clone(), Room::new(&redis)?));
-    line_watcher.threads = Some(1);
-    let mut mode_watcher = background_service("room state", Watching(ModeWatcher::new(state.clone(), Room::new(&redis)?)));
-    mode_watcher.threads = Some(1);
-    let mut event_watcher = background_service("event watcher", Watching(EventWatcher::new(state.clone(), Room::new(&redis)?)));
-    event_watcher.threads = Some(1);
-    let mut reloader = background_service("reloader", Reloader::new(state.clone(), config_path));
+    // Every room's background work, on one runtime thread and one connection.
+    let mut rooms = background_service("rooms", RoomWork::new(process.clone()));
+    rooms.threads = Some(1);
+    let mut reloader = background_service("reloader", Reloader::new(process.clone(), config_path));
     reloader.threads = Some(1);
-    let mut claim_keeper =
-        background_service("claim keeper", crate::claims::ClaimKeeper::new(state.clone(), Room::new(&redis)?));
-    claim_keeper.threads = Some(1);
-    let mut drain = background_service("drain", Drain::new(state));
+    let mut drain = background_service("drain", Drain::new(process));
     drain.threads = Some(1);
 
     server.add_service(proxy);
@@ -163,14 +144,8 @@ pub fn run(config: Config, config_path: PathBuf) -> Result<(), StartError> {
     if let Some(admin) = admin {
         server.add_service(admin);
     }
-    server.add_service(admitter);
-    server.add_service(watcher);
-    server.add_service(line_watcher);
-    server.add_service(mode_watcher);
-    server.add_service(event_watcher);
+    server.add_service(rooms);
     server.add_service(reloader);
-    server.add_service(claim_keeper);
-    server.add_service(settle_retrier);
     server.add_service(drain);
 
     tracing::info!(%listen, %metrics_listen, %upstream, "waitroom starting");

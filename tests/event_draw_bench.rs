@@ -18,8 +18,9 @@ use common::*;
 use futures::StreamExt;
 use redis::aio::MultiplexedConnection;
 use waitroom::config::Config;
-use waitroom::event::{EventConfig, Seed};
-use waitroom::store::{Entering, EventEnter, RoomRules, DRAW_PAGE};
+use waitroom::config::EventConfig;
+use waitroom::room::event::Seed;
+use waitroom::store::{Entering, EventEnter, EventTimes, RoomRules, DRAW_PAGE};
 
 fn event_at(now_ms: i64, opens_in_ms: i64) -> EventConfig {
     let opens = DateTime::<Utc>::from_timestamp_millis(now_ms + opens_in_ms)
@@ -89,7 +90,7 @@ async fn measure(users: usize) {
     let now = redis_now_ms(&mut conn).await;
     let event = event_at(now, 3_600_000);
     let seed = Seed::fresh();
-    room.event_tick(event.times(), seed.sent()).await.unwrap();
+    room.event_tick(EventTimes::of(&event), seed.sent()).await.unwrap();
 
     // The pre-queue fills: every enter is one script call; 200 in flight on one connection. Only
     // enters over 100 µs are logged (all of them would be too long a log to read back).
@@ -102,7 +103,7 @@ async fn measure(users: usize) {
             async move {
                 let user = format!("user-{i:06}");
                 let entering = Entering { user: &user, capacity: 10_000_000, per_address: None };
-                room.event_enter(event.times(), &entering, seed.sent(), &seed.draw_key(&user)).await
+                room.event_enter(EventTimes::of(&event), &entering, seed.sent(), &seed.draw_key(&user)).await
             }
         })
         .buffer_unordered(200)
@@ -126,7 +127,7 @@ async fn measure(users: usize) {
     let opened = event_at(redis_now_ms(&mut conn).await, 0);
     slowlog(&mut conn, 0).await;
     let started = Instant::now();
-    let tick = room.event_tick(opened.times(), Seed::fresh().sent()).await.unwrap();
+    let tick = room.event_tick(EventTimes::of(&opened), Seed::fresh().sent()).await.unwrap();
     let draw_call = started.elapsed();
     assert!(tick.did_draw && tick.drawn == Some(users as u64));
     let (_, draw_us) = longest(&slowest(&mut conn).await, "EVALSHA");

@@ -10,13 +10,13 @@ use std::time::Duration;
 
 use common::*;
 use futures::future::join_all;
-use waitroom::store::{EnterOutcome, EnterRequest, PollClock, Room, RoomRules, StoreError, GROUP_MAX};
+use waitroom::store::{EnterOutcome, EnterRequest, PollClock, RoomStore, RoomRules, StoreError, GROUP_MAX};
 
 fn request(user: &str, capacity: u64) -> EnterRequest<'_> {
     EnterRequest { user, capacity, per_address: None, poll: PollClock::OFF }
 }
 
-async fn enter(room: &Arc<Room>, user: &str, capacity: u64) -> Result<EnterOutcome, StoreError> {
+async fn enter(room: &Arc<RoomStore>, user: &str, capacity: u64) -> Result<EnterOutcome, StoreError> {
     Ok(room.enter_grouped(request(user, capacity), &RoomRules::OFF).await?.outcome)
 }
 
@@ -74,7 +74,7 @@ async fn scores(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> Vec<
     line.into_iter().map(|(_, score)| score as u64).collect()
 }
 
-async fn counter(conn: &mut redis::aio::MultiplexedConnection, room: &Room) -> u64 {
+async fn counter(conn: &mut redis::aio::MultiplexedConnection, room: &RoomStore) -> u64 {
     redis::cmd("GET").arg(&room.keys().seq).query_async(conn).await.unwrap()
 }
 
@@ -86,7 +86,7 @@ async fn a_failed_group_leaves_no_number_to_be_given_again() {
     let redis = RedisServer::start();
     let room = Arc::new(library_room(&redis, "g"));
     // Each from an address of its own, counted: the broken member's count cannot be read.
-    let enter = |room: &Arc<Room>, user: &str| {
+    let enter = |room: &Arc<RoomStore>, user: &str| {
         let (room, user) = (Arc::clone(room), user.to_owned());
         async move {
             let request = EnterRequest { per_address: Some((user.as_str(), 1000)), ..request(&user, 100) };

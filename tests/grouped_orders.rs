@@ -11,12 +11,12 @@ use std::time::Duration;
 
 use common::*;
 use futures::future::join_all;
-use waitroom::store::{Claim, Room};
+use waitroom::store::{Claim, RoomStore};
 
 const HOLD: Duration = Duration::from_secs(30);
 
 /// Gives each user a live token straight in Redis, as an admission would.
-async fn mint(redis: &RedisServer, room: &Room, users: &[String]) -> Vec<String> {
+async fn mint(redis: &RedisServer, room: &RoomStore, users: &[String]) -> Vec<String> {
     let mut conn = redis.conn().await;
     let mut tokens = Vec::new();
     for user in users {

@@ -17,7 +17,7 @@ use redis::FromRedisValue;
 use waitroom::config::Config;
 use waitroom::rules::ControlState;
 use waitroom::store::{
-    AdmitOutcome, Claim, EnterOutcome, EnterRequest, Keys, PollClock, Room, RoomRules, StatusOutcome,
+    AdmitOutcome, Claim, EnterOutcome, EnterRequest, Keys, PollClock, RoomStore, RoomRules, StatusOutcome,
     StoreError, ADAPT_PERIOD,
 };
 
@@ -26,17 +26,17 @@ const LONG: Duration = Duration::from_secs(3600);
 const TTL: Duration = Duration::from_secs(60);
 
 /// A room on `redis` named `prefix`, built the way the proxy builds it: from parsed configuration.
-fn open_room(redis: &RedisServer, prefix: &str) -> Room {
+fn open_room(redis: &RedisServer, prefix: &str) -> RoomStore {
     let yaml = format!(
         "upstream: 127.0.0.1:1\nredis: {{url: \"{}\", key_prefix: \"{prefix}\", timeout: 2s}}\n",
         redis.url()
     );
     let config = Config::parse(&yaml).expect("test config is valid");
-    Room::new(&config.redis).expect("room")
+    RoomStore::new(&config.redis).expect("room")
 }
 
 /// `enter` as the proxy calls it with every admission switch off.
-async fn enter(room: &Room, request: EnterRequest<'_>) -> Result<EnterOutcome, StoreError> {
+async fn enter(room: &RoomStore, request: EnterRequest<'_>) -> Result<EnterOutcome, StoreError> {
     Ok(room.enter(request, &RoomRules::OFF).await?.outcome)
 }
 
@@ -51,12 +51,12 @@ fn request<'a>(user: &'a str, capacity: u64, poll: PollClock<'a>) -> EnterReques
 }
 
 /// The user's live token, which `why` says there must be.
-async fn live_token(room: &Room, user: &str, why: &str) -> String {
+async fn live_token(room: &RoomStore, user: &str, why: &str) -> String {
     room.current_token(user).await.unwrap().expect(why)
 }
 
 /// A room on `redis`, its key names, and a connection to inspect what the scripts wrote.
-async fn open(redis: &RedisServer, prefix: &str) -> (Room, Keys, MultiplexedConnection) {
+async fn open(redis: &RedisServer, prefix: &str) -> (RoomStore, Keys, MultiplexedConnection) {
     let room = open_room(redis, prefix);
     let keys = room.keys().clone();
     (room, keys, redis.conn().await)
@@ -68,17 +68,17 @@ fn waiting(position: u64, already: bool) -> EnterOutcome {
 }
 
 /// `status` as the proxy calls it without abandonment.
-async fn status(room: &Room, user: &str, poll: PollClock<'_>) -> Result<StatusOutcome, StoreError> {
+async fn status(room: &RoomStore, user: &str, poll: PollClock<'_>) -> Result<StatusOutcome, StoreError> {
     Ok(room.status(user, poll, &RoomRules::OFF).await?.outcome)
 }
 
-async fn status_room(room: &Room, user: &str) -> Result<StatusOutcome, StoreError> {
+async fn status_room(room: &RoomStore, user: &str) -> Result<StatusOutcome, StoreError> {
     status(room, user, PollClock::OFF).await
 }
 
 /// One admission tick at the fixed rate.
 async fn admit(
-    room: &Room,
+    room: &RoomStore,
     interval: Duration,
     batch: u32,
     ttl: Duration,
@@ -87,7 +87,7 @@ async fn admit(
 }
 
 /// The room's numbers at the fixed rate: (users waiting, live tokens).
-async fn counts(room: &Room) -> (u64, u64) {
+async fn counts(room: &RoomStore) -> (u64, u64) {
     let watch = room.watch(&RoomRules::OFF).await.expect("stats");
     (watch.waiting, watch.live_tokens)
 }
@@ -96,7 +96,7 @@ fn user(i: usize) -> String {
     format!("user-{i:03}")
 }
 
-async fn enter_all(room: &Room, users: &[String]) {
+async fn enter_all(room: &RoomStore, users: &[String]) {
     for u in users {
         let outcome = enter_room(room, u, CAPACITY).await.expect("enter");
         assert!(
@@ -477,7 +477,7 @@ async fn admit_pops_the_front_in_order_and_writes_one_fresh_token_each() {
 async fn concurrent_admit_calls_admit_exactly_one_batch_per_interval() {
     let redis = RedisServer::start();
     // Ten proxies: ten rooms on one prefix, each with its own connection.
-    let rooms: Vec<Arc<Room>> = std::iter::repeat_with(|| Arc::new(open_room(&redis, "many")))
+    let rooms: Vec<Arc<RoomStore>> = std::iter::repeat_with(|| Arc::new(open_room(&redis, "many")))
         .take(10)
         .collect();
     let users: Vec<String> = (0..400).map(user).collect();
@@ -1129,7 +1129,7 @@ async fn an_unreachable_redis_is_an_error_within_the_timeout() {
         "upstream: 127.0.0.1:1\nredis: {{url: \"{}\", key_prefix: \"down\", timeout: 300ms}}\n",
         redis.url()
     );
-    let room = Room::new(&Config::parse(&yaml).unwrap().redis).unwrap();
+    let room = RoomStore::new(&Config::parse(&yaml).unwrap().redis).unwrap();
     counts(&room).await;
 
     // Hanging (frozen) and gone (stopped): each call fails, and within the bound.

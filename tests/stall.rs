@@ -31,8 +31,8 @@ fn rss_kb(pid: u32) -> u64 {
         .unwrap()
 }
 
-/// The queue's bound (`waitroom::claims::RETRY_BOUND`) and the members one call settles.
-const QUEUE_CALLS: u64 = (waitroom::claims::RETRY_BOUND / waitroom::store::GROUP_MAX) as u64;
+/// The queue's bound (`waitroom::room::claims::RETRY_BOUND`) and the members one call settles.
+const QUEUE_CALLS: u64 = (waitroom::room::claims::RETRY_BOUND / waitroom::store::GROUP_MAX) as u64;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_redis_leaves_a_bounded_queue_and_no_burst_when_it_returns() {

@@ -115,13 +115,13 @@ impl Answer {
 
     /// Before a scheduled event's pre-queue opens: not queued; come back (contract section 14).
     pub fn not_open(opens_in: u64, config: &Config) -> Answer {
-        let poll_after = crate::event::poll_after_before_opening(opens_in, &config.poll_after);
+        let poll_after = crate::room::event::poll_after_before_opening(opens_in, &config.poll_after);
         json(200, &QueueBody::NotOpen { opens_in, poll_after })
     }
 
     /// In a scheduled event's pre-queue: the place is drawn at the opening.
     pub fn prequeued(opens_in: u64, config: &Config) -> Answer {
-        let poll_after = crate::event::poll_after_before_opening(opens_in, &config.poll_after);
+        let poll_after = crate::room::event::poll_after_before_opening(opens_in, &config.poll_after);
         json(200, &QueueBody::Prequeued { opens_in, poll_after })
     }
 

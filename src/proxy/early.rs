@@ -46,18 +46,17 @@ use crate::identity::Refusal;
 use crate::limits::{After, LimitedStream, Taken, Unread};
 use crate::logging;
 use crate::metrics;
-use crate::state::{InFlight, RoomState};
-use crate::store::Room;
+use crate::process::{InFlight, Process};
+use crate::room::Room;
 
 /// The room's status and enter calls, as the connection loop's early answerer.
 pub struct Answers {
-    state: Arc<RoomState>,
-    room: Arc<Room>,
+    process: Arc<Process>,
 }
 
 impl Answers {
-    pub fn new(state: Arc<RoomState>, room: Arc<Room>) -> Answers {
-        Answers { state, room }
+    pub fn new(process: Arc<Process>) -> Answers {
+        Answers { process }
     }
 }
 
@@ -65,7 +64,7 @@ impl crate::limits::Early for Answers {
     type Call = Box<Early>;
 
     fn take(&self, head: &[u8]) -> Taken<Box<Early>> {
-        take(&self.state, head)
+        take(&self.process, head)
     }
 
     fn serve<'a>(
@@ -74,12 +73,14 @@ impl crate::limits::Early for Answers {
         conn: &'a mut LimitedStream,
         shutdown: &'a ShutdownWatch,
     ) -> Pin<Box<dyn Future<Output = After> + Send + 'a>> {
-        Box::pin(call.serve(&self.state, &self.room, conn, shutdown))
+        Box::pin(call.serve(conn, shutdown))
     }
 }
 
 /// A call the connection loop answers, as taken from its head.
 pub struct Early {
+    /// The room the call is to.
+    room: Arc<Room>,
     /// Status or enter.
     endpoint: Endpoint,
     request: RequestHeader,
@@ -92,8 +93,11 @@ pub struct Early {
 
 /// The status or enter call `head` is, when this path may answer it (see the module doc), or the
 /// head as read for pingora.
-fn take(state: &Arc<RoomState>, head: &[u8]) -> Taken<Box<Early>> {
-    let settings = state.settings();
+fn take(process: &Arc<Process>, head: &[u8]) -> Taken<Box<Early>> {
+    let Some(room) = process.rooms().serving() else {
+        return Taken::Not(head::read(head, false));
+    };
+    let settings = room.settings();
     let config = &settings.config;
     // Every other request pays only this look at its first bytes before its one read.
     let Some(endpoint) = candidate(config.endpoints.prefix.as_bytes(), head) else {
@@ -108,7 +112,9 @@ fn take(state: &Arc<RoomState>, head: &[u8]) -> Taken<Box<Early>> {
         return Taken::Not(read);
     }
     let caller = identity_in(config, &request.headers);
-    Taken::Call(Box::new(Early { endpoint, request, caller, started, _in_flight: state.request_started() }))
+    let _in_flight = process.request_started();
+    drop(settings);
+    Taken::Call(Box::new(Early { room, endpoint, request, caller, started, _in_flight }))
 }
 
 /// The endpoint `head` would call, from its first bytes alone.
@@ -125,27 +131,26 @@ impl Early {
     /// writes the answer to `stream`; what becomes of the connection.
     async fn serve<S>(
         self: Box<Self>,
-        state: &RoomState,
-        room: &Arc<Room>,
         stream: &mut S,
         shutdown: &ShutdownWatch,
     ) -> After
     where
         S: AsyncRead + AsyncWrite + GetSocketDigest + Unread + Unpin + Send,
     {
+        let room = &*self.room;
         let mut client = Watch { stream: &mut *stream };
         let answer = match (&self.caller, self.endpoint) {
             (Err(refusal), _) => Some(Answer::identity(*refusal)),
             (Ok(user), Endpoint::Enter) => {
                 // An Arc, not a Guard: the enter waits on Redis with it.
-                let settings = state.snapshot();
+                let settings = room.snapshot();
                 let limited = settings.config.abuse.identities_per_address > 0;
                 let peer = limited.then(|| peer_ip(client.stream)).flatten();
-                let sender = enter::Sender { peer, headers: &self.request.headers };
-                Some(enter::handle(state, &settings, room, &sender, user).await)
+                let sender = super::sender::Sender { peer, headers: &self.request.headers };
+                Some(enter::handle(room, &settings, &sender, user).await)
             }
             // A held poll takes the settings of each reading itself (see `status::answer`).
-            (Ok(user), _) => status::answer(state, room, &mut client, user).await,
+            (Ok(user), _) => status::answer(room, &mut client, user).await,
         };
         let Some(answer) = answer else {
             self.done(0, Some("the client left a held poll".to_owned()));

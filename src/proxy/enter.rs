@@ -3,49 +3,26 @@
 //! it answers itself, see [`super::early`]) -> apply (this proxy's view of the line for a user it
 //! knows is waiting, else one script in Redis) -> render (the answer).
 
-use std::net::IpAddr;
-use std::sync::Arc;
-
-use http::HeaderMap;
-use pingora::proxy::Session;
-
+use super::sender::{client_address, Sender};
 use super::Answer;
-use crate::config::Config;
 use crate::metrics;
 use crate::policy::Settings;
-use crate::rules;
-use crate::state::RoomState;
-use crate::store::{EnterOutcome, EnterRequest, Room};
+use crate::room::Room;
+use crate::store::{EnterOutcome, EnterRequest};
 
-/// Who sent an enter, as far as the per-address identity limit needs to know.
-pub struct Sender<'a> {
-    /// The connection's peer; `None` when the limit is off (nobody asks) or it is unknown.
-    pub peer: Option<IpAddr>,
-    pub headers: &'a HeaderMap,
-}
-
-impl Sender<'_> {
-    pub fn of<'s>(config: &Config, session: &'s Session) -> Sender<'s> {
-        let peer = (config.abuse.identities_per_address > 0)
-            .then(|| session.client_addr().and_then(|a| a.as_inet()).map(|a| a.ip()))
-            .flatten();
-        Sender { peer, headers: &session.req_header().headers }
-    }
-}
-
-pub async fn handle(state: &RoomState, settings: &Settings, room: &Arc<Room>, sender: &Sender<'_>, user: &str) -> Answer {
-    if let Some(answer) = super::event::enter(state, settings, room, sender, user).await {
+pub async fn handle(room: &Room, settings: &Settings, sender: &Sender<'_>, user: &str) -> Answer {
+    if let Some(answer) = super::event::enter(room, settings, sender, user).await {
         return answer;
     }
     let (config, policy) = (&settings.config, &settings.policy);
     let address = (config.abuse.identities_per_address > 0).then(|| client_address(config, sender));
-    let pacing = state.pacing(settings);
+    let pacing = room.pacing(settings);
     // Entering again while waiting changes nothing (same place, no new number, no limit spent)
     // unless Redis must hear of it: then it is the status answer.
-    let local = policy.local_answers.then_some(state.line());
+    let local = policy.local_answers.then_some(room.line());
     if let Some(position) = local.and_then(|line| line.position(user)) {
         metrics::ENTER_BY_RESULT.with("already_waiting", |count| count.inc());
-        return Answer::waiting(position, pacing.pace(), config, state.paused());
+        return Answer::waiting(position, pacing.pace(), config, room.paused());
     }
     let request = EnterRequest {
         user,
@@ -53,8 +30,8 @@ pub async fn handle(state: &RoomState, settings: &Settings, room: &Arc<Room>, se
         per_address: address.as_deref().map(|a| (a, config.abuse.identities_per_address)),
         poll: pacing.poll_clock(),
     };
-    let ticket = state.line().ticket();
-    let (result, answer) = match room.enter_grouped(request, &policy.rules).await {
+    let ticket = room.line().ticket();
+    let (result, answer) = match room.store().enter_grouped(request, &policy.rules).await {
         Ok(entered) => {
             metrics::ABANDONED_TOTAL.inc_by(entered.abandoned);
             if let Some(line) = local {
@@ -67,7 +44,7 @@ pub async fn handle(state: &RoomState, settings: &Settings, room: &Arc<Room>, se
             match entered.outcome {
                 EnterOutcome::Waiting { position, already } => (
                     if already { "already_waiting" } else { "queued" },
-                    Answer::waiting(position, pacing.pace(), config, state.paused()),
+                    Answer::waiting(position, pacing.pace(), config, room.paused()),
                 ),
                 EnterOutcome::Ready { token, remaining_ms } => {
                     ("ready", Answer::ready(&token, remaining_ms))
@@ -92,11 +69,4 @@ pub async fn handle(state: &RoomState, settings: &Settings, room: &Arc<Room>, se
     };
     metrics::ENTER_BY_RESULT.with(result, |count| count.inc());
     answer
-}
-
-/// The address the per-address identity limit counts (see [`rules::client_address`]).
-pub(super) fn client_address(config: &Config, sender: &Sender<'_>) -> String {
-    let Some(peer) = sender.peer else { return "unknown".to_string() };
-    let forwarded = crate::paths::forwarded_for(sender.headers);
-    rules::client_address(peer, forwarded.as_deref(), &config.abuse.trusted_proxies).to_string()
 }

@@ -5,37 +5,37 @@
 use serde::Serialize;
 
 use super::Answer;
-use crate::event::{self, EventConfig, Phase, Seed, Snapshot};
+use crate::config::{format_time, EventConfig, Phase};
+use crate::room::event::{self, Seed, Snapshot};
+use crate::room::Room;
 use crate::metrics;
 use crate::policy::Settings;
-use crate::state::RoomState;
-use crate::store::{Entering, EventEnter, Room, Standing, StoreError, DRAW_PAGE};
+use crate::store::{Entering, EventEnter, EventTimes, Standing, StoreError, DRAW_PAGE};
 
 /// Enter while an event is configured: `None` when the event is open (enter the line as section 3
 /// says), else the answer. Redis's clock decides, except far from every boundary.
 pub async fn enter(
-    state: &RoomState,
-    settings: &Settings,
     room: &Room,
-    sender: &super::enter::Sender<'_>,
+    settings: &Settings,
+    sender: &super::sender::Sender<'_>,
     user: &str,
 ) -> Option<Answer> {
     let config = &settings.config;
     let event = config.event.as_ref()?;
-    let events = state.event();
+    let events = room.event();
     if let Some(snapshot) = events.snapshot() {
         if snapshot.settled(event) && snapshot.phase(event) == Phase::Open {
             return None;
         }
     }
     let limit = config.abuse.identities_per_address;
-    let address = (limit > 0).then(|| super::enter::client_address(config, sender));
+    let address = (limit > 0).then(|| super::sender::client_address(config, sender));
     let entering = Entering {
         user,
         capacity: config.queue.capacity.get(),
         per_address: address.as_deref().map(|a| (a, limit)),
     };
-    let (label, answer) = match prequeue_enter(state, room, event, &entering).await {
+    let (label, answer) = match prequeue_enter(room, event, &entering).await {
         Ok(EventEnter::Open) => return None,
         Ok(EventEnter::NotOpen { opens_in_ms }) => {
             ("not_open", Answer::not_open(event::opens_in_secs(opens_in_ms), config))
@@ -62,16 +62,15 @@ pub async fn enter(
 /// The event script's enter, with the seed this proxy knows (a fresh candidate if it knows none:
 /// the script keeps it only if the room has no seed yet), retried once with the room's own.
 async fn prequeue_enter(
-    state: &RoomState,
     room: &Room,
     event: &EventConfig,
     entering: &Entering<'_>,
 ) -> Result<EventEnter, StoreError> {
-    let mut seed = state.event().snapshot().and_then(|s| s.seed.clone()).unwrap_or_else(Seed::fresh);
+    let mut seed = room.event().snapshot().and_then(|s| s.seed.clone()).unwrap_or_else(Seed::fresh);
     let mut outcome = enter_with(room, event, entering, &seed).await?;
     if let EventEnter::OtherSeed(bytes) = outcome {
         seed = Seed::from_bytes(bytes);
-        state.event().learn_seed(seed.clone());
+        room.event().learn_seed(seed.clone());
         outcome = enter_with(room, event, entering, &seed).await?;
     }
     Ok(outcome)
@@ -79,26 +78,26 @@ async fn prequeue_enter(
 
 /// One call of the event script's enter, the user's place drawn with `seed`.
 async fn enter_with(room: &Room, event: &EventConfig, entering: &Entering<'_>, seed: &Seed) -> Result<EventEnter, StoreError> {
-    room.event_enter(event.times(), entering, seed.sent(), &seed.draw_key(entering.user)).await
+    room.store().event_enter(EventTimes::of(event), entering, seed.sent(), &seed.draw_key(entering.user)).await
 }
 
 /// Whether a status call is the line's to answer, as far as this proxy can tell without Redis:
 /// no event, or one whose phase, as last read, leaves status to the line (not yet open, or
 /// open). False when only Redis can tell.
-pub fn leaves_status_to_the_line(state: &RoomState, settings: &Settings) -> bool {
+pub fn leaves_status_to_the_line(room: &Room, settings: &Settings) -> bool {
     let Some(event) = settings.config.event.as_ref() else { return true };
-    state.event().snapshot().is_some_and(|snapshot| matches!(snapshot.phase(event), Phase::Before | Phase::Open))
+    room.event().snapshot().is_some_and(|snapshot| matches!(snapshot.phase(event), Phase::Before | Phase::Open))
 }
 
 /// Status while an event is configured: `None` when it is open or not yet in its pre-queue
 /// (section 3's answers), else the pre-queue's or the close's answer. The phase is Redis's clock
 /// as this proxy last read it (at most a quarter of a second old).
-pub async fn status(state: &RoomState, settings: &Settings, room: &Room, user: &str) -> Option<Answer> {
+pub async fn status(room: &Room, settings: &Settings, user: &str) -> Option<Answer> {
     let config = &settings.config;
     let event = config.event.as_ref()?;
-    let snapshot = match state.event().snapshot() {
+    let snapshot = match room.event().snapshot() {
         Some(snapshot) => snapshot,
-        None => match state.event().current(room, event).await {
+        None => match room.event().current(room.store(), event).await {
             Ok(snapshot) => snapshot,
             Err(error) => return Some(unavailable(settings, "status", &error)),
         },
@@ -108,7 +107,7 @@ pub async fn status(state: &RoomState, settings: &Settings, room: &Room, user: &
     if matches!(phase, Phase::Before | Phase::Open) {
         return None;
     }
-    let (label, answer) = match (phase, room.standing(user).await) {
+    let (label, answer) = match (phase, room.store().standing(user).await) {
         (_, Err(error)) => return Some(unavailable(settings, "status", &error)),
         (_, Ok(Standing::Ready { token, remaining_ms })) => ("READY", Answer::ready(&token, remaining_ms)),
         (Phase::Prequeue, Ok(Standing::Queued)) => {
@@ -150,8 +149,8 @@ struct EventBody {
 }
 
 /// The event as every user may see it.
-pub async fn public(state: &RoomState, settings: &Settings, room: &Room, method: &http::Method) -> Answer {
-    let (event, snapshot) = match public_snapshot(state, settings, room, method).await {
+pub async fn public(room: &Room, settings: &Settings, method: &http::Method) -> Answer {
+    let (event, snapshot) = match public_snapshot(room, settings, method).await {
         Ok(found) => found,
         Err(answer) => return answer,
     };
@@ -160,8 +159,8 @@ pub async fn public(state: &RoomState, settings: &Settings, room: &Room, method:
     let seed = snapshot.seed.as_ref().filter(|_| phase != Phase::Before);
     let body = EventBody {
         phase: phase.label(),
-        opens_at: event::format_time(event.opens_at),
-        closes_at: event.closes_at.map(event::format_time),
+        opens_at: format_time(event.opens_at),
+        closes_at: event.closes_at.map(format_time),
         seed_sha256: seed.map(|s| s.sha256.clone()),
         seed: drawn.and(seed).map(Seed::hex),
         drawn,
@@ -170,8 +169,8 @@ pub async fn public(state: &RoomState, settings: &Settings, room: &Room, method:
 }
 
 /// The draw's HMACs in drawn order, once the draw happened.
-pub async fn draw(state: &RoomState, settings: &Settings, room: &Room, method: &http::Method) -> Answer {
-    let (_, snapshot) = match public_snapshot(state, settings, room, method).await {
+pub async fn draw(room: &Room, settings: &Settings, method: &http::Method) -> Answer {
+    let (_, snapshot) = match public_snapshot(room, settings, method).await {
         Ok(found) => found,
         Err(answer) => return answer,
     };
@@ -179,7 +178,7 @@ pub async fn draw(state: &RoomState, settings: &Settings, room: &Room, method: &
     let Some(n) = drawn(snapshot.phase(event), &snapshot) else {
         return Answer::error(404, "the draw has not happened yet");
     };
-    match draw_list(state, room, n).await {
+    match draw_list(room, n).await {
         Ok(body) => Answer::json_body(200, body.to_vec()),
         Err(error) => {
             metrics::REDIS_ERRORS_TOTAL.inc();
@@ -199,16 +198,15 @@ fn not_scheduled() -> Answer {
 }
 
 async fn public_snapshot<'s>(
-    state: &RoomState,
-    settings: &'s Settings,
     room: &Room,
+    settings: &'s Settings,
     method: &http::Method,
 ) -> Result<(&'s EventConfig, std::sync::Arc<Snapshot>), Answer> {
     if method != http::Method::GET {
         return Err(Answer::method_not_allowed("GET"));
     }
     let event = settings.config.event.as_ref().ok_or_else(not_scheduled)?;
-    match state.event().current(room, event).await {
+    match room.event().current(room.store(), event).await {
         Ok(snapshot) => Ok((event, snapshot)),
         Err(error) => {
             metrics::REDIS_ERRORS_TOTAL.inc();
@@ -230,8 +228,8 @@ struct DrawBody {
 /// The draw list never changes after the draw: read once per proxy, in pages (no single Redis
 /// call long enough to hold up other rooms), and kept. Concurrent first readers wait for the one
 /// read rather than each reading 100,000 members.
-async fn draw_list(state: &RoomState, room: &Room, drawn: u64) -> Result<std::sync::Arc<Vec<u8>>, StoreError> {
-    let events = state.event();
+async fn draw_list(room: &Room, drawn: u64) -> Result<std::sync::Arc<Vec<u8>>, StoreError> {
+    let events = room.event();
     if let Some(body) = events.draw_list(drawn) {
         return Ok(body);
     }
@@ -242,7 +240,7 @@ async fn draw_list(state: &RoomState, room: &Room, drawn: u64) -> Result<std::sy
     let mut hmacs = Vec::with_capacity(drawn as usize);
     let mut start = 0;
     while start < drawn {
-        let page = room.draw_page(start).await?;
+        let page = room.store().draw_page(start).await?;
         if page.is_empty() {
             break;
         }

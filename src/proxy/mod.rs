@@ -20,6 +20,7 @@ mod enter;
 mod event;
 pub mod headers;
 mod protected;
+mod sender;
 mod status;
 
 use std::borrow::Cow;
@@ -44,8 +45,8 @@ use crate::logging;
 use crate::metrics;
 use crate::paths::{self, PathRefusal, Verdict};
 use crate::rules::{self, Outcome, TokenFate};
-use crate::state::{InFlight, RoomState};
-use crate::store::Room;
+use crate::process::{InFlight, Process};
+use crate::room::Room;
 
 /// What kind of request this is, decided once from method and path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -115,24 +116,25 @@ pub struct Ctx {
     /// upstream may have acted on it.
     sent: bool,
     upstream_status: Option<u16>,
+    /// The room the request is to (none for a request no room serves).
+    room: Option<Arc<Room>>,
     /// Counts the request for a graceful stop until the context is dropped.
     _in_flight: InFlight,
 }
 
-/// The proxy service: the room state, this service's handle on the room's Redis, the upstream.
+/// The proxy service: the process (its settings and rooms) and the upstream.
 pub struct Waitroom {
-    state: Arc<RoomState>,
-    room: Arc<Room>,
+    process: Arc<Process>,
     upstream: Box<HttpPeer>,
 }
 
 impl Waitroom {
-    pub fn new(state: Arc<RoomState>, room: Arc<Room>, upstream: SocketAddr) -> Waitroom {
+    pub fn new(process: Arc<Process>, upstream: SocketAddr) -> Waitroom {
         let mut peer = HttpPeer::new(upstream, false, String::new());
         // A backend that does not accept within this is as good as down: answer 502 rather than
         // hold the user's connection.
         peer.options.connection_timeout = Some(Duration::from_secs(3));
-        Waitroom { state, room, upstream: Box::new(peer) }
+        Waitroom { process, upstream: Box::new(peer) }
     }
 }
 
@@ -163,7 +165,9 @@ impl Waitroom {
     /// see [`crate::limits::hold_client`]). Returns whether the outcome was unknown, and the fate
     /// it gave the token, if the request held a claim.
     async fn settle_unanswered(&self, ctx: &mut Ctx, error: Option<&Error>) -> Option<(Outcome, TokenFate)> {
-        let (Some(claimed), Some(user)) = (ctx.claimed.take(), ctx.user.as_deref()) else { return None };
+        let (Some(claimed), Some(user), Some(room)) = (ctx.claimed.take(), ctx.user.as_deref(), ctx.room.as_deref()) else {
+            return None;
+        };
         let upstream_failed = error.is_none_or(|e| matches!(e.esource(), ErrorSource::Upstream));
         let outcome = if ctx.sent && upstream_failed { Outcome::Unknown } else { Outcome::NotSent };
         if outcome == Outcome::Unknown {
@@ -171,8 +175,8 @@ impl Waitroom {
             tracing::warn!(user, "an order reached the upstream and no status line came back: its outcome is unknown");
         }
         // Cloned, not borrowed: a settings guard must not be held across an await.
-        let lifetimes = self.state.settings().config.token.clone();
-        let fate = protected::settle(&self.room, &self.state, user, claimed, outcome, &lifetimes).await;
+        let lifetimes = room.settings().config.token.clone();
+        let fate = protected::settle(room, user, claimed, outcome, &lifetimes).await;
         Some((outcome, fate))
     }
 }
@@ -381,13 +385,17 @@ impl ProxyHttp for Waitroom {
             upstream_started: None,
             sent: false,
             upstream_status: None,
-            _in_flight: self.state.request_started(),
+            room: None,
+            _in_flight: self.process.request_started(),
         }
     }
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> Result<bool> {
+        let Some(room) = self.process.rooms().serving() else {
+            return Ok(false);
+        };
         // An Arc, not a Guard: this request's snapshot waits with it on Redis and the body.
-        let settings = self.state.snapshot();
+        let settings = room.snapshot();
         let config = &settings.config;
         limit_slow_clients(session);
         shield_room_headers(config, session)?;
@@ -439,17 +447,17 @@ impl ProxyHttp for Waitroom {
                 write_page(session, page).await?;
                 return Ok(true);
             }
-            Endpoint::Event => event::public(&self.state, &settings, &self.room, &header.method).await,
-            Endpoint::EventDraw => event::draw(&self.state, &settings, &self.room, &header.method).await,
+            Endpoint::Event => event::public(&room, &settings, &header.method).await,
+            Endpoint::EventDraw => event::draw(&room, &settings, &header.method).await,
             Endpoint::Enter => match caller(config, session, ctx, http::Method::POST, "POST") {
-                Ok(user) => enter::handle(&self.state, &settings, &self.room, &enter::Sender::of(config, session), user).await,
+                Ok(user) => enter::handle(&room, &settings, &sender::Sender::of(config, session), user).await,
                 Err(refusal) => refusal,
             },
             Endpoint::Status => match caller(config, session, ctx, http::Method::GET, "GET") {
                 Ok(user) => {
                     // A held poll keeps no snapshot (see status::answer).
                     drop(settings);
-                    match status::answer(&self.state, &self.room, session, user).await {
+                    match status::answer(&room, session, user).await {
                         Some(answer) => answer,
                         // Held, and the client went away: nobody to answer.
                         None => {
@@ -460,6 +468,9 @@ impl ProxyHttp for Waitroom {
                 Err(refusal) => refusal,
             },
             Endpoint::Protected => {
+                // The later phases settle the claim, listen to the origin and record the latency
+                // in this room.
+                ctx.room = Some(room.clone());
                 if config.bypass.is_set() && self.bypasses(config, session, ctx) {
                     metrics::PROTECTED_BY_RESULT.with("bypassed", |count| count.inc());
                     return Ok(false);
@@ -471,7 +482,7 @@ impl ProxyHttp for Waitroom {
                     let why = "the request's body framing is ambiguous: one Content-Length, or Transfer-Encoding: chunked alone";
                     Some(("forbidden", Answer::error(400, why)))
                 } else {
-                    protected::check(&self.state, config, &self.room, session, ctx).await
+                    protected::check(&room, config, session, ctx).await
                 };
                 match refusal {
                     None => {
@@ -509,7 +520,7 @@ impl ProxyHttp for Waitroom {
         // Without these pingora waits for a silent upstream forever (it sets only a connect
         // timeout). They bound each read and write, so a response that has started may take
         // longer in total as long as it keeps coming. Read per request: reloadable.
-        let timeout = self.state.settings().config.limits.upstream_timeout;
+        let timeout = self.process.settings().config.limits.upstream_timeout;
         peer.options.read_timeout = Some(timeout);
         peer.options.write_timeout = Some(timeout);
         Ok(peer)
@@ -527,7 +538,7 @@ impl ProxyHttp for Waitroom {
             return Ok(());
         }
         ctx.sent = true;
-        if let IdentityConfig::Jwt(verifier) = &self.state.settings().config.identity {
+        if let IdentityConfig::Jwt(verifier) = &self.process.settings().config.identity {
             match &ctx.user {
                 // The verified identity replaces whatever the client sent under that name, so
                 // the upstream can credit the order to the user the room admitted.
@@ -548,11 +559,11 @@ impl ProxyHttp for Waitroom {
         upstream_response: &mut ResponseHeader,
         ctx: &mut Ctx,
     ) -> Result<()> {
-        if ctx.endpoint == Endpoint::Protected {
-            crate::control::from_origin(&self.state, &self.room, upstream_response, ctx.user.as_deref()).await;
+        if let (Endpoint::Protected, Some(room)) = (ctx.endpoint, ctx.room.as_deref()) {
+            crate::services::control::from_origin(room, upstream_response, ctx.user.as_deref()).await;
         } else {
             // Obeyed only on protected responses, and never shown to a client.
-            upstream_response.remove_header(crate::control::ORIGIN_HEADER);
+            upstream_response.remove_header(crate::services::control::ORIGIN_HEADER);
         }
         let status = upstream_response.status.as_u16();
         if status < 200 {
@@ -565,13 +576,13 @@ impl ProxyHttp for Waitroom {
             metrics::UPSTREAM_DURATION_BY_ENDPOINT
                 .with(ctx.endpoint.label(), |duration| duration.observe(latency.as_secs_f64()));
             // What the adaptive controller listens to (see crate::admission).
-            if ctx.endpoint == Endpoint::Protected {
-                self.state.latencies().record(latency);
+            if let (Endpoint::Protected, Some(room)) = (ctx.endpoint, &ctx.room) {
+                room.latencies().record(latency);
             }
         }
-        if let (Some(claimed), Some(user)) = (ctx.claimed.take(), ctx.user.as_deref()) {
-            let lifetimes = self.state.settings().config.token.clone();
-            protected::settle(&self.room, &self.state, user, claimed, Outcome::Answered(status), &lifetimes).await;
+        if let (Some(claimed), Some(user), Some(room)) = (ctx.claimed.take(), ctx.user.as_deref(), ctx.room.as_deref()) {
+            let lifetimes = room.settings().config.token.clone();
+            protected::settle(room, user, claimed, Outcome::Answered(status), &lifetimes).await;
         }
         Ok(())
     }
@@ -608,8 +619,8 @@ impl ProxyHttp for Waitroom {
             // The adaptive controller must hear of an upstream too slow to answer at all: the
             // wait, at least upstream_timeout, is its slowest sample. (A body that stalls after
             // the response header was already counted when the header came.)
-            if let Some(started) = ctx.upstream_started {
-                self.state.latencies().record(started.elapsed());
+            if let (Some(started), Some(room)) = (ctx.upstream_started, &ctx.room) {
+                room.latencies().record(started.elapsed());
             }
         }
         // Settled before the error answer leaves, so the user's immediate retry is not a 409.

@@ -6,19 +6,18 @@
 //! Parse (identity, token header) -> apply (claim the token in Redis) -> render (a refusal, or
 //! nothing and the request goes upstream).
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use pingora::proxy::Session;
 
 use super::{identity, Answer, Ctx};
-use crate::claims::{Live, Retry};
+use crate::room::claims::{Live, Retry};
+use crate::room::Room;
 use crate::config::{Config, TokenConfig};
 use crate::logging::Limited;
 use crate::metrics;
 use crate::rules::{self, Outcome, TokenFate};
-use crate::state::RoomState;
-use crate::store::{Claim, Room, Settle};
+use crate::store::{Claim, Settle};
 
 /// In an outage every protected request fails alike: one line of each kind a second says so.
 static CLAIM_FAILED: Limited = Limited::every(Duration::from_secs(1));
@@ -38,13 +37,12 @@ pub struct Claimed {
 /// `forwarded` here). A refusal is counted by the caller: in shadow mode it is forwarded instead
 /// and counted as what it would have been.
 pub async fn check(
-    state: &RoomState,
+    room: &Room,
     config: &Config,
-    room: &Arc<Room>,
     session: &Session,
     ctx: &mut Ctx,
 ) -> Option<(&'static str, Answer)> {
-    let (result, refusal) = decide(state, config, room, session, ctx).await;
+    let (result, refusal) = decide(room, config, session, ctx).await;
     match refusal {
         None => {
             metrics::PROTECTED_BY_RESULT.with(result, |count| count.inc());
@@ -55,13 +53,12 @@ pub async fn check(
 }
 
 async fn decide(
-    state: &RoomState,
+    room: &Room,
     config: &Config,
-    room: &Arc<Room>,
     session: &Session,
     ctx: &mut Ctx,
 ) -> (&'static str, Option<Answer>) {
-    let spent = state.spent();
+    let spent = room.spent();
     let user = match identity(config, session) {
         Ok(user) => ctx.user.insert(user),
         Err(problem) => return ("unauthenticated", Some(Answer::identity(problem))),
@@ -82,9 +79,9 @@ async fn decide(
         return ("forbidden", Some(Answer::error(403, "the entry token is not valid for this user")));
     };
     let id = uuid::Uuid::new_v4().simple().to_string();
-    match room.claim_grouped(user, token, &id, config.token.claim_timeout).await {
+    match room.store().claim_grouped(user, token, &id, config.token.claim_timeout).await {
         Ok(Claim::Claimed) => {
-            let live = state.claims().register(user, &id);
+            let live = room.claims().register(user, &id);
             ctx.claimed = Some(Claimed { token: token.to_owned(), id, _live: live });
             ("forwarded", None)
         }
@@ -100,7 +97,7 @@ async fn decide(
             // claim_timeout. One try from the proxy's bounded queue, the first thing it drops
             // when full; the id is this request's own, so ending it never ends another's claim.
             let release = Settle::new(user, token, &id, false);
-            state.settles().retry(release, Retry::MaybeClaimed, config.token.claim_timeout);
+            room.settles().retry(release, Retry::MaybeClaimed, config.token.claim_timeout);
             ("unavailable", Some(Answer::unavailable(config)))
         }
     }
@@ -110,8 +107,7 @@ async fn decide(
 /// returns the fate it applied. What Redis could not take now goes to the proxy's queue of
 /// settles ([`crate::claims::Settles`]).
 pub async fn settle(
-    room: &Arc<Room>,
-    state: &RoomState,
+    room: &Room,
     user: &str,
     claimed: Claimed,
     outcome: Outcome,
@@ -124,19 +120,19 @@ pub async fn settle(
     if fate == TokenFate::Keep {
         // Retrying is the user's right: left to claim_timeout, the claim would refuse the
         // user's retries with 409 long after Redis is back.
-        if let Err(error) = room.consume_grouped(user, &token, &id, false).await {
+        if let Err(error) = room.store().consume_grouped(user, &token, &id, false).await {
             metrics::REDIS_ERRORS_TOTAL.inc();
             if let Some(held_back) = RELEASE_FAILED.pass() {
                 tracing::warn!(%error, user, also_failed = held_back, "could not release an entry token's claim; queued");
             }
-            state.settles().retry(Settle::new(user, &token, &id, false), Retry::Release, claim_timeout);
+            room.settles().retry(Settle::new(user, &token, &id, false), Retry::Release, claim_timeout);
         }
         return fate;
     }
     // Before Redis hears of it: a repeat through this proxy is refused from now on, whatever
     // becomes of the delete.
-    state.spent().remember(&token, user, token_ttl);
-    match room.consume_grouped(user, &token, &id, true).await {
+    room.spent().remember(&token, user, token_ttl);
+    match room.store().consume_grouped(user, &token, &id, true).await {
         Ok(true) => metrics::TOKENS_CONSUMED_TOTAL.inc(),
         // Expired, or already replaced by a newer token, between the check and now.
         Ok(false) => {}
@@ -148,7 +144,7 @@ pub async fn settle(
             if let Some(held_back) = SPEND_FAILED.pass() {
                 tracing::error!(%error, user, also_failed = held_back, "could not spend an entry token after a successful order; queued");
             }
-            state.settles().retry(Settle::new(user, &token, &id, true), Retry::Spend, token_ttl);
+            room.settles().retry(Settle::new(user, &token, &id, true), Retry::Spend, token_ttl);
         }
     }
     fate

@@ -10,13 +10,13 @@ use pingora::prelude::*;
 use pingora::proxy::Session;
 
 use super::Answer;
-use crate::control::{self, Mode};
+use crate::services::control::{self, Mode};
 use crate::metrics;
-use crate::line::LocalLine;
+use crate::room::line::LocalLine;
+use crate::room::Room;
 use crate::policy::Settings;
 use crate::rules::{self, Pace};
-use crate::state::RoomState;
-use crate::store::{Room, StatusOutcome};
+use crate::store::StatusOutcome;
 
 /// A held poll with abandonment on asks Redis at least this often, so that holding counts as
 /// hearing from the user for the hold's whole length.
@@ -74,31 +74,31 @@ impl Client for Session {
 /// Answers a status call; `None` when the client went away while its poll was held. A held poll
 /// keeps no snapshot of the settings while it waits: one held up to `endpoints.hold` would keep a
 /// configuration a reload replaced, and each reading after a wake takes the running one.
-pub async fn answer(state: &RoomState, room: &Room, client: &mut impl Client, user: &str) -> Option<Answer> {
-    let snapshot = state.snapshot();
+pub async fn answer(room: &Room, client: &mut impl Client, user: &str) -> Option<Answer> {
+    let snapshot = room.snapshot();
     let settings = &*snapshot;
-    let now = read_small(state, settings, room, user, false).await;
-    let pace = state.pacing(settings).pace();
-    let (position, score) = match to_hold(&now, state, settings) {
+    let now = read_small(room, settings, user, false).await;
+    let pace = room.pacing(settings).pace();
+    let (position, score) = match to_hold(&now, room, settings) {
         None => return Some(now.count()),
         Some((position, Some(score))) => (position, score),
         // Within the hold, with no score to hold for (a reading without one): answered now,
         // and, for a user whose poll is held on another connection, not with `pollAfter: 0`,
         // or that client would ask in a loop.
-        Some((position, None)) if state.held().holds(user) => {
-            return Some(Reading { answer: Answer::waiting_unheld(position, pace, &settings.config, state.paused()), ..now }.count());
+        Some((position, None)) if room.held().holds(user) => {
+            return Some(Reading { answer: Answer::waiting_unheld(position, pace, &settings.config, room.paused()), ..now }.count());
         }
         Some(_) => return Some(now.count()),
     };
     let limit = usize::try_from(settings.config.queue.capacity.get()).unwrap_or(usize::MAX);
-    let Some(mut hold) = state.held().hold(user, score, limit) else {
-        if state.held().stopping() {
+    let Some(mut hold) = room.held().hold(user, score, limit) else {
+        if room.held().stopping() {
             return Some(now.count());
         }
         // Held polls at their limit, or this user's poll held already on another connection:
         // told to come back later (the tier's pollAfter, at least 1), not at once, or a client
         // that keeps a poll held would be answered in a loop.
-        return Some(Reading { answer: Answer::waiting_unheld(position, pace, &settings.config, state.paused()), ..now }.count());
+        return Some(Reading { answer: Answer::waiting_unheld(position, pace, &settings.config, room.paused()), ..now }.count());
     };
     let deadline = tokio::time::Instant::now() + settings.config.endpoints.hold;
     let abandon = settings.config.queue.abandon_after;
@@ -106,7 +106,7 @@ pub async fn answer(state: &RoomState, room: &Room, client: &mut impl Client, us
     let mut watch_client = true;
     // From here each reading takes the settings running when it is made.
     drop(snapshot);
-    let read_now = || async { read_small(state, &state.snapshot(), room, user, true).await };
+    let read_now = || async { read_small(room, &room.snapshot(), user, true).await };
     let reading = loop {
         let wake = tokio::select! {
             _ = hold.woken() => Wake::Front,
@@ -121,7 +121,7 @@ pub async fn answer(state: &RoomState, room: &Room, client: &mut impl Client, us
                 return None;
             }
             Wake::Client(Watched::Spoke) => watch_client = false,
-            Wake::Front if state.held().stopping() => break read_now().await,
+            Wake::Front if room.held().stopping() => break read_now().await,
             Wake::Front => {
                 let exact = read_now().await;
                 match exact.waiting {
@@ -135,7 +135,7 @@ pub async fn answer(state: &RoomState, room: &Room, client: &mut impl Client, us
     };
     drop(hold);
     if let Some(remaining_ms) = reading.ready_ms {
-        let issued_ago = state.settings().config.token.ttl.saturating_sub(Duration::from_millis(remaining_ms));
+        let issued_ago = room.settings().config.token.ttl.saturating_sub(Duration::from_millis(remaining_ms));
         metrics::HELD_READY_DELAY.observe(issued_ago.as_secs_f64());
     }
     Some(reading.count())
@@ -143,8 +143,8 @@ pub async fn answer(state: &RoomState, room: &Room, client: &mut impl Client, us
 
 /// The place and score a WAITING answer's poll would be held for (contract section 13), if it
 /// is one to hold.
-fn to_hold(now: &Reading, state: &RoomState, settings: &Settings) -> Option<(u64, Option<f64>)> {
-    let pace = state.pacing(settings).pace();
+fn to_hold(now: &Reading, room: &Room, settings: &Settings) -> Option<(u64, Option<f64>)> {
+    let pace = room.pacing(settings).pace();
     match now.waiting {
         Some((position, score)) if rules::within_hold(rules::wait_secs(position, pace), settings.policy.hold_secs) => {
             Some((position, score))
@@ -170,31 +170,31 @@ async fn sleep_or_never(after: Option<Duration>) {
 
 /// [`read`], with what needs Redis on the heap: a held poll waits with this future inside its own,
 /// and a Redis call's state would be most of a held poll's memory.
-async fn read_small(state: &RoomState, settings: &Settings, room: &Room, user: &str, after_hold: bool) -> Reading {
-    if super::event::leaves_status_to_the_line(state, settings) {
-        if let Some(reading) = read_local(state, settings, user, after_hold) {
+async fn read_small(room: &Room, settings: &Settings, user: &str, after_hold: bool) -> Reading {
+    if super::event::leaves_status_to_the_line(room, settings) {
+        if let Some(reading) = read_local(room, settings, user, after_hold) {
             return reading;
         }
     }
-    Box::pin(read(state, settings, room, user, after_hold)).await
+    Box::pin(read(room, settings, user, after_hold)).await
 }
 
 /// Where the user stands now: from this proxy's view of the line when it can tell, else from
 /// Redis. `after_hold`: the answer ends a held poll (or re-checks one), so a WAITING answer
 /// says "ask again at once", and enforced polling's clock agrees.
-async fn read(state: &RoomState, settings: &Settings, room: &Room, user: &str, after_hold: bool) -> Reading {
-    if let Some(answer) = super::event::status(state, settings, room, user).await {
+async fn read(room: &Room, settings: &Settings, user: &str, after_hold: bool) -> Reading {
+    if let Some(answer) = super::event::status(room, settings, user).await {
         return Reading { label: None, answer, waiting: None, ready_ms: None };
     }
-    if let Some(reading) = read_local(state, settings, user, after_hold) {
+    if let Some(reading) = read_local(room, settings, user, after_hold) {
         return reading;
     }
     let (config, policy) = (&settings.config, &settings.policy);
-    let pacing = state.pacing(settings);
-    let local = local_line(state, settings);
-    let ticket = state.line().ticket();
+    let pacing = room.pacing(settings);
+    let local = local_line(room, settings);
+    let ticket = room.line().ticket();
     let clock = if after_hold { pacing.poll_clock_at_once() } else { pacing.poll_clock() };
-    match room.status(user, clock, &policy.rules).await {
+    match room.store().status(user, clock, &policy.rules).await {
         Ok(status) => {
             metrics::ABANDONED_TOTAL.inc_by(status.abandoned);
             if let Some(line) = local {
@@ -207,12 +207,12 @@ async fn read(state: &RoomState, settings: &Settings, room: &Room, user: &str, a
                 }
             }
             match status.outcome {
-                StatusOutcome::Waiting { position } => waiting(state, settings, pacing.pace(), position, status.score, after_hold),
+                StatusOutcome::Waiting { position } => waiting(room, settings, pacing.pace(), position, status.score, after_hold),
                 StatusOutcome::Ready { token, remaining_ms } => Reading {
                     ready_ms: Some(remaining_ms),
                     ..Reading::new("READY", Answer::ready(&token, remaining_ms))
                 },
-                StatusOutcome::NotInQueue if control::closed_now(state, room).await => {
+                StatusOutcome::NotInQueue if control::closed_now(room).await => {
                     Reading::new("CLOSED", Answer::closed())
                 }
                 StatusOutcome::NotInQueue => Reading::new("NOT_IN_QUEUE", Answer::not_in_queue()),
@@ -232,22 +232,22 @@ async fn read(state: &RoomState, settings: &Settings, room: &Room, user: &str, a
 
 /// This proxy's view of the line, when it may answer from it. A closed room's line is empty: only
 /// Redis can tell its READY users from the rest.
-fn local_line<'s>(state: &'s RoomState, settings: &Settings) -> Option<&'s LocalLine> {
-    (settings.policy.local_answers && state.mode() != Mode::Closed).then_some(state.line())
+fn local_line<'s>(room: &'s Room, settings: &Settings) -> Option<&'s LocalLine> {
+    (settings.policy.local_answers && room.mode() != Mode::Closed).then_some(room.line())
 }
 
 /// Where the user stands by this proxy's view of the line, if it knows.
-fn read_local(state: &RoomState, settings: &Settings, user: &str, after_hold: bool) -> Option<Reading> {
-    let (position, number) = local_line(state, settings)?.place(user)?;
-    Some(waiting(state, settings, state.pacing(settings).pace(), position, Some(number as f64), after_hold))
+fn read_local(room: &Room, settings: &Settings, user: &str, after_hold: bool) -> Option<Reading> {
+    let (position, number) = local_line(room, settings)?.place(user)?;
+    Some(waiting(room, settings, room.pacing(settings).pace(), position, Some(number as f64), after_hold))
 }
 
-fn waiting(state: &RoomState, settings: &Settings, pace: Pace, position: u64, score: Option<f64>, after_hold: bool) -> Reading {
+fn waiting(room: &Room, settings: &Settings, pace: Pace, position: u64, score: Option<f64>, after_hold: bool) -> Reading {
     Reading {
         label: Some("WAITING"),
         answer: match after_hold {
-            true => Answer::waiting_after_hold(position, pace, state.paused()),
-            false => Answer::waiting(position, pace, &settings.config, state.paused()),
+            true => Answer::waiting_after_hold(position, pace, room.paused()),
+            false => Answer::waiting(position, pace, &settings.config, room.paused()),
         },
         waiting: Some((position, score)),
         ready_ms: None,

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use super::{Room, StoreError};
+use super::{RoomStore, StoreError};
 use crate::rules::ControlState;
 use crate::store::script::needed;
 
@@ -34,7 +34,7 @@ script! {
 }
 
 pub(super) mod commit {
-    use super::{ControlState, Room, StoreError};
+    use super::{ControlState, RoomStore, StoreError};
 
     script! {
         static SCRIPT = [] "lua/adapt_commit.lua";
@@ -48,7 +48,7 @@ pub(super) mod commit {
         }
     }
 
-    impl Room {
+    impl RoomStore {
         /// Stores the state a claimed step computed; false when a later step was claimed meanwhile.
         pub async fn adapt_commit(&self, step_id: &str, state: ControlState) -> Result<bool, StoreError> {
             let args = CommitArgs {
@@ -64,7 +64,7 @@ pub(super) mod commit {
     }
 }
 
-/// A controller step this proxy claimed: compute the next state, then [`Room::adapt_commit`].
+/// A controller step this proxy claimed: compute the next state, then [`RoomStore::adapt_commit`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AdaptStep {
     /// Identifies the step for the commit.
@@ -83,7 +83,7 @@ pub struct AdaptOutcome {
     pub next_due: Duration,
 }
 
-impl Room {
+impl RoomStore {
     /// This proxy's once-a-second adaptive call: reports its latencies (`(bucket, count)`) and
     /// claims the room's controller step when it is due.
     pub async fn adapt(&self, report: &[(usize, u64)]) -> Result<AdaptOutcome, StoreError> {

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::{Room, RoomRules, StoreError};
+use super::{RoomStore, RoomRules, StoreError};
 
 script! {
     static SCRIPT = [ADMISSION, ROOM_STATE, ROOM_CLOCK] "lua/admit.lua";
@@ -44,7 +44,7 @@ pub struct AdmitOutcome {
     pub batch: u32,
 }
 
-impl Room {
+impl RoomStore {
     /// One admission tick under `rules`: sweeps abandoned places, then admits the batch in
     /// force (less what max_active leaves no room for) if the room's schedule says one is due,
     /// admitting nobody before `opens_at_ms` of Redis's clock (a scheduled event's opening: its

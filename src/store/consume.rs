@@ -10,14 +10,14 @@ use std::future::Future;
 use std::sync::Arc;
 
 use super::group::{Groups, Grouped};
-use super::{Room, StoreError};
+use super::{RoomStore, StoreError};
 
 pub(super) mod claim {
     use std::future::Future;
     use std::sync::Arc;
     use std::time::Duration;
 
-    use super::{Claim, Groups, Grouped, Room, StoreError};
+    use super::{Claim, Groups, Grouped, RoomStore, StoreError};
 
     script! {
         static SCRIPT = [] "lua/claim.lua";
@@ -48,7 +48,7 @@ pub(super) mod claim {
         }
     }
 
-    impl Room {
+    impl RoomStore {
         /// Claims the user's token for one request, if `token` is the current one and nobody
         /// holds it, in a call of its own. A claim left behind (a proxy that died mid-request)
         /// ends after `hold`, or with the token.
@@ -99,12 +99,12 @@ pub(super) mod claim {
         type Reply = Claim;
         const FILE: &'static str = FILE;
 
-        fn groups(room: &Room) -> &Groups<Member> {
+        fn groups(room: &RoomStore) -> &Groups<Member> {
             &room.groups.claims
         }
 
         fn call<'a>(
-            room: &'a Room,
+            room: &'a RoomStore,
             hold_ms: &'a u64,
             members: &'a [&'a Member],
         ) -> impl Future<Output = Result<Vec<Claim>, StoreError>> + Send + 'a {
@@ -116,7 +116,7 @@ pub(super) mod claim {
 pub(super) mod keep {
     use std::time::Duration;
 
-    use super::{Room, StoreError};
+    use super::{RoomStore, StoreError};
 
     script! {
         static SCRIPT = [] "lua/keep_claims.lua";
@@ -127,7 +127,7 @@ pub(super) mod keep {
         }
     }
 
-    impl Room {
+    impl RoomStore {
         /// Keeps each of `claims` (user, claim id), the claims of this proxy's orders still in
         /// flight, for `hold` more (never past its token's expiry), if it is still that
         /// request's; how many were.
@@ -188,7 +188,7 @@ impl Settle {
     }
 }
 
-impl Room {
+impl RoomStore {
     /// Ends the request's claim and, when `spend` (the order succeeded), deletes the user's
     /// token if it is still `token`, in a call of its own; true when it was deleted.
     pub async fn consume(&self, user: &str, token: &str, claim: &str, spend: bool) -> Result<bool, StoreError> {
@@ -247,12 +247,12 @@ impl Grouped for Settle {
     type Reply = bool;
     const FILE: &'static str = FILE;
 
-    fn groups(room: &Room) -> &Groups<Settle> {
+    fn groups(room: &RoomStore) -> &Groups<Settle> {
         &room.groups.settles
     }
 
     fn call<'a>(
-        room: &'a Room,
+        room: &'a RoomStore,
         _: &'a (),
         members: &'a [&'a Settle],
     ) -> impl Future<Output = Result<Vec<bool>, StoreError>> + Send + 'a {

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use redis::Value;
 
 use super::group::{Groups, Grouped};
-use super::{PollClock, Room, RoomRules, StoreError};
+use super::{PollClock, RoomStore, RoomRules, StoreError};
 
 script! {
     static SCRIPT = [ROOM_CLOCK, POLL_CLOCK, ADMISSION, ROOM_STATE] "lua/enter.lua";
@@ -106,7 +106,7 @@ impl EnterRequest<'_> {
     }
 }
 
-impl Room {
+impl RoomStore {
     /// One enter under `rules`, in a call of its own: with `instant`, a fresh token goes along in
     /// case the user may pass.
     pub async fn enter(&self, request: EnterRequest<'_>, rules: &RoomRules) -> Result<Entered, StoreError> {
@@ -131,12 +131,12 @@ impl Grouped for Member {
     type Reply = Entered;
     const FILE: &'static str = FILE;
 
-    fn groups(room: &Room) -> &Groups<Member> {
+    fn groups(room: &RoomStore) -> &Groups<Member> {
         &room.groups.enters
     }
 
     fn call<'a>(
-        room: &'a Room,
+        room: &'a RoomStore,
         terms: &'a Terms,
         members: &'a [&'a Member],
     ) -> impl Future<Output = Result<Vec<Entered>, StoreError>> + Send + 'a {
@@ -144,7 +144,7 @@ impl Grouped for Member {
     }
 }
 
-impl Room {
+impl RoomStore {
     /// One call of the script for `members`, in their order: an outcome for each, in the same.
     async fn enter_members(&self, terms: &Terms, members: &[&Member]) -> Result<Vec<Entered>, StoreError> {
         let rules = &terms.rules;

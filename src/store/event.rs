@@ -2,10 +2,11 @@
 //! clock, the pre-queue, and the seed, draw and close that happen once), the standing of a user
 //! outside the open phase, and the public draw list, read in pages.
 //!
-//! It takes the event and its seed as plain values ([`EventTimes`], [`SeedRef`]): `crate::event`
-//! owns their types and reads and writes the event through this module.
+//! It takes the event and its seed as plain values ([`EventTimes`], [`SeedRef`]):
+//! `crate::room::event` owns the seed and reads and writes the event through this module.
 
-use super::{Room, StoreError};
+use super::{RoomStore, StoreError};
+use crate::config::EventConfig;
 
 script! {
     static SCRIPT = [] "lua/event.lua";
@@ -53,6 +54,17 @@ pub struct EventTimes {
     pub prequeue_ms: i64,
     pub closes_ms: Option<i64>,
     pub shuffle: bool,
+}
+
+impl EventTimes {
+    pub fn of(event: &EventConfig) -> EventTimes {
+        EventTimes {
+            opens_ms: event.opens_ms(),
+            prequeue_ms: event.prequeue_ms(),
+            closes_ms: event.closes_ms(),
+            shuffle: event.shuffle,
+        }
+    }
 }
 
 /// A seed as the script takes it: its 32 bytes and their SHA-256 (hex), the commitment.
@@ -117,7 +129,7 @@ pub enum Standing {
 /// rooms' calls for long.
 pub const DRAW_PAGE: u64 = 1000;
 
-impl Room {
+impl RoomStore {
     /// One call of the script; a tick reads no user, capacity or address, but the layout is one.
     fn event_call(&self, op: &str, event: EventTimes, entering: &Entering<'_>, seed: SeedRef<'_>, hmac: &str) -> redis::ScriptInvocation<'static> {
         let user = entering.user;

@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use tokio::sync::oneshot;
 
-use super::{Room, StoreError};
+use super::{RoomStore, StoreError};
 
 /// The most members one call carries: an enter holds Redis for about 10 µs a member (the
 /// heaviest kind), so a full group delays every other command by a third of a millisecond at
@@ -40,11 +40,11 @@ pub(super) trait Grouped: Send + Sync + Sized + 'static {
     const FILE: &'static str;
 
     /// The room's queue of this kind.
-    fn groups(room: &Room) -> &Groups<Self>;
+    fn groups(room: &RoomStore) -> &Groups<Self>;
 
     /// One call for `members`, in their order: a reply for each, in the same.
     fn call<'a>(
-        room: &'a Room,
+        room: &'a RoomStore,
         terms: &'a Self::Terms,
         members: &'a [&'a Self],
     ) -> impl Future<Output = Result<Vec<Self::Reply>, StoreError>> + Send + 'a;
@@ -116,7 +116,7 @@ impl<M: Grouped> Groups<M> {
     }
 }
 
-impl Room {
+impl RoomStore {
     /// `member`'s call, in a group with the requests of its kind that arrive while earlier
     /// groups are out. Bounded by `redis.timeout` from now, the wait for a group included.
     pub(super) async fn grouped<M: Grouped>(self: &Arc<Self>, terms: M::Terms, member: M) -> Result<M::Reply, StoreError> {

@@ -8,7 +8,7 @@
 //! lagged; the run_id does not, so numbers learned from one server are never read against
 //! another's counter (`INFO server` costs Redis a few microseconds, 100 times a second).
 
-use super::{Room, StoreError};
+use super::{RoomStore, StoreError};
 
 /// One consistent reading of the line, for `crate::line`.
 #[derive(Debug, Clone, PartialEq)]
@@ -27,7 +27,7 @@ pub struct LineReading {
     pub server: String,
 }
 
-impl Room {
+impl RoomStore {
     /// The line's counter, length, first number and epoch, in one MULTI/EXEC.
     pub async fn read_line(&self) -> Result<LineReading, StoreError> {
         self.bounded(async {

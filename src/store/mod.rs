@@ -9,7 +9,7 @@
 //! `line`, `room`), as mini-redis has one file per command: each owns its Lua file, declares the names of
 //! its KEYS, ARGV and reply once (see `script.rs`: Rust fills them by name, the Lua reads them by
 //! name), and decodes its own reply. A new key or argument touches that module and its Lua file,
-//! nothing else; a new key name, `keys.rs`. `Room` holds only what they share: the key names, the
+//! nothing else; a new key name, `keys.rs`. `RoomStore` holds only what they share: the key names, the
 //! connection (`conn.rs`) and the bound on each call. Tests call the same operations with
 //! [`RoomRules`] and [`PollClock`] spelled out.
 //!
@@ -30,6 +30,7 @@
 //! heard from) and `clock` (the room's clock, which outages do not advance: see
 //! `lua/room_clock.lua`).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::RedisConfig;
@@ -190,12 +191,43 @@ fn push_tiers(call: &mut redis::ScriptInvocation<'_>, tiers: impl Iterator<Item 
     }
 }
 
-/// A handle on one room. Cheap to create; the connection is opened on first use, on the runtime
-/// of the caller, because a redis-rs connection's driver task lives on the runtime that made it
-/// and pingora gives every service its own runtime. So: one `Room` per service.
-pub struct Room {
-    keys: Keys,
-    connector: Connector,
+/// The process's way to Redis on one runtime: the connection (opened on first use, on the
+/// runtime of the caller, because a redis-rs connection's driver task lives on the runtime that
+/// made it) and the default bound on each call. Cloning shares the connection, so every room
+/// served from one runtime uses one connection.
+#[derive(Clone)]
+pub struct Redis {
+    connector: Arc<Connector>,
+    timeout: Duration,
+    key_prefix: Arc<str>,
+}
+
+impl Redis {
+    pub fn new(config: &RedisConfig) -> Result<Redis, StoreError> {
+        Ok(Redis {
+            connector: Arc::new(Connector::new(config)?),
+            timeout: config.timeout,
+            key_prefix: Arc::from(config.key_prefix.as_str()),
+        })
+    }
+
+    /// The handle on one room's keys over this connection.
+    pub fn room(&self, keys: Arc<Keys>) -> RoomStore {
+        RoomStore { keys, connector: self.connector.clone(), timeout: self.timeout, groups: Queues::default() }
+    }
+
+    /// The keys of the room `default`, the one room of a configuration without `rooms`.
+    pub fn default_keys(&self) -> Arc<Keys> {
+        Arc::new(Keys::new(&self.key_prefix))
+    }
+}
+
+/// One room's data in Redis: its keys, the connection it is reached on, the bound on each call,
+/// and the requests waiting to be sent to it in groups. Every operation of this module is a
+/// method of it.
+pub struct RoomStore {
+    keys: Arc<Keys>,
+    connector: Arc<Connector>,
     timeout: Duration,
     /// Requests waiting to be sent in groups (see `group.rs`).
     groups: Queues,
@@ -209,23 +241,25 @@ struct Queues {
     settles: group::Groups<consume::Settle>,
 }
 
-impl Room {
-    pub fn new(config: &RedisConfig) -> Result<Room, StoreError> {
-        Ok(Room {
-            keys: Keys::new(&config.key_prefix),
-            connector: Connector::new(config)?,
-            timeout: config.timeout,
-            groups: Queues::default(),
-        })
+impl RoomStore {
+    /// The room `default` on a connection of its own (tools and tests; the proxy shares one
+    /// [`Redis`] between its rooms).
+    pub fn new(config: &RedisConfig) -> Result<RoomStore, StoreError> {
+        let redis = Redis::new(config)?;
+        Ok(redis.room(redis.default_keys()))
     }
 
     /// The same room with another bound on each call (the readiness probe wants a short one).
-    pub fn with_timeout(mut self, timeout: Duration) -> Room {
+    pub fn with_timeout(mut self, timeout: Duration) -> RoomStore {
         self.timeout = timeout;
         self
     }
 
     pub fn keys(&self) -> &Keys {
+        &self.keys
+    }
+
+    pub fn keys_shared(&self) -> &Arc<Keys> {
         &self.keys
     }
 

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::{Room, StoreError};
+use super::{RoomStore, StoreError};
 
 script! {
     static SCRIPT = [ROOM_STATE] "lua/room.lua";
@@ -52,7 +52,7 @@ pub struct RoomStateReading {
     pub since_ms: Option<u64>,
 }
 
-impl Room {
+impl RoomStore {
     /// Applies `command` (`""`: none, only look) for `by`, and reports the room as it left it.
     pub async fn room_command(&self, command: &str, by: &str, read_batch: bool) -> Result<RoomReport, StoreError> {
         let reply = RoomReply::decode(self.run(&invoke(&self.keys, RoomArgs { command, by, read_batch })).await?)?;

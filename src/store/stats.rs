@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::{Room, RoomRules, StoreError};
+use super::{RoomStore, RoomRules, StoreError};
 
 script! {
     static SCRIPT = [] "lua/stats.lua";
@@ -35,7 +35,7 @@ pub struct RoomWatch {
     pub since_first: Option<Duration>,
 }
 
-impl Room {
+impl RoomStore {
     /// The room's numbers, and under `rules` that listen, the batch in force and the measured
     /// admissions (nothing more is read under the fixed rate, nor under [`RoomRules::OFF`]).
     pub async fn watch(&self, rules: &RoomRules) -> Result<RoomWatch, StoreError> {

@@ -3,7 +3,7 @@
 
 use redis::Value;
 
-use super::{Keys, PollClock, RedisConn, Room, RoomRules, StoreError};
+use super::{Keys, PollClock, RedisConn, RoomStore, RoomRules, StoreError};
 
 script! {
     static SCRIPT = [ROOM_CLOCK, POLL_CLOCK] "lua/status.lua";
@@ -42,7 +42,7 @@ pub struct Status {
     pub score: Option<f64>,
 }
 
-impl Room {
+impl RoomStore {
     /// Status under `rules` (only `abandon_after` matters here) and `poll`.
     pub async fn status(&self, user: &str, poll: PollClock<'_>, rules: &RoomRules) -> Result<Status, StoreError> {
         self.bounded(async {

@@ -6,7 +6,7 @@ use super::proxy::Proxy;
 use super::redis_server::RedisServer;
 use redis::aio::ConnectionLike;
 use waitroom::config::Config;
-use waitroom::store::{EnterOutcome, EnterRequest, PollClock, Room, RoomRules, StoreError};
+use waitroom::store::{EnterOutcome, EnterRequest, PollClock, RoomStore, RoomRules, StoreError};
 
 pub use waitroom::store::Keys;
 
@@ -58,16 +58,16 @@ pub async fn redis_now_ms<C: ConnectionLike>(conn: &mut C) -> i64 {
 }
 
 /// The room of `prefix` through the library, to seed or inspect a line as a proxy would.
-pub fn library_room(redis: &RedisServer, prefix: &str) -> Room {
+pub fn library_room(redis: &RedisServer, prefix: &str) -> RoomStore {
     let yaml = format!(
         "upstream: 127.0.0.1:1\nredis: {{url: \"{}\", key_prefix: \"{prefix}\", timeout: 2s}}\n",
         redis.url()
     );
-    Room::new(&Config::parse(&yaml).expect("valid").redis).expect("room")
+    RoomStore::new(&Config::parse(&yaml).expect("valid").redis).expect("room")
 }
 
 /// `n` library rooms on one prefix, each with its own connection: `n` proxies of one room.
-pub fn library_rooms(redis: &RedisServer, prefix: &str, n: usize) -> Vec<std::sync::Arc<Room>> {
+pub fn library_rooms(redis: &RedisServer, prefix: &str, n: usize) -> Vec<std::sync::Arc<RoomStore>> {
     (0..n)
         .map(|_| std::sync::Arc::new(library_room(redis, prefix)))
         .collect()
@@ -75,7 +75,7 @@ pub fn library_rooms(redis: &RedisServer, prefix: &str, n: usize) -> Vec<std::sy
 
 /// Queues `user` straight in Redis, as a proxy's enter would.
 pub async fn enter_room(
-    room: &Room,
+    room: &RoomStore,
     user: &str,
     capacity: u64,
 ) -> Result<EnterOutcome, StoreError> {

@@ -25,53 +25,16 @@ use std::time::Duration;
 use async_trait::async_trait;
 use pingora::http::ResponseHeader;
 
+use crate::config::Phase;
 use crate::metrics;
 use crate::periodic::Watch;
 use crate::policy::Settings;
-use crate::state::RoomState;
-use crate::store::{Room, RoomReport, StoreError, ROOM_STATE_EVERY};
+pub use crate::room::mode::Mode;
+use crate::room::Room;
+use crate::store::{RoomReport, RoomStore, StoreError, ROOM_STATE_EVERY};
 
 /// The response header an origin steers the room with.
 pub const ORIGIN_HEADER: &str = "waitroom-command";
-
-/// The room's state.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
-    Open,
-    Paused,
-    Closed,
-}
-
-impl Mode {
-    pub const ALL: [Mode; 3] = [Mode::Open, Mode::Paused, Mode::Closed];
-
-    /// The word the contract, the scripts and the gauge use.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Mode::Open => "open",
-            Mode::Paused => "paused",
-            Mode::Closed => "closed",
-        }
-    }
-
-    /// A state as stored; anything unknown (written by hand, or by a newer version) counts as
-    /// open, as the scripts read it.
-    pub fn parse(text: Option<&str>) -> Mode {
-        match text {
-            Some("paused") => Mode::Paused,
-            Some("closed") => Mode::Closed,
-            _ => Mode::Open,
-        }
-    }
-
-    pub(crate) fn to_u8(self) -> u8 {
-        self as u8
-    }
-
-    pub(crate) fn from_u8(n: u8) -> Mode {
-        Mode::ALL.get(n as usize).copied().unwrap_or(Mode::Open)
-    }
-}
 
 /// What an operator, the origin or an event may ask of the room.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -157,21 +120,21 @@ pub struct Applied {
 
 /// The scheduled event's phase for the admin view (`before`, `prequeue`, `open`, `closed`, by
 /// Redis's clock as this proxy last read it); `None` without an `event`.
-pub fn event_phase(state: &RoomState) -> Option<String> {
-    crate::event::current_phase(state).map(|phase| phase.label().to_owned())
+pub fn event_phase(room: &Room) -> Option<String> {
+    room.event_phase().map(|phase| phase.label().to_owned())
 }
 
 /// Looks at the room (`command: None`) or applies `command` for `actor`; `detail` says more
 /// about who (an address, a user) in the audit line.
 pub async fn apply(
-    state: &RoomState,
     room: &Room,
+    store: &RoomStore,
     command: Option<Command>,
     actor: Actor,
     detail: &str,
 ) -> Result<Applied, StoreError> {
-    let read_batch = state.settings().policy.rules.min_batch.is_some();
-    let report = room.room_command(command.map_or("", Command::as_str), actor.as_str(), read_batch).await?;
+    let read_batch = room.settings().policy.rules.min_batch.is_some();
+    let report = store.room_command(command.map_or("", Command::as_str), actor.as_str(), read_batch).await?;
     let (before, after) = (Mode::parse(Some(&report.before)), Mode::parse(Some(&report.state)));
     let changed = before != after;
     if changed {
@@ -186,16 +149,16 @@ pub async fn apply(
             "room state changed"
         );
     }
-    publish(state, after, report.since_ms);
-    let settings = state.settings();
-    Ok(Applied { view: view(state, &settings, after, &report), refused: report.refused, changed })
+    publish(room, after, report.since_ms);
+    let settings = room.settings();
+    Ok(Applied { view: view(room, &settings, after, &report), refused: report.refused, changed })
 }
 
-fn view(state: &RoomState, settings: &Settings, mode: Mode, report: &RoomReport) -> View {
-    let phase = crate::event::current_phase(state);
+fn view(room: &Room, settings: &Settings, mode: Mode, report: &RoomReport) -> View {
+    let phase = room.event_phase();
     // An event past its close takes nobody new, whatever the stored state says: describing the
     // room as open then would tell an operator that a finished drop still admits.
-    let mode = if phase == Some(crate::event::Phase::Closed) { Mode::Closed } else { mode };
+    let mode = if phase == Some(Phase::Closed) { Mode::Closed } else { mode };
     View {
         mode,
         queue_length: report.waiting,
@@ -208,11 +171,11 @@ fn view(state: &RoomState, settings: &Settings, mode: Mode, report: &RoomReport)
 }
 
 /// Takes a state read from Redis into this proxy's room state and the gauges.
-fn publish(state: &RoomState, mode: Mode, since_ms: Option<u64>) -> Mode {
-    let before = state.set_mode(mode);
+fn publish(room: &Room, mode: Mode, since_ms: Option<u64>) -> Mode {
+    let before = room.set_mode(mode);
     if mode == Mode::Closed && before != Mode::Closed {
         // The close reaches held polls at once: each asks Redis, and hears CLOSED.
-        state.held().wake_all();
+        room.held().wake_all();
     }
     for m in Mode::ALL {
         metrics::ROOM_STATE.with_label_values(&[m.as_str()]).set(i64::from(m == mode));
@@ -226,14 +189,14 @@ fn publish(state: &RoomState, mode: Mode, since_ms: Option<u64>) -> Mode {
 /// Whether the room is closed now: this proxy's copy when it says so, else Redis's own word.
 /// For answers that a close a moment ago would change (a NOT_IN_QUEUE found in an emptied line);
 /// a Redis that does not answer leaves the answer as it was.
-pub async fn closed_now(state: &RoomState, room: &Room) -> bool {
-    if state.mode() == Mode::Closed {
+pub async fn closed_now(room: &Room) -> bool {
+    if room.mode() == Mode::Closed {
         return true;
     }
-    match room.read_room_state().await {
+    match room.store().read_room_state().await {
         Ok(reading) => {
             let mode = Mode::parse(reading.state.as_deref());
-            publish(state, mode, reading.since_ms);
+            publish(room, mode, reading.since_ms);
             mode == Mode::Closed
         }
         Err(_) => false,
@@ -256,13 +219,13 @@ pub fn origin_command(value: &[u8]) -> Option<Command> {
 /// A protected response's `Waitroom-Command`: removed before the client sees the response,
 /// whether or not it is obeyed, and obeyed when `admin.origin_commands` is on. Awaited before
 /// the response goes on, so whoever the order API answered next already meets the new state.
-pub async fn from_origin(state: &RoomState, room: &Room, response: &mut ResponseHeader, user: Option<&str>) {
+pub async fn from_origin(room: &Room, response: &mut ResponseHeader, user: Option<&str>) {
     let values: Vec<_> = response.headers.get_all(ORIGIN_HEADER).iter().cloned().collect();
     if values.is_empty() {
         return;
     }
     response.remove_header(ORIGIN_HEADER);
-    if !state.settings().config.admin.origin_commands {
+    if !room.settings().config.admin.origin_commands {
         tracing::debug!("origin command ignored (admin.origin_commands is off)");
         return;
     }
@@ -276,11 +239,11 @@ pub async fn from_origin(state: &RoomState, room: &Room, response: &mut Response
     };
     // An order API that says "sold out" on every response after the last item must not cost a
     // Redis call per response once the room is in that state.
-    if state.mode() == command.target() {
+    if room.mode() == command.target() {
         return;
     }
     let detail = format!("protected response to user {}", user.unwrap_or("-"));
-    match apply(state, room, Some(command), Actor::Origin, &detail).await {
+    match apply(room, room.store(), Some(command), Actor::Origin, &detail).await {
         Ok(applied) => {
             if let Some(reason) = applied.refused {
                 tracing::info!(command = command.as_str(), reason, "origin command not applied");
@@ -295,15 +258,15 @@ pub async fn from_origin(state: &RoomState, room: &Room, response: &mut Response
 
 /// Reads the room's state for this proxy every [`ROOM_STATE_EVERY`].
 pub struct ModeWatcher {
-    state: Arc<RoomState>,
-    room: Room,
+    room: Arc<Room>,
+    store: RoomStore,
 }
 
 impl ModeWatcher {
-    pub fn new(state: Arc<RoomState>, room: Room) -> ModeWatcher {
+    pub fn new(room: Arc<Room>, store: RoomStore) -> ModeWatcher {
         // A reading slower than a few periods is worth nothing: the next one is due.
-        let timeout = room.timeout().min(ROOM_STATE_EVERY * 5);
-        ModeWatcher { state, room: room.with_timeout(timeout) }
+        let timeout = store.timeout().min(ROOM_STATE_EVERY * 5);
+        ModeWatcher { room, store: store.with_timeout(timeout) }
     }
 }
 
@@ -312,10 +275,10 @@ impl Watch for ModeWatcher {
     const EVERY: Duration = ROOM_STATE_EVERY;
 
     async fn step(&self) {
-        match self.room.read_room_state().await {
+        match self.store.read_room_state().await {
             Ok(reading) => {
                 let mode = Mode::parse(reading.state.as_deref());
-                let before = publish(&self.state, mode, reading.since_ms);
+                let before = publish(&self.room, mode, reading.since_ms);
                 if before != mode {
                     tracing::info!(from = before.as_str(), to = mode.as_str(), "room state followed");
                 }
@@ -338,18 +301,6 @@ mod tests {
         assert_eq!(origin_command(b"resume"), None);
         assert_eq!(origin_command(b"\xff"), None);
         assert_eq!(origin_command(b""), None);
-    }
-
-    #[test]
-    fn states_read_as_the_scripts_read_them() {
-        assert_eq!(Mode::parse(None), Mode::Open);
-        assert_eq!(Mode::parse(Some("paused")), Mode::Paused);
-        assert_eq!(Mode::parse(Some("closed")), Mode::Closed);
-        assert_eq!(Mode::parse(Some("weird")), Mode::Open);
-        for m in Mode::ALL {
-            assert_eq!(Mode::from_u8(m.to_u8()), m);
-            assert_eq!(Mode::parse(Some(m.as_str())), m);
-        }
     }
 
     #[test]

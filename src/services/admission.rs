@@ -11,7 +11,7 @@
 //! that instant passes (given by enter, see `lua/enter.lua`) share the same batch.
 //!
 //! **Adaptive.** Every protected response's upstream latency lands in the room state's
-//! [`LatencyHistogram`], a fixed-bucket histogram of atomics (recording costs one relaxed add). Once a second each
+//! [`LatencyHistogram`](crate::room::pace::LatencyHistogram), a fixed-bucket histogram of atomics (recording costs one relaxed add). Once a second each
 //! proxy drains it into one script call (`lua/adapt.lua`) that adds the counts to the room's
 //! pending histogram in Redis and, when the room's step is due by Redis TIME, hands that proxy
 //! every report since the previous step. The proxy computes the next batch with the pure
@@ -21,11 +21,10 @@
 //! with the room's schedule, so each step sees about one second of every proxy's responses.
 //!
 //! **The room's pace.** When any switch listens, estimates use the room's measured admission
-//! rate and batch in force (contract section 11). The room watcher ([`crate::health`]) reads
-//! both with the gauges, four times a second, and publishes a [`RoomView`] in the room state;
-//! enter and status read it through [`Pacing`] without a Redis call of their own.
+//! rate and batch in force (contract section 11). The room watcher ([`crate::services::watch`]) reads
+//! both with the gauges, four times a second, and publishes a [`RoomView`](crate::room::pace::RoomView) in the room;
+//! enter and status read it through [`Pacing`](crate::room::pace::Pacing) without a Redis call of their own.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -35,88 +34,9 @@ use pingora::services::background::BackgroundService;
 
 use crate::metrics;
 use crate::periodic::every_pause;
-use crate::policy::Policy;
-use crate::rules::{self, Pace};
-use crate::state::RoomState;
-use crate::store::{PollClock, Room};
-
-/// Protected upstream latencies seen by this proxy since its last report to the room.
-pub struct LatencyHistogram {
-    buckets: [AtomicU64; rules::LATENCY_BUCKETS],
-}
-
-impl LatencyHistogram {
-    pub const fn new() -> LatencyHistogram {
-        LatencyHistogram { buckets: [const { AtomicU64::new(0) }; rules::LATENCY_BUCKETS] }
-    }
-
-    pub fn record(&self, latency: Duration) {
-        self.buckets[rules::latency_bucket(latency)].fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// Takes every count recorded so far, as `(bucket, count)` for the non-empty buckets.
-    pub fn drain(&self) -> Vec<(usize, u64)> {
-        self.buckets
-            .iter()
-            .enumerate()
-            .filter_map(|(i, b)| match b.swap(0, Ordering::Relaxed) {
-                0 => None,
-                n => Some((i, n)),
-            })
-            .collect()
-    }
-}
-
-impl Default for LatencyHistogram {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-/// The room's pace as the watcher last read it, for rules that listen.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RoomView {
-    pub pace: Pace,
-    /// `poll_after` as position thresholds at that pace, for enforced polling.
-    pub poll_thresholds: Vec<(u64, Duration)>,
-}
-
-/// The pace estimates are given at, and the thresholds enforced polling uses: the room's
-/// measured view when there is one (see [`crate::state::RoomState::pacing`]), else the policy's
-/// configured pace.
-pub struct Pacing<'a> {
-    policy: &'a Policy,
-    view: Option<Arc<RoomView>>,
-}
-
-impl<'a> Pacing<'a> {
-    pub fn new(policy: &'a Policy, view: Option<Arc<RoomView>>) -> Pacing<'a> {
-        Pacing { policy, view }
-    }
-
-    pub fn pace(&self) -> Pace {
-        self.view.as_ref().map_or(self.policy.configured_pace, |v| v.pace)
-    }
-
-    /// The poll clock the scripts enforce: thresholds from the same pace the answers use.
-    pub fn poll_clock(&self) -> PollClock<'_> {
-        let Some(factor) = self.policy.on_time_factor else {
-            return PollClock::OFF;
-        };
-        let thresholds = self.view.as_ref().map_or(&self.policy.poll_thresholds, |v| &v.poll_thresholds);
-        PollClock { on_time_factor: Some(factor), thresholds }
-    }
-
-    /// The poll clock for an answer that says `pollAfter: 0` whatever the position (the end of
-    /// a held poll): the next call is on time at once.
-    pub fn poll_clock_at_once(&self) -> PollClock<'static> {
-        const AT_ONCE: &[(u64, Duration)] = &[(1, Duration::ZERO)];
-        match self.policy.on_time_factor {
-            Some(factor) => PollClock { on_time_factor: Some(factor), thresholds: AT_ONCE },
-            None => PollClock::OFF,
-        }
-    }
-}
+use crate::room::Room;
+use crate::rules;
+use crate::store::RoomStore;
 
 /// The longest the ticker sleeps between two looks at the room's schedule.
 const MAX_SLEEP: Duration = Duration::from_secs(1);
@@ -125,24 +45,24 @@ const MAX_SLEEP: Duration = Duration::from_secs(1);
 const MAX_SLEEP_KEEPING_TIME: Duration = Duration::from_millis(250);
 
 pub struct Admitter {
-    state: Arc<RoomState>,
-    room: Room,
+    room: Arc<Room>,
+    store: RoomStore,
 }
 
 impl Admitter {
-    pub fn new(state: Arc<RoomState>, room: Room) -> Admitter {
-        Admitter { state, room }
+    pub fn new(room: Arc<Room>, store: RoomStore) -> Admitter {
+        Admitter { room, store }
     }
 
     /// One tick; returns how long to sleep before the next.
     async fn tick(&self) -> Duration {
-        let settings = self.state.snapshot();
+        let settings = self.room.snapshot();
         let rules = &settings.policy.rules;
         let interval = rules.interval;
         let event = settings.config.event.as_ref();
         let (mut opens_at, mut closes_at) = (event.map(|e| e.opens_ms()), event.and_then(|e| e.closes_ms()));
         // The draw and the close are facts in Redis: times moved after them change nothing.
-        if let (Some(_), Some(seen)) = (event, self.state.event().snapshot()) {
+        if let (Some(_), Some(seen)) = (event, self.room.event().snapshot()) {
             if seen.drawn.is_some() {
                 opens_at = None;
             }
@@ -150,7 +70,7 @@ impl Admitter {
                 closes_at = Some(0);
             }
         }
-        match self.room.admit_within(rules, opens_at, closes_at).await {
+        match self.store.admit_within(rules, opens_at, closes_at).await {
             Ok(outcome) => {
                 let label = match (outcome.was_due, outcome.admitted) {
                     (false, _) => "early",
@@ -185,13 +105,13 @@ impl Admitter {
     /// One adaptive report (and controller step, when this call claims it); returns how long to
     /// sleep before the next.
     async fn adapt(&self) -> Duration {
-        let report = self.state.latencies().drain();
-        let Some(controller) = self.state.settings().policy.controller else {
+        let report = self.room.latencies().drain();
+        let Some(controller) = self.room.settings().policy.controller else {
             // Nothing adapts: the latencies are dropped, so switching adaptive on later does
             // not feed the controller a backlog of old ones.
             return crate::store::ADAPT_PERIOD;
         };
-        match self.room.adapt(&report).await {
+        match self.store.adapt(&report).await {
             Ok(outcome) => {
                 if let Some(step) = outcome.step {
                     let before = step.state.unwrap_or(controller.initial());
@@ -206,7 +126,7 @@ impl Admitter {
                         "adaptive step"
                     );
                     if after != before || step.state.is_none() {
-                        if let Err(error) = self.room.adapt_commit(&step.id, after).await {
+                        if let Err(error) = self.store.adapt_commit(&step.id, after).await {
                             metrics::REDIS_ERRORS_TOTAL.inc();
                             tracing::warn!(%error, "storing the adaptive batch failed");
                         }
@@ -233,21 +153,5 @@ impl BackgroundService for Admitter {
         let reporter = every_pause(shutdown.clone(), || self.adapt());
         tokio::join!(ticker, reporter);
         tracing::info!("admission ticker stopped");
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_histogram_drains_what_it_recorded() {
-        let h = LatencyHistogram::new();
-        h.record(Duration::from_millis(200));
-        h.record(Duration::from_millis(200));
-        h.record(Duration::from_micros(10));
-        let drained = h.drain();
-        assert_eq!(drained, vec![(0, 1), (rules::latency_bucket(Duration::from_millis(200)), 2)]);
-        assert!(h.drain().is_empty(), "drained counts start again from zero");
     }
 }

@@ -1,0 +1,266 @@
+//! A room: its compiled policy and keys, and what this proxy keeps of it between requests (the
+//! line, the pace, held polls, the state, the event, spent tokens, claims in flight). A room is
+//! created from its settings and a handle on its keys in Redis; the process holds its rooms in a
+//! [`Rooms`] registry, which the proxy and the admin API look rooms up in, and the background
+//! work that keeps a room fresh (`crate::services`) runs for as long as the registry holds it.
+//!
+//! Nothing here is a process-wide static (only the Prometheus metrics are), so a test can build
+//! two rooms in one process.
+
+pub mod claims;
+pub mod event;
+pub mod held;
+pub mod line;
+pub mod mode;
+pub mod pace;
+pub mod spent;
+
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Arc;
+
+use arc_swap::{ArcSwap, ArcSwapOption, Guard};
+
+use crate::config::Phase;
+use crate::policy::Settings;
+use crate::store::{Keys, RoomStore};
+use claims::{LiveClaims, Settles};
+use event::EventState;
+use held::HeldPolls;
+use line::LocalLine;
+use mode::Mode;
+use pace::{LatencyHistogram, Pacing, RoomView};
+use spent::SpentTokens;
+
+/// The name of the one room of a configuration without `rooms`.
+pub const DEFAULT: &str = "default";
+
+pub struct Room {
+    name: String,
+    /// The request path's handle on the room's keys (the background work has its own, on the
+    /// runtime it runs on).
+    store: Arc<RoomStore>,
+    /// The room's configuration and its compiled policy, swapped whole by a reload.
+    settings: ArcSwap<Settings>,
+    /// The room's pace as the room watcher last read it (used only while the room listens).
+    view: ArcSwapOption<RoomView>,
+    /// Protected upstream latencies seen since this proxy's last report to the room.
+    latencies: LatencyHistogram,
+    /// This proxy's view of the line, for polls answered without Redis.
+    line: LocalLine,
+    /// Tokens spent through this proxy, refused even if Redis loses the spend.
+    spent: SpentTokens,
+    /// The room's state as this proxy last read it from Redis (see `crate::services::control`).
+    mode: AtomicU8,
+    /// The scheduled event as this proxy last read it from Redis.
+    event: EventState,
+    /// Status polls held open until their user is admitted (contract section 13).
+    held: HeldPolls,
+    /// Claims of this proxy's orders in flight, renewed while their request lasts.
+    claims: LiveClaims,
+    /// Settles that met an outage, waiting for Redis (one bounded queue per room and proxy).
+    settles: Settles,
+}
+
+impl Room {
+    pub fn new(name: &str, settings: Arc<Settings>, store: RoomStore) -> Arc<Room> {
+        Arc::new(Room {
+            name: name.to_owned(),
+            store: Arc::new(store),
+            settings: ArcSwap::new(settings),
+            view: ArcSwapOption::empty(),
+            latencies: LatencyHistogram::new(),
+            line: LocalLine::default(),
+            spent: SpentTokens::default(),
+            mode: AtomicU8::new(Mode::Open.to_u8()),
+            event: EventState::default(),
+            held: HeldPolls::default(),
+            claims: LiveClaims::default(),
+            settles: Settles::default(),
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The request path's handle on the room's data in Redis.
+    pub fn store(&self) -> &Arc<RoomStore> {
+        &self.store
+    }
+
+    pub fn keys(&self) -> &Arc<Keys> {
+        self.store.keys_shared()
+    }
+
+    /// A snapshot of the running settings: take one per request or tick, so a reload never
+    /// changes the rules half way through.
+    pub fn settings(&self) -> Guard<Arc<Settings>> {
+        self.settings.load()
+    }
+
+    /// The same snapshot as one to keep across an await: a `Guard` held there pins one of
+    /// arc_swap's few per-thread slots (and every other load on the thread falls back to a slower
+    /// path) for as long as the request waits on Redis or a held poll.
+    pub fn snapshot(&self) -> Arc<Settings> {
+        self.settings.load_full()
+    }
+
+    pub fn replace_settings(&self, settings: Arc<Settings>) {
+        self.settings.store(settings);
+    }
+
+    /// The pace estimates are given at under `settings`: the room's measured one when the room
+    /// listens and the watcher has read it, else the configured one.
+    pub fn pacing<'a>(&self, settings: &'a Settings) -> Pacing<'a> {
+        let view = if settings.policy.listens { self.view.load_full() } else { None };
+        Pacing::new(&settings.policy, view)
+    }
+
+    /// Publishes what the room watcher read.
+    pub fn publish_view(&self, view: RoomView) {
+        self.view.store(Some(Arc::new(view)));
+    }
+
+    pub fn latencies(&self) -> &LatencyHistogram {
+        &self.latencies
+    }
+
+    pub fn line(&self) -> &LocalLine {
+        &self.line
+    }
+
+    pub fn spent(&self) -> &SpentTokens {
+        &self.spent
+    }
+
+    pub fn event(&self) -> &EventState {
+        &self.event
+    }
+
+    pub fn claims(&self) -> &LiveClaims {
+        &self.claims
+    }
+
+    pub fn settles(&self) -> &Settles {
+        &self.settles
+    }
+
+    pub fn held(&self) -> &HeldPolls {
+        &self.held
+    }
+
+    pub fn mode(&self) -> Mode {
+        Mode::from_u8(self.mode.load(Ordering::Acquire))
+    }
+
+    /// Whether admission is paused (section 15): waiting users are then told no estimate.
+    pub fn paused(&self) -> bool {
+        self.mode() == Mode::Paused
+    }
+
+    /// Records the room's state as read from Redis; returns the one held before.
+    pub fn set_mode(&self, mode: Mode) -> Mode {
+        Mode::from_u8(self.mode.swap(mode.to_u8(), Ordering::AcqRel))
+    }
+
+    /// The configured event's phase now, by Redis's clock as this proxy last read it (this
+    /// machine's clock before the first reading); `None` without an event. For views of the room
+    /// (`GET /admin/room`'s `event`) that must not wait on Redis.
+    pub fn event_phase(&self) -> Option<Phase> {
+        let settings = self.settings();
+        let event = settings.config.event.as_ref()?;
+        if let Some(snapshot) = self.event.snapshot() {
+            return Some(snapshot.phase(event));
+        }
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64);
+        Some(event.phase_at(now))
+    }
+}
+
+/// The process's rooms, in configuration order. The proxy and the admin API look rooms up here
+/// for every request; a reload replaces the list, and the background work follows it (see
+/// `crate::services::RoomWork`).
+pub struct Rooms {
+    list: ArcSwap<Vec<Arc<Room>>>,
+    changed: tokio::sync::watch::Sender<()>,
+}
+
+impl Rooms {
+    pub fn new(rooms: Vec<Arc<Room>>) -> Rooms {
+        Rooms { list: ArcSwap::from_pointee(rooms), changed: tokio::sync::watch::Sender::new(()) }
+    }
+
+    /// Every room now.
+    pub fn all(&self) -> Arc<Vec<Arc<Room>>> {
+        self.list.load_full()
+    }
+
+    pub fn get(&self, name: &str) -> Option<Arc<Room>> {
+        self.list.load().iter().find(|room| room.name == name).cloned()
+    }
+
+    /// The room `default`, or the only room when there is one: what the unnamed admin paths and
+    /// commands act on.
+    pub fn default_or_only(&self) -> Option<Arc<Room>> {
+        let list = self.list.load();
+        match list.as_slice() {
+            [only] => Some(only.clone()),
+            rooms => rooms.iter().find(|room| room.name == DEFAULT).cloned(),
+        }
+    }
+
+    /// The room that serves a request: with one room, that room; its endpoints and protected
+    /// rules then decide what the request is.
+    pub fn serving(&self) -> Option<Arc<Room>> {
+        self.list.load().first().cloned()
+    }
+
+    /// Replaces the rooms; the background work starts and stops rooms to match.
+    pub fn replace(&self, rooms: Vec<Arc<Room>>) {
+        self.list.store(Arc::new(rooms));
+        self.changed.send_replace(());
+    }
+
+    /// Changes whenever [`Rooms::replace`] is called.
+    pub fn watch(&self) -> tokio::sync::watch::Receiver<()> {
+        self.changed.subscribe()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use crate::store::Redis;
+
+    fn room(name: &str, batch: u32) -> Arc<Room> {
+        let config = Config::parse(&format!("upstream: 127.0.0.1:1\nadmission: {{batch_size: {batch}}}")).unwrap();
+        let redis = Redis::new(&config.redis).unwrap();
+        Room::new(name, Arc::new(Settings::new(config)), redis.room(redis.default_keys()))
+    }
+
+    #[test]
+    fn two_rooms_in_one_process_keep_their_own_state() {
+        let (a, b) = (room("a", 3), room("b", 7));
+        a.set_mode(Mode::Paused);
+        assert!(a.paused() && !b.paused());
+        assert_eq!(a.settings().policy.rules.batch_size, 3);
+        assert_eq!(b.settings().policy.rules.batch_size, 7);
+    }
+
+    #[test]
+    fn the_registry_finds_rooms_by_name_and_tells_of_changes() {
+        let rooms = Rooms::new(vec![room("sneakers", 1)]);
+        assert_eq!(rooms.default_or_only().map(|r| r.name().to_owned()).as_deref(), Some("sneakers"), "the only room");
+        let changes = rooms.watch();
+        rooms.replace(vec![room("sneakers", 1), room(DEFAULT, 2), room("console", 3)]);
+        assert!(changes.has_changed().unwrap());
+        assert_eq!(rooms.default_or_only().map(|r| r.name().to_owned()).as_deref(), Some(DEFAULT));
+        assert_eq!(rooms.get("console").map(|r| r.settings().policy.rules.batch_size), Some(3));
+        assert!(rooms.get("nope").is_none());
+        rooms.replace(vec![room("a", 1), room("b", 1)]);
+        assert!(rooms.default_or_only().is_none(), "two rooms, none named default");
+    }
+}
