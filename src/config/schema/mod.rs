@@ -11,136 +11,9 @@
 //!
 //! Draft-07, the draft editors' YAML plugins understand most widely.
 
-use std::borrow::Cow;
-
-use schemars::{json_schema, JsonSchema, Schema, SchemaGenerator};
-
 use super::raw;
 
-/// What `humantime::parse_duration` (which reads every duration, trimmed) accepts: numbers,
-/// fractions allowed, each with a unit, whitespace anywhere between; and a bare `0`, the one
-/// number it takes without a unit.
-const DURATION_PATTERN: &str = concat!(
-    r"^\s*(0\s*|([0-9][0-9\s]*(\.[0-9\s]*[0-9][0-9\s]*)?\s*",
-    r"(nanos|nsec|ns|usec|us|µs|millis|msec|ms|seconds|second|secs|sec|s|minutes|minute|mins|min|m",
-    r"|hours|hour|hrs|hr|h|days|day|d|weeks|week|wks|wk|w|months|month|M|years|year|yrs|yr|y)\s*)+)$",
-);
-
-/// What [`super::parse_size`] accepts.
-const SIZE_PATTERN: &str = r"^\s*[0-9]+\s*(B|KiB|MiB)\s*$";
-
-/// What `polling.grace` accepts: a number (as Rust's `f64` reads it) and a percent sign.
-const PERCENT_PATTERN: &str = r"^\s*[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?\s*%\s*$";
-
-/// What chrono's RFC 3339 reader accepts (event times).
-const TIME_PATTERN: &str = concat!(
-    r"^\s*[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?",
-    r"([Zz]|[+-][0-9]{2}:[0-9]{2})\s*$",
-);
-
-/// A duration written with a unit: `100ms`, `2s`, `5m`, `1h`, `1h 30m`.
-pub struct Duration;
-
-impl JsonSchema for Duration {
-    fn inline_schema() -> bool {
-        true
-    }
-
-    fn schema_name() -> Cow<'static, str> {
-        "Duration".into()
-    }
-
-    fn json_schema(_: &mut SchemaGenerator) -> Schema {
-        json_schema!({ "type": "string", "pattern": DURATION_PATTERN, "examples": ["100ms", "2s", "5m", "1h"] })
-    }
-}
-
-/// A size in bytes with an unambiguous unit: `512B`, `32KiB`, `1MiB`.
-pub struct Size;
-
-impl JsonSchema for Size {
-    fn inline_schema() -> bool {
-        true
-    }
-
-    fn schema_name() -> Cow<'static, str> {
-        "Size".into()
-    }
-
-    fn json_schema(_: &mut SchemaGenerator) -> Schema {
-        json_schema!({ "type": "string", "pattern": SIZE_PATTERN, "examples": ["32KiB"] })
-    }
-}
-
-/// A percentage: `20%`.
-pub struct Percent;
-
-impl JsonSchema for Percent {
-    fn inline_schema() -> bool {
-        true
-    }
-
-    fn schema_name() -> Cow<'static, str> {
-        "Percent".into()
-    }
-
-    fn json_schema(_: &mut SchemaGenerator) -> Schema {
-        json_schema!({ "type": "string", "pattern": PERCENT_PATTERN, "examples": ["20%"] })
-    }
-}
-
-/// An RFC 3339 time: `2026-12-24T10:00:00Z`.
-pub struct Time;
-
-impl JsonSchema for Time {
-    fn inline_schema() -> bool {
-        true
-    }
-
-    fn schema_name() -> Cow<'static, str> {
-        "Time".into()
-    }
-
-    fn json_schema(_: &mut SchemaGenerator) -> Schema {
-        json_schema!({ "type": "string", "pattern": TIME_PATTERN, "examples": ["2026-12-24T10:00:00Z"] })
-    }
-}
-
-/// A JWT signature algorithm (`identity.jwt.algorithms`).
-pub struct Algorithm;
-
-impl JsonSchema for Algorithm {
-    fn inline_schema() -> bool {
-        true
-    }
-
-    fn schema_name() -> Cow<'static, str> {
-        "Algorithm".into()
-    }
-
-    fn json_schema(_: &mut SchemaGenerator) -> Schema {
-        // A pattern, not an enum: the proxy trims the name, and the schema must not refuse what
-        // the proxy takes.
-        json_schema!({ "type": "string", "pattern": r"^\s*(HS256|RS256|ES256)\s*$", "examples": ["HS256", "RS256", "ES256"] })
-    }
-}
-
-/// How a protected path matches (`protected[].match`).
-pub struct Match;
-
-impl JsonSchema for Match {
-    fn inline_schema() -> bool {
-        true
-    }
-
-    fn schema_name() -> Cow<'static, str> {
-        "Match".into()
-    }
-
-    fn json_schema(_: &mut SchemaGenerator) -> Schema {
-        json_schema!({ "type": "string", "enum": ["exact", "prefix"] })
-    }
-}
+pub mod kinds;
 
 /// The schema, as `waitroom --print-schema` prints it: pretty JSON with a final newline, stable
 /// from run to run (the order of the raw structs), so the checked-in copy diffs cleanly.
@@ -156,6 +29,7 @@ pub fn text() -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::kinds::*;
     use super::*;
     use serde_json::Value;
 
