@@ -12,7 +12,7 @@ pub mod health;
 pub mod http1;
 pub mod identity;
 pub mod lifecycle;
-pub mod limits;
+pub mod connection;
 pub mod live;
 pub mod logging;
 pub mod metrics;

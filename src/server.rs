@@ -15,7 +15,7 @@ use pingora::services::listening::Service;
 use crate::config::Config;
 use crate::health::{OpsEndpoints, OpsPart};
 use crate::lifecycle::{Drain, Reloader, StopSignals};
-use crate::limits::{AtCapacity, Connections, Guarded};
+use crate::connection::{AtCapacity, Connections, Guarded};
 use crate::metrics;
 use crate::process::Process;
 use crate::proxy::early;

@@ -1,4 +1,4 @@
-//! Status and enter calls answered in the connection loop ([`crate::limits::Guarded`], which
+//! Status and enter calls answered in the connection loop ([`crate::connection::Guarded`], which
 //! calls [`Answers`] as its [`Early`] answerer), before
 //! pingora's session and its request future exist: the rush's hot paths (a new user entering, a
 //! waiting user asking where they stand) and the held polls near the front (contract section 13).
@@ -43,7 +43,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use super::{answer_fields, enter, identity_in, status, Answer, Endpoint, Field};
 use crate::http1::head::{self, Framing};
 use crate::identity::Refusal;
-use crate::limits::{After, LimitedStream, Taken, Unread};
+use crate::connection::{After, LimitedStream, Taken, Unread};
 use crate::logging;
 use crate::metrics;
 use crate::process::{InFlight, Process};
@@ -60,7 +60,7 @@ impl Answers {
     }
 }
 
-impl crate::limits::Early for Answers {
+impl crate::connection::Early for Answers {
     type Call = Box<Early>;
 
     fn take(&self, head: &[u8]) -> Taken<Box<Early>> {
@@ -227,7 +227,7 @@ async fn write<S: AsyncWrite + Unpin>(stream: &mut S, response: &[u8]) -> io::Re
     // armed only for a client that is not reading.
     match std::future::poll_fn(|cx| Poll::Ready(write.as_mut().poll(cx))).await {
         Poll::Ready(written) => written,
-        Poll::Pending => match tokio::time::timeout(crate::limits::WRITE_TIMEOUT, write).await {
+        Poll::Pending => match tokio::time::timeout(crate::connection::WRITE_TIMEOUT, write).await {
             Ok(written) => written,
             Err(_) => Err(io::Error::new(io::ErrorKind::TimedOut, "the client did not read the answer in time")),
         },

@@ -40,7 +40,7 @@ pub use answer::Answer;
 use crate::config::{Config, IdentityConfig, RoomMode};
 use crate::identity::Refusal;
 use crate::http1::head::Body;
-use crate::limits::{Delimited, WRITE_TIMEOUT};
+use crate::connection::{Delimited, WRITE_TIMEOUT};
 use crate::logging;
 use crate::metrics;
 use crate::paths::{self, PathRefusal, Verdict};
@@ -162,7 +162,7 @@ impl Waitroom {
     /// never left, one a filter of ours failed before it was sent, and one whose client stopped
     /// sending its body, which leaves the upstream an unfinished request it cannot take for an
     /// order (a client that leaves once its body is whole is kept from pingora until the answer,
-    /// see [`crate::limits::hold_client`]). Returns whether the outcome was unknown, and the fate
+    /// see [`crate::connection::hold_client`]). Returns whether the outcome was unknown, and the fate
     /// it gave the token, if the request held a claim.
     async fn settle_unanswered(&self, ctx: &mut Ctx, error: Option<&Error>) -> Option<(Outcome, TokenFate)> {
         let (Some(claimed), Some(user), Some(room)) = (ctx.claimed.take(), ctx.user.as_deref(), ctx.room.as_deref()) else {
@@ -275,7 +275,7 @@ async fn own_body_refusal(session: &mut Session, endpoint: Endpoint, deadline: D
     }
     let too_large = || Ok(Some(Answer::error(413, "request body too large")));
     // The length the connection loop read from the head, not a second reading of it.
-    if let Some(Body::Length(len)) = crate::limits::declared_body(session) {
+    if let Some(Body::Length(len)) = crate::connection::declared_body(session) {
         if len as u64 > OWN_BODY_LIMIT {
             return too_large();
         }
@@ -419,7 +419,7 @@ impl ProxyHttp for Waitroom {
             request.remove_header(&http::header::UPGRADE);
             request.remove_header(HTTP2_SETTINGS);
         }
-        let delimited = crate::limits::forwarding(session, drop_switch);
+        let delimited = crate::connection::forwarding(session, drop_switch);
         if delimited.is_some_and(|d| d != Delimited::Yes) {
             // No answer may promise that the next request will be read: the connection cannot
             // tell where it starts.
@@ -487,7 +487,7 @@ impl ProxyHttp for Waitroom {
                 match refusal {
                     None => {
                         // Claimed: the upstream's answer settles the token, so it must be heard.
-                        crate::limits::hold_client(session);
+                        crate::connection::hold_client(session);
                         return Ok(false);
                     }
                     // A rehearsal: the room has done all it would, and the request goes on.
