@@ -194,12 +194,55 @@ impl<'a> MakeWriter<'a> for Lines {
     }
 }
 
-/// One kind of warning, let through at most once a `period`: in an outage every failing request
-/// would log the same line, and a log that repeats itself thousands of times a second hides
-/// everything else in it (and fills the buffer, dropping lines of other kinds). The line that is
-/// let through carries how many of its kind were held back since the last one.
-pub struct Limited {
-    period_ms: u64,
+/// A kind of warning that every failing request would log: in an outage the same line thousands
+/// of times a second hides everything else in the log (and fills the buffer, dropping lines of
+/// other kinds). Each kind is let through at most once a period; the line that is let through
+/// carries how many of its kind were held back since the last one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Warning {
+    /// An enter could not reach Redis.
+    EnterFailed,
+    /// A status poll could not reach Redis.
+    StatusFailed,
+    /// An event call (its status or its draw) could not reach Redis.
+    EventFailed,
+    /// The event's state could not be read for an enter.
+    EventStateFailed,
+    /// A protected request's claim could not reach Redis.
+    ClaimFailed,
+    /// A claim could not be released after an order that failed.
+    ReleaseFailed,
+    /// A token could not be spent after an order that succeeded.
+    SpendFailed,
+    /// The settle queue was full and dropped a settle.
+    SettleQueueFull,
+    /// A queued settle failed again.
+    SettleRetryFailed,
+}
+
+impl Warning {
+    const KINDS: usize = 9;
+
+    fn period(self) -> Duration {
+        match self {
+            Warning::SettleQueueFull | Warning::SettleRetryFailed => Duration::from_secs(10),
+            _ => Duration::from_secs(1),
+        }
+    }
+
+    /// `Some(lines held back since the last one)` when this line is to be logged.
+    pub fn pass(self) -> Option<u64> {
+        WARNINGS[self as usize].pass(self.period())
+    }
+}
+
+/// When each kind of [`Warning`] was last let through, and how many were held back since: process
+/// state, as the log sink is.
+static WARNINGS: [Limited; Warning::KINDS] = [const { Limited::new() }; Warning::KINDS];
+// A kind added without a slot would index past the array.
+const _: () = assert!(Warning::SettleRetryFailed as usize + 1 == Warning::KINDS);
+
+struct Limited {
     /// When a line of this kind was last let through, in ms since [`EPOCH`] plus one (0: never).
     last: std::sync::atomic::AtomicU64,
     held_back: std::sync::atomic::AtomicU64,
@@ -208,19 +251,14 @@ pub struct Limited {
 static EPOCH: LazyLock<std::time::Instant> = LazyLock::new(std::time::Instant::now);
 
 impl Limited {
-    pub const fn every(period: Duration) -> Limited {
-        Limited {
-            period_ms: period.as_millis() as u64,
-            last: std::sync::atomic::AtomicU64::new(0),
-            held_back: std::sync::atomic::AtomicU64::new(0),
-        }
+    const fn new() -> Limited {
+        Limited { last: std::sync::atomic::AtomicU64::new(0), held_back: std::sync::atomic::AtomicU64::new(0) }
     }
 
-    /// `Some(lines held back since the last one)` when this line is to be logged.
-    pub fn pass(&self) -> Option<u64> {
+    fn pass(&self, period: Duration) -> Option<u64> {
         let now = EPOCH.elapsed().as_millis() as u64 + 1;
         let last = self.last.load(Ordering::Relaxed);
-        let due = last == 0 || now.saturating_sub(last) >= self.period_ms;
+        let due = last == 0 || now.saturating_sub(last) >= period.as_millis() as u64;
         // Of the threads that find it due at once, one logs.
         if due && self.last.compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed).is_ok() {
             return Some(self.held_back.swap(0, Ordering::Relaxed));
@@ -601,17 +639,16 @@ mod tests {
 
     #[test]
     fn a_limited_warning_passes_once_a_period_with_the_count_held_back() {
-        let limited = Limited::every(Duration::from_secs(3600));
-        assert_eq!(limited.pass(), Some(0));
+        let hour = Duration::from_secs(3600);
+        let limited = Limited::new();
+        assert_eq!(limited.pass(hour), Some(0));
         for _ in 0..5 {
-            assert_eq!(limited.pass(), None);
+            assert_eq!(limited.pass(hour), None);
         }
-        let every_time = Limited::every(Duration::ZERO);
-        assert_eq!((every_time.pass(), every_time.pass()), (Some(0), Some(0)));
+        let every_time = Limited::new();
+        assert_eq!((every_time.pass(Duration::ZERO), every_time.pass(Duration::ZERO)), (Some(0), Some(0)));
         // Due again: the line says how many were held back.
-        limited.last.store(1, Ordering::Relaxed);
-        let far = Limited { period_ms: 0, ..limited };
-        assert_eq!(far.pass(), Some(5));
+        assert_eq!(limited.pass(Duration::ZERO), Some(5));
     }
 
     #[test]

@@ -60,8 +60,7 @@ pub async fn handle(room: &Room, settings: &Settings, sender: &Sender<'_>, user:
         }
         Err(error) => {
             metrics::REDIS_ERRORS_TOTAL.inc();
-            static FAILED: crate::logging::Limited = crate::logging::Limited::every(std::time::Duration::from_secs(1));
-            if let Some(held_back) = FAILED.pass() {
+            if let Some(held_back) = crate::logging::Warning::EnterFailed.pass() {
                 tracing::warn!(%error, also_failed = held_back, "enter: redis unavailable");
             }
             ("error", Answer::unavailable(config))

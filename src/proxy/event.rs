@@ -123,8 +123,7 @@ pub async fn status(room: &Room, settings: &Settings, user: &str) -> Option<Answ
 
 fn unavailable(settings: &Settings, endpoint: &str, error: &StoreError) -> Answer {
     metrics::REDIS_ERRORS_TOTAL.inc();
-    static FAILED: crate::logging::Limited = crate::logging::Limited::every(std::time::Duration::from_secs(1));
-    if let Some(held_back) = FAILED.pass() {
+    if let Some(held_back) = crate::logging::Warning::EventFailed.pass() {
         tracing::warn!(%error, endpoint, also_failed = held_back, "event: redis unavailable");
     }
     if endpoint == "status" {
@@ -210,8 +209,7 @@ async fn public_snapshot<'s>(
         Ok(snapshot) => Ok((event, snapshot)),
         Err(error) => {
             metrics::REDIS_ERRORS_TOTAL.inc();
-            static FAILED: crate::logging::Limited = crate::logging::Limited::every(std::time::Duration::from_secs(1));
-            if let Some(held_back) = FAILED.pass() {
+            if let Some(held_back) = crate::logging::Warning::EventStateFailed.pass() {
                 tracing::warn!(%error, also_failed = held_back, "event: redis unavailable");
             }
             Err(Answer::unavailable(&settings.config))

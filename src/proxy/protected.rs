@@ -6,7 +6,6 @@
 //! Parse (identity, token header) -> apply (claim the token in Redis) -> render (a refusal, or
 //! nothing and the request goes upstream).
 
-use std::time::Duration;
 
 use pingora::proxy::Session;
 
@@ -14,15 +13,12 @@ use super::{identity, Answer, Ctx};
 use crate::room::claims::{Live, Retry};
 use crate::room::Room;
 use crate::config::{Config, TokenConfig};
-use crate::logging::Limited;
+use crate::logging::Warning;
 use crate::metrics;
 use crate::rules::{self, Outcome, TokenFate};
 use crate::store::{Claim, Settle};
 
 /// In an outage every protected request fails alike: one line of each kind a second says so.
-static CLAIM_FAILED: Limited = Limited::every(Duration::from_secs(1));
-static RELEASE_FAILED: Limited = Limited::every(Duration::from_secs(1));
-static SPEND_FAILED: Limited = Limited::every(Duration::from_secs(1));
 
 /// A token this request holds: what settling it needs, and its registration with the proxy's
 /// claim keeper, which renews the claim until this is settled.
@@ -89,7 +85,7 @@ async fn decide(
         Ok(Claim::Invalid) => ("forbidden", Some(Answer::error(403, "the entry token is not valid for this user"))),
         Err(error) => {
             metrics::REDIS_ERRORS_TOTAL.inc();
-            if let Some(held_back) = CLAIM_FAILED.pass() {
+            if let Some(held_back) = Warning::ClaimFailed.pass() {
                 tracing::warn!(%error, also_refused = held_back, "protected: redis unavailable, refusing (fail closed)");
             }
             // The claim may have been written before the reply was lost (a frozen Redis runs it
@@ -122,7 +118,7 @@ pub async fn settle(
         // user's retries with 409 long after Redis is back.
         if let Err(error) = room.store().consume_grouped(user, &token, &id, false).await {
             metrics::REDIS_ERRORS_TOTAL.inc();
-            if let Some(held_back) = RELEASE_FAILED.pass() {
+            if let Some(held_back) = Warning::ReleaseFailed.pass() {
                 tracing::warn!(%error, user, also_failed = held_back, "could not release an entry token's claim; queued");
             }
             room.settles().retry(Settle::new(user, &token, &id, false), Retry::Release, claim_timeout);
@@ -141,7 +137,7 @@ pub async fn settle(
             // that from the user. While Redis is away a repeat is refused anyway (fail closed);
             // the queue spends the token as soon as Redis is back.
             metrics::REDIS_ERRORS_TOTAL.inc();
-            if let Some(held_back) = SPEND_FAILED.pass() {
+            if let Some(held_back) = Warning::SpendFailed.pass() {
                 tracing::error!(%error, user, also_failed = held_back, "could not spend an entry token after a successful order; queued");
             }
             room.settles().retry(Settle::new(user, &token, &id, true), Retry::Spend, token_ttl);

@@ -221,8 +221,7 @@ async fn read(room: &Room, settings: &Settings, user: &str, after_hold: bool) ->
         }
         Err(error) => {
             metrics::REDIS_ERRORS_TOTAL.inc();
-            static FAILED: crate::logging::Limited = crate::logging::Limited::every(std::time::Duration::from_secs(1));
-            if let Some(held_back) = FAILED.pass() {
+            if let Some(held_back) = crate::logging::Warning::StatusFailed.pass() {
                 tracing::warn!(%error, also_failed = held_back, "status: redis unavailable");
             }
             Reading::new("error", Answer::unavailable(config))

@@ -7,7 +7,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use crate::logging::Limited;
 use crate::store::{Settle, GROUP_MAX};
 
 type Held = Arc<Mutex<HashMap<u64, (String, String)>>>;
@@ -80,7 +79,6 @@ pub struct Settles {
     out: std::sync::atomic::AtomicUsize,
 }
 
-static QUEUE_FULL: Limited = Limited::every(Duration::from_secs(10));
 
 impl Settles {
     fn queue(&self) -> MutexGuard<'_, VecDeque<Pending>> {
@@ -98,7 +96,7 @@ impl Settles {
             make_room(&mut queue, RETRY_BOUND)
         };
         if let Some(dropped) = dropped {
-            if let Some(held_back) = QUEUE_FULL.pass() {
+            if let Some(held_back) = crate::logging::Warning::SettleQueueFull.pass() {
                 tracing::error!(
                     ?dropped,
                     also_dropped = held_back,

@@ -16,7 +16,6 @@ use async_trait::async_trait;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 
-use crate::logging::Limited;
 use crate::metrics;
 use crate::room::Room;
 use crate::store::{RoomStore, Settle};
@@ -79,7 +78,6 @@ pub struct SettleRetrier {
     room: Arc<Room>,
 }
 
-static RETRY_FAILED: Limited = Limited::every(Duration::from_secs(10));
 
 impl SettleRetrier {
     /// Settles go through the room's own handle, whose connection carried the claims: on one
@@ -110,7 +108,7 @@ impl SettleRetrier {
                 }
                 Err(error) => {
                     metrics::REDIS_ERRORS_TOTAL.inc();
-                    if let Some(held_back) = RETRY_FAILED.pass() {
+                    if let Some(held_back) = crate::logging::Warning::SettleRetryFailed.pass() {
                         tracing::warn!(%error, queued = settles.len() + group.len(), also_failed = held_back, "could not settle entry tokens yet; retrying");
                     }
                     settles.put_back(group);
