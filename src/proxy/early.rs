@@ -138,7 +138,7 @@ impl Early {
         S: AsyncRead + AsyncWrite + GetSocketDigest + Unread + Unpin + Send,
     {
         let room = &*self.room;
-        let mut client = Watch { stream: &mut *stream };
+        let mut client = ClientWatch { stream: &mut *stream };
         let answer = match (&self.caller, self.endpoint) {
             (Err(refusal), _) => Some(Answer::identity(*refusal)),
             (Ok(user), Endpoint::Enter) => {
@@ -194,11 +194,11 @@ impl Early {
 /// back, the first of the client's next request (a pipelining client sends it before the
 /// answer), which the connection reads once the answer is out; the end of the stream, or an
 /// error, is the client leaving.
-struct Watch<'s, S> {
+struct ClientWatch<'s, S> {
     stream: &'s mut S,
 }
 
-impl<S: AsyncRead + Unread + Unpin + Send> status::Client for Watch<'_, S> {
+impl<S: AsyncRead + Unread + Unpin + Send> status::Client for ClientWatch<'_, S> {
     async fn watch(&mut self) -> status::Watched {
         let mut byte = [0u8; 1];
         match self.stream.read(&mut byte).await {

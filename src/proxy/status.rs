@@ -23,7 +23,7 @@ use crate::store::StatusOutcome;
 const TOUCH_PER_ABANDON: u32 = 3;
 
 /// The answer to a status call, before it is counted.
-struct Reading {
+struct Reply {
     /// The `waitroom_status_total` label; `None` when the event's answer has counted itself.
     label: Option<&'static str>,
     answer: Answer,
@@ -34,9 +34,9 @@ struct Reading {
     ready_ms: Option<u64>,
 }
 
-impl Reading {
-    fn new(label: &'static str, answer: Answer) -> Reading {
-        Reading { label: Some(label), answer, waiting: None, ready_ms: None }
+impl Reply {
+    fn new(label: &'static str, answer: Answer) -> Reply {
+        Reply { label: Some(label), answer, waiting: None, ready_ms: None }
     }
 
     fn count(self) -> Answer {
@@ -86,7 +86,7 @@ pub async fn answer(room: &Room, client: &mut impl Client, user: &str) -> Option
         // and, for a user whose poll is held on another connection, not with `pollAfter: 0`,
         // or that client would ask in a loop.
         Some((position, None)) if room.held().holds(user) => {
-            return Some(Reading { answer: Answer::waiting_unheld(position, pace, &settings.config, room.paused()), ..now }.count());
+            return Some(Reply { answer: Answer::waiting_unheld(position, pace, &settings.config, room.paused()), ..now }.count());
         }
         Some(_) => return Some(now.count()),
     };
@@ -98,7 +98,7 @@ pub async fn answer(room: &Room, client: &mut impl Client, user: &str) -> Option
         // Held polls at their limit, or this user's poll held already on another connection:
         // told to come back later (the tier's pollAfter, at least 1), not at once, or a client
         // that keeps a poll held would be answered in a loop.
-        return Some(Reading { answer: Answer::waiting_unheld(position, pace, &settings.config, room.paused()), ..now }.count());
+        return Some(Reply { answer: Answer::waiting_unheld(position, pace, &settings.config, room.paused()), ..now }.count());
     };
     let deadline = tokio::time::Instant::now() + settings.config.endpoints.hold;
     let abandon = settings.config.queue.abandon_after;
@@ -143,7 +143,7 @@ pub async fn answer(room: &Room, client: &mut impl Client, user: &str) -> Option
 
 /// The place and score a WAITING answer's poll would be held for (contract section 13), if it
 /// is one to hold.
-fn to_hold(now: &Reading, room: &Room, settings: &Settings) -> Option<(u64, Option<f64>)> {
+fn to_hold(now: &Reply, room: &Room, settings: &Settings) -> Option<(u64, Option<f64>)> {
     let pace = room.pacing(settings).pace();
     match now.waiting {
         Some((position, score)) if rules::within_hold(rules::wait_secs(position, pace), settings.policy.hold_secs) => {
@@ -170,7 +170,7 @@ async fn sleep_or_never(after: Option<Duration>) {
 
 /// [`read`], with what needs Redis on the heap: a held poll waits with this future inside its own,
 /// and a Redis call's state would be most of a held poll's memory.
-async fn read_small(room: &Room, settings: &Settings, user: &str, after_hold: bool) -> Reading {
+async fn read_small(room: &Room, settings: &Settings, user: &str, after_hold: bool) -> Reply {
     if super::event::leaves_status_to_the_line(room, settings) {
         if let Some(reading) = read_local(room, settings, user, after_hold) {
             return reading;
@@ -182,9 +182,9 @@ async fn read_small(room: &Room, settings: &Settings, user: &str, after_hold: bo
 /// Where the user stands now: from this proxy's view of the line when it can tell, else from
 /// Redis. `after_hold`: the answer ends a held poll (or re-checks one), so a WAITING answer
 /// says "ask again at once", and enforced polling's clock agrees.
-async fn read(room: &Room, settings: &Settings, user: &str, after_hold: bool) -> Reading {
+async fn read(room: &Room, settings: &Settings, user: &str, after_hold: bool) -> Reply {
     if let Some(answer) = super::event::status(room, settings, user).await {
-        return Reading { label: None, answer, waiting: None, ready_ms: None };
+        return Reply { label: None, answer, waiting: None, ready_ms: None };
     }
     if let Some(reading) = read_local(room, settings, user, after_hold) {
         return reading;
@@ -208,15 +208,15 @@ async fn read(room: &Room, settings: &Settings, user: &str, after_hold: bool) ->
             }
             match status.outcome {
                 StatusOutcome::Waiting { position } => waiting(room, settings, pacing.pace(), position, status.score, after_hold),
-                StatusOutcome::Ready { token, remaining_ms } => Reading {
+                StatusOutcome::Ready { token, remaining_ms } => Reply {
                     ready_ms: Some(remaining_ms),
-                    ..Reading::new("READY", Answer::ready(&token, remaining_ms))
+                    ..Reply::new("READY", Answer::ready(&token, remaining_ms))
                 },
                 StatusOutcome::NotInQueue if control::closed_now(room).await => {
-                    Reading::new("CLOSED", Answer::closed())
+                    Reply::new("CLOSED", Answer::closed())
                 }
-                StatusOutcome::NotInQueue => Reading::new("NOT_IN_QUEUE", Answer::not_in_queue()),
-                StatusOutcome::TooEarly { retry_secs } => Reading::new("TOO_EARLY", Answer::too_early(retry_secs)),
+                StatusOutcome::NotInQueue => Reply::new("NOT_IN_QUEUE", Answer::not_in_queue()),
+                StatusOutcome::TooEarly { retry_secs } => Reply::new("TOO_EARLY", Answer::too_early(retry_secs)),
             }
         }
         Err(error) => {
@@ -224,7 +224,7 @@ async fn read(room: &Room, settings: &Settings, user: &str, after_hold: bool) ->
             if let Some(held_back) = crate::logging::Warning::StatusFailed.pass() {
                 tracing::warn!(%error, also_failed = held_back, "status: redis unavailable");
             }
-            Reading::new("error", Answer::unavailable(config))
+            Reply::new("error", Answer::unavailable(config))
         }
     }
 }
@@ -236,13 +236,13 @@ fn local_line<'s>(room: &'s Room, settings: &Settings) -> Option<&'s LocalLine> 
 }
 
 /// Where the user stands by this proxy's view of the line, if it knows.
-fn read_local(room: &Room, settings: &Settings, user: &str, after_hold: bool) -> Option<Reading> {
+fn read_local(room: &Room, settings: &Settings, user: &str, after_hold: bool) -> Option<Reply> {
     let (position, number) = local_line(room, settings)?.place(user)?;
     Some(waiting(room, settings, room.pacing(settings).pace(), position, Some(number as f64), after_hold))
 }
 
-fn waiting(room: &Room, settings: &Settings, pace: Pace, position: u64, score: Option<f64>, after_hold: bool) -> Reading {
-    Reading {
+fn waiting(room: &Room, settings: &Settings, pace: Pace, position: u64, score: Option<f64>, after_hold: bool) -> Reply {
+    Reply {
         label: Some("WAITING"),
         answer: match after_hold {
             true => Answer::waiting_after_hold(position, pace, room.paused()),

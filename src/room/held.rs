@@ -29,11 +29,11 @@ use crate::metrics;
 
 /// Where a held poll sits: its score's bits, then a number that tells apart two polls of the
 /// same score.
-type Slot = (u64, u64);
+type Seat = (u64, u64);
 
 #[derive(Default)]
 struct Inner {
-    waiting: BTreeMap<Slot, oneshot::Sender<()>>,
+    waiting: BTreeMap<Seat, oneshot::Sender<()>>,
     /// The identities with a poll held; each leaves with its [`Hold`].
     users: HashSet<Arc<str>>,
 }
@@ -72,7 +72,7 @@ impl HeldPolls {
             user
         };
         metrics::HELD_POLLS.inc();
-        let mut hold = Hold { slot: None, woken: None, user, inner: self.inner.clone(), count: self.count.clone() };
+        let mut hold = Hold { seat: None, woken: None, user, inner: self.inner.clone(), count: self.count.clone() };
         hold.wait_for(score, self.next.fetch_add(1, Ordering::Relaxed));
         Some(hold)
     }
@@ -126,7 +126,7 @@ fn bits(score: f64) -> u64 {
 
 /// One held poll. Dropping it (answered, timed out, or the client went away) frees its slot.
 pub struct Hold {
-    slot: Option<Slot>,
+    seat: Option<Seat>,
     woken: Option<oneshot::Receiver<()>>,
     user: Arc<str>,
     inner: Arc<Mutex<Inner>>,
@@ -136,16 +136,16 @@ pub struct Hold {
 impl Hold {
     fn wait_for(&mut self, score: f64, id: u64) {
         let (wake, woken) = oneshot::channel();
-        let slot = (bits(score), id);
-        self.inner.lock().unwrap_or_else(|e| e.into_inner()).waiting.insert(slot, wake);
-        self.slot = Some(slot);
+        let seat = (bits(score), id);
+        self.inner.lock().unwrap_or_else(|e| e.into_inner()).waiting.insert(seat, wake);
+        self.seat = Some(seat);
         self.woken = Some(woken);
     }
 
     /// Waits again, for a new score (the user entered again behind a removed place) or the same.
     pub fn rearm(&mut self, score: f64) {
         self.leave();
-        let id = self.slot.map_or(0, |(_, id)| id);
+        let id = self.seat.map_or(0, |(_, id)| id);
         self.wait_for(score, id);
     }
 
@@ -161,8 +161,8 @@ impl Hold {
     }
 
     fn leave(&mut self) {
-        if let Some(slot) = self.slot.take() {
-            self.inner.lock().unwrap_or_else(|e| e.into_inner()).waiting.remove(&slot);
+        if let Some(seat) = self.seat.take() {
+            self.inner.lock().unwrap_or_else(|e| e.into_inner()).waiting.remove(&seat);
         }
         self.woken = None;
     }
@@ -171,8 +171,8 @@ impl Hold {
 impl Drop for Hold {
     fn drop(&mut self) {
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(slot) = self.slot.take() {
-            inner.waiting.remove(&slot);
+        if let Some(seat) = self.seat.take() {
+            inner.waiting.remove(&seat);
         }
         inner.users.remove(&self.user);
         drop(inner);
