@@ -29,7 +29,7 @@ macro_rules! metric {
 
 /// A vector's children for the label values a hot path uses, each looked up on its first use
 /// and kept: `with_label_values` hashes the values on every call (about 130 instructions, a
-/// status poll counted twice; callgrind). Other values are looked up as before, and a child
+/// status poll counted twice; callgrind). Other values are looked up on every call, and a child
 /// appears in the exposition only once used, as with `with_label_values`.
 pub struct Hot<M: 'static, const N: usize> {
     /// The vector's `with_label_values`.
@@ -254,7 +254,7 @@ mod tests {
         TRIED_BY_RESULT.with("other", |count| count.inc_by(5));
         assert_eq!(TRIED.with_label_values(&["b"]).get(), 3);
         assert_eq!(TRIED.with_label_values(&["other"]).get(), 5);
-        // "a" was never used: no series, as before the cache.
+        // "a" was never used: no series, as with `with_label_values`.
         let families = prometheus::core::Collector::collect(&*TRIED);
         let labels: Vec<_> = families[0].get_metric().iter().map(|m| m.get_label()[0].value().to_owned()).collect();
         assert_eq!(labels.len(), 2, "{labels:?}");

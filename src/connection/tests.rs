@@ -130,9 +130,9 @@ impl HttpServerApp for Nothing {
 }
 
 /// Every idle connection holds the connection loop's future (BENCHMARKS.md, "Memory per
-/// connection"). With pingora's session built inside the loop it was 912 bytes; built in
-/// `serve`, the loop keeps only the wait for the next head. The bound leaves room for
-/// compilers, not for a session (over 400 bytes) coming back.
+/// connection"). pingora's session is built in `serve`, so the loop keeps only the wait for the
+/// next head; a session held across that wait would add over 400 bytes. The bound leaves room
+/// for compilers, not for a session.
 #[tokio::test]
 async fn an_idle_connections_loop_state_stays_small() {
     let guarded = guarded(Nothing);

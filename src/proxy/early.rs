@@ -15,7 +15,7 @@
 //! `RequestHeader` and the head's framing,
 //! passing pingora's own authority checks, classified by the same [`Endpoint::classify`]; no body
 //! (a framing other than no body, a `Content-Length` other than one `0`), no `Upgrade`, `Expect` or
-//! `Keep-Alive`, and `Connection` at most `keep-alive`. Anything else goes to pingora as before,
+//! `Keep-Alive`, and `Connection` at most `keep-alive`. Anything else goes to pingora unchanged,
 //! with the same head bytes, so this path never refuses or changes a request the full path would
 //! take otherwise. The call itself is the full path's own ([`status::answer`], whose client is the
 //! connection here and pingora's session there; [`enter::handle`], told the connection's peer as

@@ -251,7 +251,7 @@ const BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// The proxy's own endpoints read no body; a larger one is refused (413) without reading it.
 const OWN_BODY_LIMIT: u64 = 8 * 1024;
 
-/// Timeouts for a slow client (issue 7, documented in docs/threat-model.md). pingora keeps its
+/// Timeouts for a slow client (docs/threat-model.md). pingora keeps its
 /// own for the header and idle keep-alive (60 s a read) and its 1 MiB header cap.
 fn limit_slow_clients(session: &mut Session) {
     session.set_read_timeout(Some(BODY_READ_TIMEOUT));

@@ -102,7 +102,7 @@ pub fn pace_thresholds(pace: Pace, tiers: &[PollTier], hold_secs: u64) -> Vec<(u
         .map(|t| (first_position_waiting(pace, ceil_secs(t.min_wait)), Duration::from_secs(ceil_secs(t.poll_after).max(1))))
         .collect();
     if hold_secs > 0 {
-        // Past the hold the tiers apply as before; in front of it, nothing matches them, and
+        // Past the hold the tiers apply as without one; in front of it, nothing matches them, and
         // the last threshold (every position) says 0.
         let past_hold = first_position_waiting(pace, hold_secs.saturating_add(1));
         for (first, _) in &mut thresholds {
