@@ -6,18 +6,16 @@
 //! do (see `group.rs`): each script takes its members in their order, each exactly as a call of
 //! its own would have been.
 
-use std::future::Future;
 use std::sync::Arc;
 
-use super::group::{Groups, Grouped};
+use super::group::grouped;
 use super::{RoomStore, StoreError};
 
 pub(super) mod claim {
-    use std::future::Future;
     use std::sync::Arc;
     use std::time::Duration;
 
-    use super::{Claim, Groups, Grouped, RoomStore, StoreError};
+    use super::{grouped, Claim, RoomStore, StoreError};
 
     script! {
         static SCRIPT = [] "lua/claim.lua";
@@ -94,23 +92,12 @@ pub(super) mod claim {
         }
     }
 
-    impl Grouped for Member {
-        type Terms = u64;
-        type Reply = Claim;
-        const FILE: &'static str = FILE;
-
-        fn groups(room: &RoomStore) -> &Groups<Member> {
-            &room.groups.claims
-        }
-
-        fn call<'a>(
-            room: &'a RoomStore,
-            hold_ms: &'a u64,
-            members: &'a [&'a Member],
-        ) -> impl Future<Output = Result<Vec<Claim>, StoreError>> + Send + 'a {
-            room.claim_members(*hold_ms, members)
-        }
-    }
+    grouped!(Member {
+        terms: u64,
+        reply: Claim,
+        groups: claims,
+        call: |room, hold_ms, members| room.claim_members(*hold_ms, members),
+    });
 }
 
 pub(super) mod keep {
@@ -242,20 +229,9 @@ impl RoomStore {
     }
 }
 
-impl Grouped for Settle {
-    type Terms = ();
-    type Reply = bool;
-    const FILE: &'static str = FILE;
-
-    fn groups(room: &RoomStore) -> &Groups<Settle> {
-        &room.groups.settles
-    }
-
-    fn call<'a>(
-        room: &'a RoomStore,
-        _: &'a (),
-        members: &'a [&'a Settle],
-    ) -> impl Future<Output = Result<Vec<bool>, StoreError>> + Send + 'a {
-        room.settle_members(members)
-    }
-}
+grouped!(Settle {
+    terms: (),
+    reply: bool,
+    groups: settles,
+    call: |room, _, members| room.settle_members(members),
+});

@@ -7,12 +7,11 @@
 //! capacity, the rules, the poll tiers) is sent once; an enter under other terms (a reload in
 //! between) starts a group of its own.
 
-use std::future::Future;
 use std::sync::Arc;
 
 use redis::Value;
 
-use super::group::{Groups, Grouped};
+use super::group::grouped;
 use super::{PollClock, RoomStore, RoomRules, StoreError};
 
 script! {
@@ -126,23 +125,12 @@ impl RoomStore {
     }
 }
 
-impl Grouped for Member {
-    type Terms = Terms;
-    type Reply = Entered;
-    const FILE: &'static str = FILE;
-
-    fn groups(room: &RoomStore) -> &Groups<Member> {
-        &room.groups.enters
-    }
-
-    fn call<'a>(
-        room: &'a RoomStore,
-        terms: &'a Terms,
-        members: &'a [&'a Member],
-    ) -> impl Future<Output = Result<Vec<Entered>, StoreError>> + Send + 'a {
-        room.enter_members(terms, members)
-    }
-}
+grouped!(Member {
+    terms: Terms,
+    reply: Entered,
+    groups: enters,
+    call: |room, terms, members| room.enter_members(terms, members),
+});
 
 impl RoomStore {
     /// One call of the script for `members`, in their order: an outcome for each, in the same.

@@ -50,6 +50,36 @@ pub(super) trait Grouped: Send + Sync + Sized + 'static {
     ) -> impl Future<Output = Result<Vec<Self::Reply>, StoreError>> + Send + 'a;
 }
 
+/// `impl Grouped` for a kind of member: each kind differs only in its terms, its reply, the
+/// room's queue it waits in and the call that serves a group, so a kind is written as those four.
+macro_rules! grouped {
+    ($member:ty {
+        terms: $terms:ty,
+        reply: $reply:ty,
+        groups: $field:ident,
+        call: |$room:ident, $t:pat_param, $members:ident| $call:expr $(,)?
+    }) => {
+        impl $crate::store::group::Grouped for $member {
+            type Terms = $terms;
+            type Reply = $reply;
+            const FILE: &'static str = FILE;
+
+            fn groups(room: &$crate::store::RoomStore) -> &$crate::store::group::Groups<$member> {
+                &room.groups.$field
+            }
+
+            fn call<'a>(
+                $room: &'a $crate::store::RoomStore,
+                $t: &'a $terms,
+                $members: &'a [&'a $member],
+            ) -> impl std::future::Future<Output = Result<Vec<$reply>, $crate::store::StoreError>> + Send + 'a {
+                $call
+            }
+        }
+    };
+}
+pub(super) use grouped;
+
 /// The requests of one kind waiting for a group, and how many calls are out.
 pub(super) struct Groups<M: Grouped> {
     waiting: Mutex<Waiting<M>>,
