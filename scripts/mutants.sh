@@ -36,13 +36,14 @@ fi
 files=("$@")
 if [ ${#files[@]} -eq 0 ]; then
   files=(src/spent.rs src/rules/address.rs src/rules/token.rs src/rules/wait.rs src/hold.rs
-    src/line.rs src/rules/adaptive.rs src/paths.rs src/http1/head.rs src/http1/chunked.rs)
+    src/line.rs src/rules/adaptive.rs src/paths/mod.rs src/paths/canonical.rs src/paths/rules.rs
+    src/http1/head.rs src/http1/chunked.rs)
 fi
 
 # The tests a file's mutants are checked against.
 group_of() {
   case "$1" in
-    src/paths.rs) echo paths ;;
+    src/paths/*) echo paths ;;
     src/http1/*) echo http1 ;;
     src/proxy/early.rs) echo early ;;
     src/rules/wait.rs | src/rules/address.rs | src/rules/token.rs) echo rules ;;

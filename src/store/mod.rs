@@ -10,7 +10,7 @@
 //! its KEYS, ARGV and reply once (see `script.rs`: Rust fills them by name, the Lua reads them by
 //! name), and decodes its own reply. A new key or argument touches that module and its Lua file,
 //! nothing else; a new key name, `keys.rs`. `RoomStore` holds only what they share: the key names, the
-//! connection (`conn.rs`) and the bound on each call. Tests call the same operations with
+//! connection (`conn/`) and the bound on each call. Tests call the same operations with
 //! [`RoomRules`] and [`PollClock`] spelled out.
 //!
 //! All of a room's keys share one hash tag, `{<key_prefix>}`, so each script touches one slot and
