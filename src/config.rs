@@ -19,7 +19,9 @@ use crate::rules::{Cidr, PollTier};
 pub mod schema;
 mod structure;
 
-pub use crate::identity::{IdentityConfig, JwtConfig};
+mod identity;
+pub use crate::identity::IdentityConfig;
+pub use identity::{JwtConfig, TokenSource};
 
 mod event;
 pub use event::{format_time, parse_time, EventConfig, Phase};
@@ -1424,7 +1426,7 @@ impl Validator {
     fn jwt(&mut self, j: raw::Jwt, folder: &Path) -> Option<JwtConfig> {
         use jsonwebtoken::Algorithm;
         let before = self.problems.len();
-        let from = crate::identity::TokenSource::parse(&j.from);
+        let from = TokenSource::parse(&j.from);
         if from.is_none() {
             self.fail::<()>(
                 "identity.jwt.from",
@@ -1436,7 +1438,7 @@ impl Validator {
             self.fail::<()>("identity.jwt.algorithms", "needs at least one of HS256, RS256, ES256");
         }
         for (i, name) in j.algorithms.iter().enumerate() {
-            match crate::identity::algorithm(name.trim()) {
+            match identity::algorithm(name.trim()) {
                 Some(a) if !algorithms.contains(&a) => algorithms.push(a),
                 Some(_) => {}
                 None => {
