@@ -10,6 +10,7 @@ use std::fmt;
 use std::time::Duration;
 
 mod event;
+mod identity;
 mod load;
 mod model;
 pub mod raw;
@@ -18,7 +19,8 @@ mod structure;
 mod units;
 mod validate;
 
-pub use crate::identity::{IdentityConfig, JwtConfig};
+pub use crate::identity::IdentityConfig;
+pub use identity::{JwtConfig, TokenSource};
 pub use event::{format_time, parse_time, EventConfig, Phase};
 pub use validate::Env;
 pub use model::*;

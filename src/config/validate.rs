@@ -292,7 +292,7 @@ impl Validator {
     pub(super) fn jwt(&mut self, j: raw::Jwt, folder: &Path) -> Option<JwtConfig> {
         use jsonwebtoken::Algorithm;
         let before = self.problems.len();
-        let from = crate::identity::TokenSource::parse(&j.from);
+        let from = TokenSource::parse(&j.from);
         if from.is_none() {
             self.fail::<()>(
                 "identity.jwt.from",
@@ -304,7 +304,7 @@ impl Validator {
             self.fail::<()>("identity.jwt.algorithms", "needs at least one of HS256, RS256, ES256");
         }
         for (i, name) in j.algorithms.iter().enumerate() {
-            match crate::identity::algorithm(name.trim()) {
+            match identity::algorithm(name.trim()) {
                 Some(a) if !algorithms.contains(&a) => algorithms.push(a),
                 Some(_) => {}
                 None => {
