@@ -454,7 +454,7 @@ target_run() {
     # Back to a line of exactly QUEUE_SIZE: the new users queued behind the seeded ones leave, the
     # counter goes back to the seeded line's end and the room gets a new epoch (the proxies drop
     # the numbers they learned). Without that the line would have a gap at its back, and the
-    # proxies would answer every later poll from Redis (src/line.rs).
+    # proxies would answer every later poll from Redis (src/room/line.rs).
     enter_new)
       rcli ZREMRANGEBYSCORE "{bench}:queue" "($QUEUE_SIZE" +inf >/dev/null
       rcli SET "{bench}:seq" "$QUEUE_SIZE" >/dev/null

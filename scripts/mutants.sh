@@ -35,8 +35,8 @@ fi
 
 files=("$@")
 if [ ${#files[@]} -eq 0 ]; then
-  files=(src/spent.rs src/rules/address.rs src/rules/token.rs src/rules/wait.rs src/hold.rs
-    src/line.rs src/rules/adaptive.rs src/paths/mod.rs src/paths/canonical.rs src/paths/rules.rs
+  files=(src/room/spent.rs src/rules/address.rs src/rules/token.rs src/rules/wait.rs src/room/held.rs
+    src/room/line.rs src/rules/adaptive.rs src/paths/mod.rs src/paths/canonical.rs src/paths/rules.rs
     src/http1/head.rs src/http1/chunked.rs)
 fi
 

@@ -8,11 +8,11 @@
 pub mod admin;
 pub mod cli;
 pub mod config;
+pub mod connection;
 pub mod health;
 pub mod http1;
 pub mod identity;
 pub mod lifecycle;
-pub mod connection;
 pub mod live;
 pub mod logging;
 pub mod metrics;
