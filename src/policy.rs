@@ -6,7 +6,7 @@
 //! watchers share: the rules the Redis scripts apply, the configured pace, whether the room
 //! listens (measured rate) and whether polls may be answered without Redis. Each such decision is
 //! made here and nowhere else, so two services can never disagree about it, and a reload swaps
-//! one compiled value (see [`crate::state::RoomState`]).
+//! one compiled value (see [`crate::room::Room`]).
 
 use std::time::Duration;
 

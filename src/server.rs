@@ -100,7 +100,7 @@ pub fn run(config: Config, config_path: PathBuf) -> Result<(), StartError> {
         metrics::ADMISSION_BATCH.set(policy.rules.batch_size as i64);
     }
 
-    // pingora's proxy app, run by our connection guard (see crate::limits for why there).
+    // pingora's proxy app, run by our connection guard (see crate::connection for why there).
     let connections = Connections::new(process.clone());
     let app = pingora::proxy::http_proxy(&server.configuration, Waitroom::new(process.clone(), upstream));
     // `WAITROOM_EARLY_ANSWERS=off` sends every head to pingora: the fuzz target and the
@@ -110,7 +110,7 @@ pub fn run(config: Config, config_path: PathBuf) -> Result<(), StartError> {
     proxy.set_connection_filter(Arc::new(AtCapacity(connections)));
     // No L4 buffers under pingora's parser (by default 64 KiB to read and 1,460 B to write, kept
     // for the connection's life): the connection loop reads each head into a per-thread buffer
-    // and gathers a response's small writes only until they are flushed (crate::limits), and
+    // and gathers a response's small writes only until they are flushed (crate::connection), and
     // pingora reads bodies into buffers of its own.
     proxy.add_listener(ListenerConfig::tcp(listen.clone()).l4_buffer(L4BufferSettings::unbuffered()));
 

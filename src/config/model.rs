@@ -187,7 +187,7 @@ pub struct AbuseConfig {
     pub trusted_proxies: Vec<Cidr>,
 }
 
-/// `limits` (contract section 16), enforced by [`crate::limits`] and the proxy's upstream peer.
+/// `limits` (contract section 16), enforced by [`crate::connection`] and the proxy's upstream peer.
 /// Every one is read per connection or per request, so a reload applies to what starts after it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LimitsConfig {

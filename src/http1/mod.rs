@@ -1,6 +1,6 @@
 //! HTTP/1 request framing, read once per request and obeyed by every path that serves it.
 //!
-//! **Why one module.** The connection loop ([`crate::limits`]) must know where each request ends
+//! **Why one module.** The connection loop ([`crate::connection`]) must know where each request ends
 //! so that pingora never reads the client's next request as part of this one, and the early
 //! answers ([`crate::proxy::early`]) must know what a head says before they answer it. When two
 //! parsers of our own disagree with each other (or with pingora's) on where a request ends, one

@@ -162,7 +162,7 @@ impl EventState {
             tracing::info!(drawn = tick.drawn.unwrap_or(0), "event: the pre-queue was drawn into the line");
         }
         if tick.did_close {
-            // An audit line like an operator's close (crate::control), so one log query shows
+            // An audit line like an operator's close (crate::services::control), so one log query shows
             // every way the line ended.
             tracing::info!(
                 target: "waitroom::audit",

@@ -4,7 +4,7 @@
 //!
 //! Admission pops the line from its front (`ZPOPMIN`), so a user whose score is below the
 //! front's score has left the line: admitted, or removed. The line watcher reads the front
-//! every 10 ms anyway ([`crate::line`]); after each reading it hands the front to
+//! every 10 ms anyway ([`crate::room::line`]); after each reading it hands the front to
 //! [`HeldPolls::front`], which wakes exactly the held polls whose score it has passed. Each
 //! woken poll then asks Redis once for the user's exact answer (READY with the token, or
 //! NOT_IN_QUEUE when the place was removed), so a gap in the line never turns into a wrong

@@ -91,7 +91,7 @@ impl LineWatcher {
     }
 
     /// When another Redis server answers than before (a restart, a failover), it may have lost
-    /// the spends of tokens (see [`crate::spent`]): this proxy makes every spend it remembers
+    /// the spends of tokens (see [`crate::room::spent`]): this proxy makes every spend it remembers
     /// again, in a task of its own, so the readings go on meanwhile.
     fn after_a_loss(&self, server: &str) {
         let mut seen = self.server.lock().unwrap_or_else(|e| e.into_inner());

@@ -58,7 +58,7 @@ pub enum EnterOutcome {
 pub struct Entered {
     pub outcome: EnterOutcome,
     pub abandoned: u64,
-    /// A waiting user's arrival number and the room's epoch (for `crate::line`).
+    /// A waiting user's arrival number and the room's epoch (for `crate::room::line`).
     pub arrival: Option<(u64, String)>,
 }
 

@@ -28,12 +28,12 @@ pub struct Keys {
     pub heard: String,
     /// The room's clock: Redis's, with outages taken out (see `lua/room_clock.lua`).
     pub room_clock: String,
-    /// A random value that changes when the room is reset (see `crate::line`).
+    /// A random value that changes when the room is reset (see `crate::room::line`).
     pub epoch: String,
     /// A pub/sub channel nobody publishes on: the line watcher's subscription to it ends the
     /// moment Redis goes away.
     pub line_watch: String,
-    /// The room's state (`crate::control`): a hash of `state` (open, paused, closed; missing =
+    /// The room's state (`crate::services::control`): a hash of `state` (open, paused, closed; missing =
     /// open), `since` (Redis ms of the last change) and `by` (who made it).
     pub room: String,
     /// Admissions per second of the last minute, as a ring of 60 slots (`lua/room_state.lua`).
@@ -43,7 +43,7 @@ pub struct Keys {
     /// The draw list: pre-queued users' HMACs in drawn order.
     pub event_draw: String,
     /// A pub/sub channel on which every spent token is announced, so that every proxy of the
-    /// room refuses it even if Redis loses the spend (see `crate::spent`).
+    /// room refuses it even if Redis loses the spend (see `crate::room::spent`).
     pub spent: String,
 }
 

@@ -1,4 +1,4 @@
-//! What `crate::line` reads to answer waiting users' polls without Redis: the line's counter,
+//! What `crate::room::line` reads to answer waiting users' polls without Redis: the line's counter,
 //! length and first number, the room's epoch and which server answered. No script: one
 //! MULTI/EXEC reads them together, and the epoch is a single `SET NX`.
 //!
@@ -10,7 +10,7 @@
 
 use super::{RoomStore, StoreError};
 
-/// One consistent reading of the line, for `crate::line`.
+/// One consistent reading of the line, for `crate::room::line`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LineReading {
     /// The arrival counter: the last number handed out.

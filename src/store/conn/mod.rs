@@ -207,7 +207,7 @@ impl Connector {
         }
     }
 
-    /// A client for a pub/sub subscription of its own (see `crate::line`), on any target: the
+    /// A client for a pub/sub subscription of its own (see `crate::room::line`), on any target: the
     /// single server; a cluster's seed node number `attempt` (modulo their number: a message
     /// published on any node reaches every node); the primary a sentinel target is connected to
     /// (`None` while it is not connected).
