@@ -118,7 +118,6 @@ pub fn reload(process: &Process, path: &Path) -> Result<Changes, ConfigError> {
         Ok(next) => {
             let (merged, changes) = merge(&process.settings().config, next);
             let settings = Settings::new(merged);
-            metrics::ADMISSION_RATE.set(settings.policy.configured_rate());
             process.replace_settings(settings);
             metrics::CONFIG_RELOADS_TOTAL.with_label_values(&["ok"]).inc();
             tracing::info!(applied = ?changes.applied, "configuration reloaded");

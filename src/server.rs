@@ -94,11 +94,6 @@ pub fn run(config: Config, config_path: PathBuf) -> Result<(), StartError> {
     let redis = config.redis.clone();
     // The one process value every service below shares (no process-wide statics but the metrics).
     let process = Process::new(config)?;
-    {
-        let policy = &process.settings().policy;
-        metrics::ADMISSION_RATE.set(policy.configured_rate());
-        metrics::ADMISSION_BATCH.set(policy.rules.batch_size as i64);
-    }
 
     // pingora's proxy app, run by our connection guard (see crate::connection for why there).
     let connections = Connections::new(process.clone());

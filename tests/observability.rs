@@ -100,6 +100,9 @@ fn parse_sample(line: &str) -> Option<Sample> {
 
 /// `name{labels}` exactly (no other labels); 0 when the series is absent, as a labelled series
 /// appears only once it first occurs.
+/// A series' value; one that names no `room` is the sum over the rooms, as `sum without (room)`
+/// reads it (this file's proxies run the one room `default`; a request that belongs to no room,
+/// a pass-through, is counted under `room=""`).
 fn value(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> f64 {
     let want: BTreeMap<String, String> = labels
         .iter()
@@ -107,17 +110,29 @@ fn value(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> f64 {
         .collect();
     samples
         .iter()
-        .find(|s| s.name == name && s.labels == want)
-        .map_or(0.0, |s| s.value)
+        .filter(|s| s.name == name && without_room(s, &want) == want)
+        .map(|s| s.value)
+        .sum()
+}
+
+/// A sample's labels, less `room` unless `want` names it.
+fn without_room(sample: &Sample, want: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+    let mut labels = sample.labels.clone();
+    if !want.contains_key("room") {
+        labels.remove("room");
+    }
+    labels
 }
 
 /// The values one label takes on a family, with their sample values.
 fn by_label(samples: &[Sample], name: &str, label: &str) -> BTreeMap<String, f64> {
-    samples
-        .iter()
-        .filter(|s| s.name == name)
-        .filter_map(|s| Some((s.labels.get(label)?.clone(), s.value)))
-        .collect()
+    let mut values = BTreeMap::new();
+    for s in samples.iter().filter(|s| s.name == name) {
+        if let Some(v) = s.labels.get(label) {
+            *values.entry(v.clone()).or_insert(0.0) += s.value;
+        }
+    }
+    values
 }
 
 /// Family name -> type, from the `# TYPE` lines.
@@ -218,10 +233,12 @@ fn check_histogram(samples: &[Sample], family: &str, endpoint: &str, count: f64)
             s.name == bucket && s.labels.get("endpoint").map(String::as_str) == Some(endpoint)
         })
         .map(|s| {
+            let room = if endpoint == "passthrough" { "" } else { "default" };
+            assert_eq!(s.labels.get("room").map(String::as_str), Some(room), "{bucket}'s room: {s:?}");
             assert_eq!(
                 s.labels.len(),
-                2,
-                "{bucket} labels are endpoint and le: {s:?}"
+                3,
+                "{bucket} labels are endpoint, le and room: {s:?}"
             );
             let le = s
                 .labels
@@ -759,6 +776,80 @@ async fn busy_proxy() -> (RedisServer, DemoApi, Proxy, String) {
         "not every labelled family has a series after the traffic:\n{text}"
     );
     (redis, api, proxy, text)
+}
+
+/// Every metric that describes a room carries `room` (contract sections 4 and 17), `default` for a
+/// configuration without `rooms`; a request that belongs to no room (a pass-through) is counted
+/// under `room=""`, which Prometheus reads as no label; the proxy-wide metrics carry none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_room_metric_carries_the_room_label() {
+    let (_redis, _api, _proxy, text) = busy_proxy().await;
+    let s = samples(&text);
+    let room_families = [
+        "waitroom_queue_length",
+        "waitroom_queue_tail_wait_seconds",
+        "waitroom_active_tokens",
+        "waitroom_admission_batch",
+        "waitroom_admission_rate_per_second",
+        "waitroom_admission_estimate_rate_per_second",
+        "waitroom_room_state",
+        "waitroom_room_state_changed_timestamp_seconds",
+        "waitroom_enter_total",
+        "waitroom_status_total",
+        "waitroom_admitted_total",
+        "waitroom_admission_ticks_total",
+        "waitroom_abandoned_total",
+        "waitroom_tokens_consumed_total",
+        "waitroom_protected_requests_total",
+        "waitroom_shadow_passed_total",
+        "waitroom_held_polls",
+        "waitroom_held_ready_delay_seconds",
+        "waitroom_event_phase",
+        "waitroom_event_prequeued",
+        "waitroom_event_drawn",
+    ];
+    let per_request = ["waitroom_upstream_responses_total", "waitroom_request_duration_seconds", "waitroom_upstream_duration_seconds"];
+    let proxy_wide = [
+        "waitroom_redis_errors_total",
+        "waitroom_redis_up",
+        "waitroom_config_reloads_total",
+        "waitroom_open_connections",
+        "waitroom_log_lines_dropped_total",
+    ];
+    let family_of = |name: &str| -> Option<&'static str> {
+        room_families
+            .iter()
+            .chain(&per_request)
+            .chain(&proxy_wide)
+            .copied()
+            .filter(|f| name == *f || ["_bucket", "_sum", "_count"].iter().any(|x| name.strip_suffix(x) == Some(*f)))
+            .max_by_key(|f| f.len())
+    };
+    for family in room_families.iter().chain(&proxy_wide) {
+        assert!(s.iter().any(|x| family_of(&x.name) == Some(*family)), "no series of {family}:\n{text}");
+    }
+    for sample in &s {
+        let room = sample.labels.get("room").map(String::as_str);
+        match family_of(&sample.name) {
+            Some(f) if room_families.contains(&f) => assert_eq!(room, Some("default"), "{sample:?}"),
+            Some(f) if per_request.contains(&f) => {
+                // The order and the refused repeat are the room's; the pass-through is nobody's.
+                let passthrough = sample.labels.get("endpoint").map(String::as_str) == Some("passthrough")
+                    || (f == "waitroom_upstream_responses_total" && room == Some(""));
+                assert_eq!(room, Some(if passthrough { "" } else { "default" }), "{sample:?}");
+            }
+            Some(_) => assert_eq!(room, None, "a proxy-wide metric names no room: {sample:?}"),
+            None => {}
+        }
+    }
+    // The protected order's response is the room's, the pass-through's is not.
+    let responses: Vec<_> = s.iter().filter(|x| x.name == "waitroom_upstream_responses_total").collect();
+    for room in ["default", ""] {
+        assert!(
+            responses.iter().any(|x| x.labels.get("room").map(String::as_str) == Some(room) && x.value >= 1.0),
+            "no upstream response counted under room={room:?}: {responses:?}"
+        );
+    }
 }
 
 /// The operator endpoints serve GET only, and say so: any other method gets 405 with

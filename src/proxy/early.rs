@@ -45,7 +45,6 @@ use crate::http1::head::{self, Framing};
 use crate::identity::Refusal;
 use crate::connection::{After, LimitedStream, Taken, Unread};
 use crate::logging;
-use crate::metrics;
 use crate::process::{InFlight, Process};
 use crate::room::Room;
 
@@ -177,7 +176,7 @@ impl Early {
         let endpoint = self.endpoint.label();
         // What tells an operator (and the tests) which path a call took.
         tracing::debug!(endpoint, status, "answered before pingora's session");
-        metrics::REQUEST_DURATION_BY_ENDPOINT.with(endpoint, |duration| duration.observe(elapsed.as_secs_f64()));
+        self.room.metrics().requests.request_duration.with(endpoint, |duration| duration.observe(elapsed.as_secs_f64()));
         logging::access(&logging::Access {
             method: self.request.method.as_str(),
             path: self.request.uri.path(),

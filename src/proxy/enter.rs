@@ -21,7 +21,7 @@ pub async fn handle(room: &Room, settings: &Settings, sender: &Sender<'_>, user:
     // unless Redis must hear of it: then it is the status answer.
     let local = policy.local_answers.then_some(room.line());
     if let Some(position) = local.and_then(|line| line.position(user)) {
-        metrics::ENTER_BY_RESULT.with("already_waiting", |count| count.inc());
+        room.metrics().enter.with("already_waiting", |count| count.inc());
         return Answer::waiting(position, pacing.pace(), config, room.paused());
     }
     let request = EnterRequest {
@@ -33,7 +33,7 @@ pub async fn handle(room: &Room, settings: &Settings, sender: &Sender<'_>, user:
     let ticket = room.line().ticket();
     let (result, answer) = match room.store().enter_grouped(request, &policy.rules).await {
         Ok(entered) => {
-            metrics::ABANDONED_TOTAL.inc_by(entered.abandoned);
+            room.metrics().abandoned.inc_by(entered.abandoned);
             if let Some(line) = local {
                 let position = match entered.outcome {
                     EnterOutcome::Waiting { position, .. } => Some(position),
@@ -50,7 +50,7 @@ pub async fn handle(room: &Room, settings: &Settings, sender: &Sender<'_>, user:
                     ("ready", Answer::ready(&token, remaining_ms))
                 }
                 EnterOutcome::Instant { token, remaining_ms } => {
-                    metrics::ADMITTED_TOTAL.inc();
+                    room.metrics().admitted.inc();
                     ("instant", Answer::ready(&token, remaining_ms))
                 }
                 EnterOutcome::Full => ("full", Answer::full(config)),
@@ -66,6 +66,6 @@ pub async fn handle(room: &Room, settings: &Settings, sender: &Sender<'_>, user:
             ("error", Answer::unavailable(config))
         }
     };
-    metrics::ENTER_BY_RESULT.with(result, |count| count.inc());
+    room.metrics().enter.with(result, |count| count.inc());
     answer
 }

@@ -55,7 +55,7 @@ pub async fn enter(
             ("error", Answer::unavailable(config))
         }
     };
-    metrics::ENTER_TOTAL.with_label_values(&[label]).inc();
+    room.metrics().enter.with(label, |count| count.inc());
     Some(answer)
 }
 
@@ -99,7 +99,7 @@ pub async fn status(room: &Room, settings: &Settings, user: &str) -> Option<Answ
         Some(snapshot) => snapshot,
         None => match room.event().current(room.store(), event).await {
             Ok(snapshot) => snapshot,
-            Err(error) => return Some(unavailable(settings, "status", &error)),
+            Err(error) => return Some(unavailable(room, settings, "status", &error)),
         },
     };
     let now = snapshot.redis_now_ms();
@@ -108,7 +108,7 @@ pub async fn status(room: &Room, settings: &Settings, user: &str) -> Option<Answ
         return None;
     }
     let (label, answer) = match (phase, room.store().standing(user).await) {
-        (_, Err(error)) => return Some(unavailable(settings, "status", &error)),
+        (_, Err(error)) => return Some(unavailable(room, settings, "status", &error)),
         (_, Ok(Standing::Ready { token, remaining_ms })) => ("READY", Answer::ready(&token, remaining_ms)),
         (Phase::Prequeue, Ok(Standing::Queued)) => {
             ("PREQUEUED", Answer::prequeued(event::opens_in_secs(event.opens_ms() - now).max(1), config))
@@ -117,17 +117,17 @@ pub async fn status(room: &Room, settings: &Settings, user: &str) -> Option<Answ
         // The close ended the line: whoever is not holding a token is told so.
         (_, Ok(_)) => ("CLOSED", Answer::closed()),
     };
-    metrics::STATUS_TOTAL.with_label_values(&[label]).inc();
+    room.metrics().status.with(label, |count| count.inc());
     Some(answer)
 }
 
-fn unavailable(settings: &Settings, endpoint: &str, error: &StoreError) -> Answer {
+fn unavailable(room: &Room, settings: &Settings, endpoint: &str, error: &StoreError) -> Answer {
     metrics::REDIS_ERRORS_TOTAL.inc();
     if let Some(held_back) = crate::logging::Warning::EventFailed.pass() {
         tracing::warn!(%error, endpoint, also_failed = held_back, "event: redis unavailable");
     }
     if endpoint == "status" {
-        metrics::STATUS_TOTAL.with_label_values(&["error"]).inc();
+        room.metrics().status.with("error", |count| count.inc());
     }
     Answer::unavailable(&settings.config)
 }

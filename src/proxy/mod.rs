@@ -171,7 +171,7 @@ impl Waitroom {
         let upstream_failed = error.is_none_or(|e| matches!(e.esource(), ErrorSource::Upstream));
         let outcome = if ctx.sent && upstream_failed { Outcome::Unknown } else { Outcome::NotSent };
         if outcome == Outcome::Unknown {
-            metrics::PROTECTED_BY_RESULT.with("unknown", |count| count.inc());
+            room.metrics().requests.protected.with("unknown", |count| count.inc());
             tracing::warn!(user, "an order reached the upstream and no status line came back: its outcome is unknown");
         }
         // Cloned, not borrowed: a settings guard must not be held across an await.
@@ -250,6 +250,11 @@ fn identity_in(config: &Config, headers: &http::HeaderMap) -> Result<String, Ref
 const BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// The proxy's own endpoints read no body; a larger one is refused (413) without reading it.
 const OWN_BODY_LIMIT: u64 = 8 * 1024;
+
+/// Where a request is counted: its room's series, or those of requests that belong to no room.
+fn request_metrics(ctx: &Ctx) -> &metrics::RequestMetrics {
+    ctx.room.as_ref().map_or(&*metrics::OUTSIDE_ROOMS, |room| &room.metrics().requests)
+}
 
 /// Timeouts for a slow client (docs/threat-model.md). pingora keeps its
 /// own for the header and idle keep-alive (60 s a read) and its 1 MiB header cap.
@@ -411,6 +416,11 @@ impl ProxyHttp for Waitroom {
                 return Ok(true);
             }
         };
+        if ctx.endpoint != Endpoint::Passthrough {
+            // The later phases count the request in this room, and for a protected one settle
+            // its claim, listen to the origin and record the latency here.
+            ctx.room = Some(room.clone());
+        }
         let headers = &session.req_header().headers;
         let switch = headers.get(http::header::UPGRADE);
         let drop_switch = switch.is_some_and(|upgrade| drops_switch(ctx.endpoint, upgrade, headers));
@@ -468,11 +478,8 @@ impl ProxyHttp for Waitroom {
                 Err(refusal) => refusal,
             },
             Endpoint::Protected => {
-                // The later phases settle the claim, listen to the origin and record the latency
-                // in this room.
-                ctx.room = Some(room.clone());
                 if config.bypass.is_set() && self.bypasses(config, session, ctx) {
-                    metrics::PROTECTED_BY_RESULT.with("bypassed", |count| count.inc());
+                    room.metrics().requests.protected.with("bypassed", |count| count.inc());
                     return Ok(false);
                 }
                 let refusal = if delimited == Some(Delimited::Not) {
@@ -492,11 +499,11 @@ impl ProxyHttp for Waitroom {
                     }
                     // A rehearsal: the room has done all it would, and the request goes on.
                     Some((would, _)) if config.mode == RoomMode::Shadow => {
-                        metrics::shadow_passed(would);
+                        room.metrics().shadow_passed.with(would, |count| count.inc());
                         return Ok(false);
                     }
                     Some((result, answer)) => {
-                        metrics::PROTECTED_BY_RESULT.with(result, |count| count.inc());
+                        room.metrics().requests.protected.with(result, |count| count.inc());
                         answer
                     }
                 }
@@ -573,7 +580,8 @@ impl ProxyHttp for Waitroom {
         ctx.upstream_status = Some(status);
         if let Some(started) = ctx.upstream_started {
             let latency = started.elapsed();
-            metrics::UPSTREAM_DURATION_BY_ENDPOINT
+            request_metrics(ctx)
+                .upstream_duration
                 .with(ctx.endpoint.label(), |duration| duration.observe(latency.as_secs_f64()));
             // What the adaptive controller listens to (see crate::admission).
             if let (Endpoint::Protected, Some(room)) = (ctx.endpoint, &ctx.room) {
@@ -663,10 +671,10 @@ impl ProxyHttp for Waitroom {
         self.settle_unanswered(ctx, error).await;
         let elapsed = ctx.started.elapsed();
         let endpoint = ctx.endpoint.label();
-        metrics::REQUEST_DURATION_BY_ENDPOINT.with(endpoint, |duration| duration.observe(elapsed.as_secs_f64()));
+        request_metrics(ctx).request_duration.with(endpoint, |duration| duration.observe(elapsed.as_secs_f64()));
         // A request that went upstream has an upstream outcome: a status class, or "error".
         if ctx.upstream_started.is_some() {
-            metrics::UPSTREAM_RESPONSES_BY_CLASS.with(rules::status_class(ctx.upstream_status), |count| count.inc());
+            request_metrics(ctx).upstream_responses.with(rules::status_class(ctx.upstream_status), |count| count.inc());
         }
         let status = session.response_written().map(|r| r.status.as_u16()).unwrap_or(0);
         let header = session.req_header();

@@ -41,7 +41,7 @@ pub async fn check(
     let (result, refusal) = decide(room, config, session, ctx).await;
     match refusal {
         None => {
-            metrics::PROTECTED_BY_RESULT.with(result, |count| count.inc());
+            room.metrics().requests.protected.with(result, |count| count.inc());
             None
         }
         Some(answer) => Some((result, answer)),
@@ -129,7 +129,7 @@ pub async fn settle(
     // becomes of the delete.
     room.spent().remember(&token, user, token_ttl);
     match room.store().consume_grouped(user, &token, &id, true).await {
-        Ok(true) => metrics::TOKENS_CONSUMED_TOTAL.inc(),
+        Ok(true) => room.metrics().tokens_consumed.inc(),
         // Expired, or already replaced by a newer token, between the check and now.
         Ok(false) => {}
         Err(error) => {

@@ -39,9 +39,9 @@ impl Reply {
         Reply { label: Some(label), answer, waiting: None, ready_ms: None }
     }
 
-    fn count(self) -> Answer {
+    fn count(self, room: &Room) -> Answer {
         if let Some(label) = self.label {
-            metrics::STATUS_BY_ANSWER.with(label, |count| count.inc());
+            room.metrics().status.with(label, |count| count.inc());
         }
         self.answer
     }
@@ -80,25 +80,25 @@ pub async fn answer(room: &Room, client: &mut impl Client, user: &str) -> Option
     let now = read_small(room, settings, user, false).await;
     let pace = room.pacing(settings).pace();
     let (position, score) = match to_hold(&now, room, settings) {
-        None => return Some(now.count()),
+        None => return Some(now.count(room)),
         Some((position, Some(score))) => (position, score),
         // Within the hold, with no score to hold for (a reading without one): answered now,
         // and, for a user whose poll is held on another connection, not with `pollAfter: 0`,
         // or that client would ask in a loop.
         Some((position, None)) if room.held().holds(user) => {
-            return Some(Reply { answer: Answer::waiting_unheld(position, pace, &settings.config, room.paused()), ..now }.count());
+            return Some(Reply { answer: Answer::waiting_unheld(position, pace, &settings.config, room.paused()), ..now }.count(room));
         }
-        Some(_) => return Some(now.count()),
+        Some(_) => return Some(now.count(room)),
     };
     let limit = usize::try_from(settings.config.queue.capacity.get()).unwrap_or(usize::MAX);
     let Some(mut hold) = room.held().hold(user, score, limit) else {
         if room.held().stopping() {
-            return Some(now.count());
+            return Some(now.count(room));
         }
         // Held polls at their limit, or this user's poll held already on another connection:
         // told to come back later (the tier's pollAfter, at least 1), not at once, or a client
         // that keeps a poll held would be answered in a loop.
-        return Some(Reply { answer: Answer::waiting_unheld(position, pace, &settings.config, room.paused()), ..now }.count());
+        return Some(Reply { answer: Answer::waiting_unheld(position, pace, &settings.config, room.paused()), ..now }.count(room));
     };
     let deadline = tokio::time::Instant::now() + settings.config.endpoints.hold;
     let abandon = settings.config.queue.abandon_after;
@@ -136,9 +136,9 @@ pub async fn answer(room: &Room, client: &mut impl Client, user: &str) -> Option
     drop(hold);
     if let Some(remaining_ms) = reading.ready_ms {
         let issued_ago = room.settings().config.token.ttl.saturating_sub(Duration::from_millis(remaining_ms));
-        metrics::HELD_READY_DELAY.observe(issued_ago.as_secs_f64());
+        room.metrics().held_ready_delay.observe(issued_ago.as_secs_f64());
     }
-    Some(reading.count())
+    Some(reading.count(room))
 }
 
 /// The place and score a WAITING answer's poll would be held for (contract section 13), if it
@@ -196,7 +196,7 @@ async fn read(room: &Room, settings: &Settings, user: &str, after_hold: bool) ->
     let clock = if after_hold { pacing.poll_clock_at_once() } else { pacing.poll_clock() };
     match room.store().status(user, clock, &policy.rules).await {
         Ok(status) => {
-            metrics::ABANDONED_TOTAL.inc_by(status.abandoned);
+            room.metrics().abandoned.inc_by(status.abandoned);
             if let Some(line) = local {
                 match &status.outcome {
                     StatusOutcome::Waiting { position } => {

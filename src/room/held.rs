@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::oneshot;
 
-use crate::metrics;
+use prometheus::IntGauge;
 
 /// Where a held poll sits: its score's bits, then a number that tells apart two polls of the
 /// same score.
@@ -39,9 +39,10 @@ struct Inner {
 }
 
 /// This proxy's held polls.
-#[derive(Default)]
 pub struct HeldPolls {
     inner: Arc<Mutex<Inner>>,
+    /// The room's `waitroom_held_polls`.
+    gauge: IntGauge,
     next: AtomicU64,
     count: Arc<AtomicUsize>,
     /// Set by a graceful stop: every held poll is answered now and none is held any more.
@@ -49,6 +50,10 @@ pub struct HeldPolls {
 }
 
 impl HeldPolls {
+    pub fn new(gauge: IntGauge) -> HeldPolls {
+        HeldPolls { inner: Arc::default(), gauge, next: AtomicU64::new(0), count: Arc::default(), stopping: AtomicBool::new(false) }
+    }
+
     /// Holds a poll for `user`, whose place has `score`, unless `limit` polls are held already,
     /// `user` has one held, or the proxy is stopping. The poll wakes when the line's front passes
     /// the score, or when every poll is woken (a closed room, a stop, a room that lost its
@@ -71,8 +76,15 @@ impl HeldPolls {
             inner.users.insert(user.clone());
             user
         };
-        metrics::HELD_POLLS.inc();
-        let mut hold = Hold { seat: None, woken: None, user, inner: self.inner.clone(), count: self.count.clone() };
+        self.gauge.inc();
+        let mut hold = Hold {
+            seat: None,
+            woken: None,
+            user,
+            inner: self.inner.clone(),
+            count: self.count.clone(),
+            gauge: self.gauge.clone(),
+        };
         hold.wait_for(score, self.next.fetch_add(1, Ordering::Relaxed));
         Some(hold)
     }
@@ -131,6 +143,7 @@ pub struct Hold {
     user: Arc<str>,
     inner: Arc<Mutex<Inner>>,
     count: Arc<AtomicUsize>,
+    gauge: IntGauge,
 }
 
 impl Hold {
@@ -177,7 +190,7 @@ impl Drop for Hold {
         inner.users.remove(&self.user);
         drop(inner);
         self.count.fetch_sub(1, Ordering::AcqRel);
-        metrics::HELD_POLLS.dec();
+        self.gauge.dec();
     }
 }
 
@@ -192,7 +205,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_front_wakes_exactly_the_polls_it_has_passed() {
-        let held = HeldPolls::default();
+        let held = HeldPolls::new(IntGauge::new("held", "test").unwrap());
         let mut polls: Vec<Hold> = [3.0, 5.0, 7.0].iter().map(|s| held.hold(&format!("u{s}"), *s, 10).unwrap()).collect();
         held.front(Some(5.0));
         assert!(is_woken(&mut polls[0]).await, "3 has left a line whose front is 5");
@@ -204,7 +217,7 @@ mod tests {
 
     #[tokio::test]
     async fn drawn_scores_below_one_keep_their_order() {
-        let held = HeldPolls::default();
+        let held = HeldPolls::new(IntGauge::new("held", "test").unwrap());
         let mut early = held.hold("early", 0.125, 10).unwrap();
         let mut late = held.hold("late", 0.75, 10).unwrap();
         held.front(Some(0.5));
@@ -216,7 +229,7 @@ mod tests {
 
     #[tokio::test]
     async fn at_most_the_limit_is_held_and_a_dropped_hold_frees_its_slot() {
-        let held = HeldPolls::default();
+        let held = HeldPolls::new(IntGauge::new("held", "test").unwrap());
         let first = held.hold("a", 1.0, 2).unwrap();
         let _second = held.hold("b", 2.0, 2).unwrap();
         assert!(held.hold("c", 3.0, 2).is_none());
@@ -232,7 +245,7 @@ mod tests {
 
     #[tokio::test]
     async fn one_poll_is_held_per_user_until_it_ends() {
-        let held = HeldPolls::default();
+        let held = HeldPolls::new(IntGauge::new("held", "test").unwrap());
         let first = held.hold("alice", 1.0, 10).unwrap();
         assert!(held.hold("alice", 1.0, 10).is_none(), "alice has a poll held");
         let bob = held.hold("bob", 2.0, 10);
@@ -247,7 +260,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_stop_wakes_every_poll_and_holds_no_new_one() {
-        let held = HeldPolls::default();
+        let held = HeldPolls::new(IntGauge::new("held", "test").unwrap());
         let mut poll = held.hold("a", 9.0, 10).unwrap();
         assert!(!held.stopping());
         held.stop();
@@ -258,7 +271,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_rearmed_poll_waits_for_its_new_score() {
-        let held = HeldPolls::default();
+        let held = HeldPolls::new(IntGauge::new("held", "test").unwrap());
         let mut poll = held.hold("a", 2.0, 10).unwrap();
         held.front(Some(3.0));
         assert!(is_woken(&mut poll).await);

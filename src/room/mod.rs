@@ -21,6 +21,7 @@ use std::sync::Arc;
 use arc_swap::{ArcSwap, ArcSwapOption, Guard};
 
 use crate::config::Phase;
+use crate::metrics::RoomMetrics;
 use crate::policy::Settings;
 use crate::store::{Keys, RoomStore};
 use claims::{LiveClaims, Settles};
@@ -59,10 +60,15 @@ pub struct Room {
     claims: LiveClaims,
     /// Settles that met an outage, waiting for Redis (one bounded queue per room and proxy).
     settles: Settles,
+    /// The room's series, labelled with its name.
+    metrics: RoomMetrics,
 }
 
 impl Room {
     pub fn new(name: &str, settings: Arc<Settings>, store: RoomStore) -> Arc<Room> {
+        let metrics = RoomMetrics::new(name);
+        metrics.admission_rate.set(settings.policy.configured_rate());
+        metrics.admission_batch.set(settings.policy.rules.batch_size as i64);
         Arc::new(Room {
             name: name.to_owned(),
             store: Arc::new(store),
@@ -73,14 +79,19 @@ impl Room {
             spent: SpentTokens::default(),
             mode: AtomicU8::new(Mode::Open.to_u8()),
             event: EventState::default(),
-            held: HeldPolls::default(),
+            held: HeldPolls::new(metrics.held_polls.clone()),
             claims: LiveClaims::default(),
             settles: Settles::default(),
+            metrics,
         })
     }
 
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    pub fn metrics(&self) -> &RoomMetrics {
+        &self.metrics
     }
 
     /// The request path's handle on the room's data in Redis.
@@ -106,6 +117,7 @@ impl Room {
     }
 
     pub fn replace_settings(&self, settings: Arc<Settings>) {
+        self.metrics.admission_rate.set(settings.policy.configured_rate());
         self.settings.store(settings);
     }
 

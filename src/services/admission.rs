@@ -77,9 +77,10 @@ impl Admitter {
                     (true, 0) => "idle",
                     (true, _) => "admitted",
                 };
-                metrics::ADMISSION_TICKS_TOTAL.with_label_values(&[label]).inc();
-                metrics::ADMITTED_TOTAL.inc_by(outcome.admitted);
-                metrics::ABANDONED_TOTAL.inc_by(outcome.abandoned);
+                let metrics = self.room.metrics();
+                metrics.ticks.with(label, |count| count.inc());
+                metrics.admitted.inc_by(outcome.admitted);
+                metrics.abandoned.inc_by(outcome.abandoned);
                 if outcome.admitted > 0 || outcome.abandoned > 0 {
                     tracing::debug!(
                         admitted = outcome.admitted,

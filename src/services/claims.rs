@@ -102,7 +102,7 @@ impl SettleRetrier {
                 Ok(deleted) => {
                     settles.done(group.len());
                     let spent = deleted.iter().filter(|d| **d).count();
-                    metrics::TOKENS_CONSUMED_TOTAL.inc_by(spent as u64);
+                    self.room.metrics().tokens_consumed.inc_by(spent as u64);
                     tracing::info!(settled = members.len(), spent, left = settles.len(), "settled entry tokens after Redis came back");
                     backoff = BACKOFF_MIN;
                 }

@@ -178,10 +178,10 @@ fn publish(room: &Room, mode: Mode, since_ms: Option<u64>) -> Mode {
         room.held().wake_all();
     }
     for m in Mode::ALL {
-        metrics::ROOM_STATE.with_label_values(&[m.as_str()]).set(i64::from(m == mode));
+        room.metrics().room_state.with(m.as_str(), |gauge| gauge.set(i64::from(m == mode)));
     }
     if let Some(since) = since_ms {
-        metrics::ROOM_STATE_CHANGED.set(since as f64 / 1000.0);
+        room.metrics().room_state_changed.set(since as f64 / 1000.0);
     }
     before
 }

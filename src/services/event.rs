@@ -63,21 +63,23 @@ impl Watch for EventWatcher {
         let Some(event) = event else {
             // Zeros rather than nothing: a dashboard shows "no event", and a reload that removes
             // the event clears what it showed.
+            let metrics = self.room.metrics();
             for phase in Phase::ALL {
-                metrics::EVENT_PHASE.with_label_values(&[phase.label()]).set(0);
+                metrics.event_phase.with(phase.label(), |gauge| gauge.set(0));
             }
-            metrics::EVENT_PREQUEUED.set(0);
-            metrics::EVENT_DRAWN.set(0);
+            metrics.event_prequeued.set(0);
+            metrics.event_drawn.set(0);
             return;
         };
         match self.room.event().refresh(&self.store, &event).await {
             Ok(snapshot) => {
                 let phase = snapshot.phase(&event);
+                let metrics = self.room.metrics();
                 for p in Phase::ALL {
-                    metrics::EVENT_PHASE.with_label_values(&[p.label()]).set(i64::from(p == phase));
+                    metrics.event_phase.with(p.label(), |gauge| gauge.set(i64::from(p == phase)));
                 }
-                metrics::EVENT_PREQUEUED.set(snapshot.prequeued as i64);
-                metrics::EVENT_DRAWN.set(snapshot.drawn.unwrap_or(0) as i64);
+                metrics.event_prequeued.set(snapshot.prequeued as i64);
+                metrics.event_drawn.set(snapshot.drawn.unwrap_or(0) as i64);
             }
             Err(error) => {
                 metrics::REDIS_ERRORS_TOTAL.inc();

@@ -65,11 +65,12 @@ impl Watch for RoomWatcher {
                 } else {
                     policy.configured_pace
                 };
-                metrics::QUEUE_LENGTH.set(stats.waiting as i64);
-                metrics::ACTIVE_TOKENS.set(stats.live_tokens as i64);
-                metrics::QUEUE_TAIL_WAIT.set(rules::wait_secs(stats.waiting, pace) as i64);
-                metrics::ADMISSION_BATCH.set(batch as i64);
-                metrics::ESTIMATE_RATE.set(pace.rate.per_second());
+                let metrics = self.room.metrics();
+                metrics.queue_length.set(stats.waiting as i64);
+                metrics.active_tokens.set(stats.live_tokens as i64);
+                metrics.queue_tail_wait.set(rules::wait_secs(stats.waiting, pace) as i64);
+                metrics.admission_batch.set(batch as i64);
+                metrics.estimate_rate.set(pace.rate.per_second());
                 if !self.process.set_redis_ready(true) {
                     tracing::info!("redis answers: ready");
                 }

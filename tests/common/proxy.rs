@@ -103,17 +103,46 @@ pub fn run_check_env(config_yaml: &str, env: &[(&str, &str)]) -> Output {
         .expect("run waitroom --check")
 }
 
-/// Value of one Prometheus series, `series` written exactly as exposed, labels included, e.g.
-/// `waitroom_enter_total{result="queued"}`.
+/// Value of one Prometheus series, `series` written as exposed (labels in any order), e.g.
+/// `waitroom_enter_total{result="queued"}`. A series that names no `room` is the sum over every
+/// room's series of that name and labels, as `sum without (room)` reads them: with one room, the
+/// room `default`'s, plus for the per-request series those of requests that belong to no room
+/// (`room=""`). A series that names its room is read exactly.
 pub fn parse_metric(text: &str, series: &str) -> Option<f64> {
-    text.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
-        l.strip_prefix(series)?
-            .strip_prefix(' ')?
-            .split_whitespace()
-            .next()?
-            .parse()
-            .ok()
-    })
+    let (name, wanted) = split_series(series);
+    let any_room = !wanted.iter().any(|(label, _)| label == "room");
+    let mut found = None;
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let Some((line_series, value)) = line.rsplit_once(' ') else { continue };
+        let (line_name, mut labels) = split_series(line_series);
+        if line_name != name {
+            continue;
+        }
+        if any_room {
+            labels.retain(|(label, _)| label != "room");
+        }
+        if labels == wanted {
+            let Ok(value) = value.parse::<f64>() else { continue };
+            *found.get_or_insert(0.0) += value;
+        }
+    }
+    found
+}
+
+/// A series' name and its labels, sorted by name.
+fn split_series(series: &str) -> (&str, Vec<(String, String)>) {
+    let Some((name, rest)) = series.split_once('{') else { return (series, Vec::new()) };
+    let body = rest.strip_suffix('}').unwrap_or(rest);
+    let mut labels: Vec<(String, String)> = body
+        .split("\",")
+        .filter(|pair| !pair.is_empty())
+        .filter_map(|pair| {
+            let (label, value) = pair.split_once('=')?;
+            Some((label.trim().to_owned(), value.trim().trim_matches('"').to_owned()))
+        })
+        .collect();
+    labels.sort();
+    (name, labels)
 }
 
 #[derive(Clone, Debug)]
