@@ -1,4 +1,3 @@
-//!
 //! The user-facing shape of `proxy.yaml`. Durations and addresses stay strings here so that
 //! [`Config::from_raw`] can report a bad one with its key path instead of a serde type error.
 //!

@@ -32,8 +32,7 @@ use mode::Mode;
 use pace::{LatencyHistogram, Pacing, RoomView};
 use spent::SpentTokens;
 
-/// The name of the one room of a configuration without `rooms`.
-pub const DEFAULT: &str = "default";
+pub use crate::config::DEFAULT_ROOM as DEFAULT;
 
 pub struct Room {
     name: String,

@@ -1,8 +1,9 @@
 //! The names of a room's keys: the one place they are spelled. Scripts get them as KEYS (see
 //! `script.rs`), tests and tools import them from here rather than rebuild them.
 //!
-//! All of a room's keys share one hash tag, `{<key_prefix>}`, so each script touches one slot and
-//! the same layout works on a Redis Cluster.
+//! All of a room's keys share one hash tag, so each script touches one slot and the same layout
+//! works on a Redis Cluster: `{<key_prefix>}` for the room `default`, `{<key_prefix>:<name>}` for
+//! every other room (contract section 17), so a Cluster spreads the rooms over its primaries.
 
 /// The names of a room's keys.
 #[derive(Debug, Clone)]
@@ -48,8 +49,20 @@ pub struct Keys {
 }
 
 impl Keys {
+    /// The keys of the room `default`.
     pub fn new(key_prefix: &str) -> Keys {
-        let tag = format!("{{{key_prefix}}}");
+        Keys::tagged(format!("{{{key_prefix}}}"))
+    }
+
+    /// The keys of the room `name`; the room `default` keeps the keys it has without `rooms`.
+    pub fn of_room(key_prefix: &str, name: &str) -> Keys {
+        if name == crate::config::DEFAULT_ROOM {
+            return Keys::new(key_prefix);
+        }
+        Keys::tagged(format!("{{{key_prefix}:{name}}}"))
+    }
+
+    fn tagged(tag: String) -> Keys {
         Keys {
             queue: format!("{tag}:queue"),
             seq: format!("{tag}:seq"),
@@ -96,5 +109,20 @@ impl Keys {
     /// counted each: see `lua/enter.lua`).
     pub fn abuse_counter(&self, address: &str) -> String {
         [self.abuse_prefix.as_str(), address].concat()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_room_default_keeps_its_keys_and_every_other_room_has_a_tag_of_its_own() {
+        let default = Keys::of_room("shop", "default");
+        assert_eq!((default.queue.as_str(), default.spent.as_str()), ("{shop}:queue", "{shop}:spent"));
+        let sneakers = Keys::of_room("shop", "sneakers");
+        assert_eq!(sneakers.queue, "{shop:sneakers}:queue");
+        assert_eq!(sneakers.token_prefix, "{shop:sneakers}:token:");
+        assert_eq!(sneakers.event_draw, "{shop:sneakers}:event:draw");
     }
 }

@@ -220,6 +220,11 @@ impl Redis {
     pub fn default_keys(&self) -> Arc<Keys> {
         Arc::new(Keys::new(&self.key_prefix))
     }
+
+    /// The keys of the room `name`.
+    pub fn room_keys(&self, name: &str) -> Arc<Keys> {
+        Arc::new(Keys::of_room(&self.key_prefix, name))
+    }
 }
 
 /// One room's data in Redis: its keys, the connection it is reached on, the bound on each call,

@@ -164,7 +164,7 @@ fn lua(file: &str, keys: &[&str], args: &[(&str, Bind)], helpers: &[Helper], sou
 /// the struct of its ARGV; unless it answers a single value, the struct of its reply. The order
 /// of the names is the order on the wire. Generates the `Script` (`$script`), the structs, and
 /// `invoke`, which pushes a call's keys and arguments (push a variable tail after it, then run it
-/// with [`Room::run`](super::Room) and decode with `Reply::decode`).
+/// with [`RoomStore::run`](super::RoomStore) and decode with `Reply::decode`).
 macro_rules! script {
     (
         static $script:ident = [$($helper:ident),*] $file:literal;
