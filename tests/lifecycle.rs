@@ -404,7 +404,7 @@ const MIXED_LINES: [&str; 3] = [
      `batch_size`, `instant`, `max_active`, `adaptive`)",
     "foo: unknown key (known keys: `listen`, `metrics_listen`, `upstream`, `redis`, `identity`, \
      `token`, `protected`, `admission`, `queue`, `endpoints`, `poll_after`, `shutdown`, `reload`, \
-     `polling`, `abuse`, `page`, `limits`, `event`, `admin`, `bypass`, `mode`)",
+     `polling`, `abuse`, `page`, `limits`, `event`, `admin`, `bypass`, `mode`, `rooms`)",
     "admission.batch_size: must be at least 1",
 ];
 

@@ -5,6 +5,7 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::num::NonZeroU64;
 use std::path::Path;
 
+use super::rooms;
 use super::validate::{Env, Validator};
 use super::*;
 
@@ -34,6 +35,25 @@ impl Config {
     }
 
     pub(super) fn parse_with(text: &str, folder: &Path, env: Env) -> Result<Config, ConfigError> {
+        let top = Config::parse_one(text, folder, env);
+        let rooms = rooms::read(text, folder, env);
+        match (top, rooms) {
+            (Ok(mut config), Ok(rooms)) => {
+                config.rooms = rooms;
+                Ok(config)
+            }
+            (Ok(_), Err(problems)) => Err(ConfigError { problems }),
+            (Err(mut e), Err(problems)) => {
+                e.problems.extend(problems);
+                Err(e)
+            }
+            (Err(e), Ok(_)) => Err(e),
+        }
+    }
+
+    /// One configuration document, its `rooms` left aside: the top level, or one room's merged
+    /// document (see [`super::rooms`]).
+    pub(super) fn parse_one(text: &str, folder: &Path, env: Env) -> Result<Config, ConfigError> {
         let mut read = structure::read(text);
         let mut problems = std::mem::take(&mut read.problems);
         if let Some(raw) = read.raw.take() {
@@ -178,6 +198,7 @@ impl Config {
                 event: event.map(|e| e.expect(unwrap)),
                 bypass: bypass.expect(unwrap),
                 mode: raw.mode,
+                rooms: Vec::new(),
             })
         } else {
             Err(ConfigError { problems: v.problems })

@@ -14,6 +14,7 @@ mod identity;
 mod load;
 mod model;
 pub mod raw;
+mod rooms;
 pub mod schema;
 mod structure;
 mod units;

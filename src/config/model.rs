@@ -37,9 +37,21 @@ pub struct Config {
     pub admin: AdminConfig,
     /// `bypass` (contract section 18): belongs to the proxy, checked before any room's rules.
     pub bypass: BypassConfig,
-    /// `mode` (section 18): one of the keys a room will have of its own (section 17), top-level
-    /// for the one room there is today.
+    /// `mode` (section 18).
     pub mode: RoomMode,
+    /// `rooms` (section 17), in the file's order; empty without `rooms`: the one room `default`
+    /// is this configuration itself.
+    pub rooms: Vec<RoomConfig>,
+}
+
+/// One room of `rooms`: its name, its host, and the whole configuration it runs with (the
+/// top-level keys with the room's own in their place; its proxy-wide keys are the top level's).
+#[derive(Debug, Clone)]
+pub struct RoomConfig {
+    pub name: String,
+    /// Lowercase, without a port.
+    pub host: Option<String>,
+    pub config: Config,
 }
 
 /// `bypass`: who skips the room.

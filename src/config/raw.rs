@@ -83,6 +83,70 @@ pub struct Config {
     /// would have refused in waitroom_shadow_passed_total.
     #[serde(default)]
     pub mode: RoomMode,
+    /// Several rooms in one proxy, each with its own line, rate, tokens and schedule. Absent:
+    /// one room, `default`, from the top-level keys. The top-level values of a room's keys are
+    /// every room's defaults; a room's own keys replace them key by key.
+    #[serde(default)]
+    pub rooms: Option<Vec<Room>>,
+}
+
+/// One room of `rooms`: what it has of its own. Each key left out takes the top-level value;
+/// a mapping given (`admission: {batch_size: 5}`) replaces only the keys it names.
+#[derive(Debug, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Room {
+    /// 1-32 of a-z, 0-9 and -, unique: names the room in Redis keys, metrics and the admin API.
+    pub name: String,
+    /// Only requests whose Host is this (case-insensitive, port ignored); unset: any host.
+    #[serde(default)]
+    pub host: Option<String>,
+    /// This room's endpoints (its own prefix).
+    #[serde(default)]
+    pub endpoints: Option<Endpoints>,
+    /// This room's protected requests.
+    #[serde(default)]
+    pub protected: Option<Vec<Route>>,
+    /// How fast users leave this room's line.
+    #[serde(default)]
+    pub admission: Option<Admission>,
+    /// This room's line.
+    #[serde(default)]
+    pub queue: Option<Queue>,
+    /// This room's token lifetimes (the header is the proxy's).
+    #[serde(default)]
+    pub token: Option<RoomToken>,
+    /// This room's poll tiers.
+    #[serde(default)]
+    pub poll_after: Option<Vec<Tier>>,
+    /// This room's enforced polling.
+    #[serde(default)]
+    pub polling: Option<Polling>,
+    /// This room's limits on identities per client address.
+    #[serde(default)]
+    pub abuse: Option<Abuse>,
+    /// This room's scheduled event.
+    #[serde(default)]
+    pub event: Option<Event>,
+    /// This room's waiting page.
+    #[serde(default)]
+    pub page: Option<Page>,
+    /// Where this room's protected requests go, host:port; unset: the top-level upstream.
+    #[serde(default)]
+    pub upstream: Option<String>,
+}
+
+/// A room's `token`: the lifetimes; `token.header` and the rest are the proxy's.
+#[derive(Debug, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RoomToken {
+    /// How long this room's tokens live.
+    #[serde(default)]
+    #[schemars(with = "Option<Duration>")]
+    pub ttl: Option<String>,
+    /// How long a claim on this room's tokens holds when nobody ends it.
+    #[serde(default)]
+    #[schemars(with = "Option<Duration>")]
+    pub claim_timeout: Option<String>,
 }
 
 /// Requests that never wait: the shop's own services, staff, health checks of the order API.

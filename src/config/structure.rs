@@ -378,7 +378,7 @@ mod tests {
                 "admission.batch_size: expected a whole number, found string \"lots\"",
                 "foo: unknown key (known keys: `listen`, `metrics_listen`, `upstream`, `redis`, \
                  `identity`, `token`, `protected`, `admission`, `queue`, `endpoints`, `poll_after`, \
-                 `shutdown`, `reload`, `polling`, `abuse`, `page`, `limits`, `event`, `admin`, `bypass`, `mode`)",
+                 `shutdown`, `reload`, `polling`, `abuse`, `page`, `limits`, `event`, `admin`, `bypass`, `mode`, `rooms`)",
             ]
         );
         // What was left is read: the good value survives the cuts around it.

@@ -153,7 +153,7 @@ fn unknown_keys_and_bad_values_are_reported_together() {
              `batch_size`, `instant`, `max_active`, `adaptive`)",
             "foo: unknown key (known keys: `listen`, `metrics_listen`, `upstream`, `redis`, \
              `identity`, `token`, `protected`, `admission`, `queue`, `endpoints`, `poll_after`, \
-             `shutdown`, `reload`, `polling`, `abuse`, `page`, `limits`, `event`, `admin`, `bypass`, `mode`)",
+             `shutdown`, `reload`, `polling`, `abuse`, `page`, `limits`, `event`, `admin`, `bypass`, `mode`, `rooms`)",
             "admission.batch_size: must be at least 1",
         ]
     );
@@ -382,4 +382,98 @@ fn no_env_checks_everything_but_the_secrets() {
     assert!(Config::parse_with(&bad, Path::new(""), Env::Skip).is_err());
     let got = Config::parse_with("upstream: a:1\nqueue: {capacity: 0}", Path::new(""), Env::Skip).unwrap_err();
     assert_eq!(got.problems[0].path, "queue.capacity");
+}
+
+const TWO_ROOMS: &str = r#"
+upstream: 127.0.0.1:8081
+admission: { interval: 200ms, batch_size: 10 }
+token: { ttl: 5m }
+rooms:
+  - name: sneakers
+    host: Shop.Example.com
+    endpoints: { prefix: /drops/sneakers/queue }
+    protected:
+      - { method: POST, path: /api/drops/sneakers/orders }
+    admission: { batch_size: 5 }
+    token: { ttl: 2m }
+  - name: console
+    endpoints: { prefix: /drops/console/queue }
+    protected:
+      - { method: POST, path: /api/drops/console/orders }
+    upstream: "127.0.0.1:8082"
+"#;
+
+#[test]
+fn without_rooms_the_top_level_is_the_one_room() {
+    assert!(Config::parse("upstream: 127.0.0.1:8081").unwrap().rooms.is_empty());
+}
+
+#[test]
+fn a_room_replaces_the_top_level_key_by_key() {
+    let c = Config::parse(TWO_ROOMS).unwrap();
+    let names: Vec<&str> = c.rooms.iter().map(|r| r.name.as_str()).collect();
+    assert_eq!(names, ["sneakers", "console"]);
+    let (sneakers, console) = (&c.rooms[0], &c.rooms[1]);
+    assert_eq!(sneakers.host.as_deref(), Some("shop.example.com"));
+    assert_eq!(sneakers.config.admission.batch_size.get(), 5);
+    assert_eq!(sneakers.config.admission.interval, Duration::from_millis(200), "the top level's interval");
+    assert_eq!(sneakers.config.token.ttl, Duration::from_secs(120));
+    assert_eq!(sneakers.config.endpoints.prefix, "/drops/sneakers/queue");
+    assert_eq!(sneakers.config.upstream, "127.0.0.1:8081");
+    assert_eq!(console.host, None);
+    assert_eq!(console.config.admission.batch_size.get(), 10);
+    assert_eq!(console.config.token.ttl, Duration::from_secs(300));
+    assert_eq!(console.config.upstream, "127.0.0.1:8082");
+    assert_eq!(console.config.protected[0].path(), "/api/drops/console/orders");
+}
+
+#[test]
+fn room_problems_are_named_where_the_room_wrote_them() {
+    let got = problems(
+        r#"
+upstream: 127.0.0.1:8081
+rooms:
+  - { name: Sneakers!, endpoints: { prefix: /a } }
+  - { name: b, endpoints: { prefix: /b }, admission: { batch_size: 0 } }
+  - { name: b, endpoints: { prefix: /c }, listen: "0.0.0.0:1" }
+"#,
+    );
+    assert!(got.iter().any(|p| p.starts_with("rooms[0].name: `Sneakers!` is not a room name")), "{got:?}");
+    assert!(got.iter().any(|p| p.starts_with("rooms[1].admission.batch_size:")), "{got:?}");
+    assert!(got.iter().any(|p| p.starts_with("rooms[2].name: `b` names two rooms")), "{got:?}");
+    assert!(got.iter().any(|p| p.starts_with("rooms[2].listen")), "a proxy-wide key in a room: {got:?}");
+    assert!(problems("upstream: a:1\nrooms: []").iter().any(|p| p.starts_with("rooms: lists no room")));
+}
+
+#[test]
+fn rooms_that_could_claim_one_request_are_refused_naming_both() {
+    let two = |a: &str, b: &str| {
+        problems(&format!("upstream: 127.0.0.1:8081\nrooms:\n  - {{ name: one, {a} }}\n  - {{ name: two, {b} }}\n"))
+    };
+    let same_prefix = two("endpoints: { prefix: /q }, protected: []", "endpoints: { prefix: /q }, protected: []");
+    assert!(same_prefix.iter().any(|p| p.starts_with("rooms[1].endpoints.prefix: `/q` overlaps room `one`")), "{same_prefix:?}");
+    let inside = two("endpoints: { prefix: /q }, protected: []", "endpoints: { prefix: /q/two }, protected: []");
+    assert!(inside.iter().any(|p| p.contains("overlaps room `one`'s prefix `/q`")), "{inside:?}");
+    let rules = two(
+        "endpoints: { prefix: /q1 }, protected: [{ method: POST, path: /api, match: prefix }]",
+        "endpoints: { prefix: /q2 }, protected: [{ method: POST, path: /api/orders }]",
+    );
+    assert!(rules.iter().any(|p| p.starts_with("rooms[1].protected: POST /api/orders overlaps room `one`'s rule POST /api")), "{rules:?}");
+    let rule_over_endpoints = two(
+        "endpoints: { prefix: /q1 }, protected: [{ method: GET, path: /q2, match: prefix }]",
+        "endpoints: { prefix: /q2 }, protected: []",
+    );
+    assert!(rule_over_endpoints.iter().any(|p| p.contains("room `one`'s rule GET /q2 matches room `two`'s endpoints")), "{rule_over_endpoints:?}");
+    // Other hosts: the same prefix is two rooms' own.
+    let hosts = two(
+        "host: a.example, endpoints: { prefix: /q }, protected: []",
+        "host: b.example, endpoints: { prefix: /q }, protected: []",
+    );
+    assert_eq!(hosts, Vec::<String>::new());
+    // Different methods on one path do not overlap.
+    let methods = two(
+        "endpoints: { prefix: /q1 }, protected: [{ method: POST, path: /api/orders }]",
+        "endpoints: { prefix: /q2 }, protected: [{ method: PUT, path: /api/orders }]",
+    );
+    assert_eq!(methods, Vec::<String>::new());
 }

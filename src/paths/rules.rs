@@ -56,6 +56,18 @@ impl Rule {
         self.matching
     }
 
+    /// Whether some request could match both this rule and `other`: the same method, and one
+    /// rule's path among those the other matches (two rooms' rules must never both claim one
+    /// request, contract section 17).
+    pub fn overlaps(&self, other: &Rule) -> bool {
+        self.method == other.method && (self.covers(other.key.as_bytes()) || other.covers(self.key.as_bytes()))
+    }
+
+    /// Whether this rule matches the path `path` (canonical), whatever the method.
+    pub fn covers_path(&self, path: &str) -> bool {
+        self.covers(match_key(path).as_bytes())
+    }
+
     /// Whether a match key (see [`match_key`]) is this rule's path, ASCII-case-insensitively.
     pub(super) fn covers(&self, key: &[u8]) -> bool {
         let rule = self.key.as_bytes();
