@@ -109,7 +109,46 @@ pub fn merge(running: &Config, mut next: Config) -> (Config, Changes) {
     ];
     changes.applied = applied.iter().filter(|(_, changed)| *changed).map(|(k, _)| *k).collect();
     changes.applied.extend(rotated);
+    merge_rooms(running, &mut next, &mut changes);
     (next, changes)
+}
+
+/// Rooms are added, changed and removed by a reload (contract section 17); a room is known by
+/// its name, and a running room's prefix and host, like the top level's prefix, wait for a
+/// restart. Every room's proxy-wide keys are the top level's as merged, so what waits for a
+/// restart waits in every room, and rotated keys reach every room.
+fn merge_rooms(running: &Config, next: &mut Config, changes: &mut Changes) {
+    let names = |config: &Config| config.rooms.iter().map(|room| room.name.clone()).collect::<Vec<_>>();
+    let mut restart = Vec::new();
+    for room in &mut next.rooms {
+        let config = &mut room.config;
+        config.listen = next.listen;
+        config.metrics_listen = next.metrics_listen;
+        config.redis = next.redis.clone();
+        config.identity = next.identity.clone();
+        config.token.header = next.token.header.clone();
+        config.admin.listen = next.admin.listen;
+        config.reload_watch = next.reload_watch;
+        let Some(before) = running.rooms.iter().find(|r| r.name == room.name) else { continue };
+        if room.config.endpoints.prefix != before.config.endpoints.prefix {
+            room.config.endpoints.prefix = before.config.endpoints.prefix.clone();
+            restart.push("rooms.endpoints.prefix");
+        }
+        if room.host != before.host {
+            room.host = before.host.clone();
+            restart.push("rooms.host");
+        }
+    }
+    let changed = names(running) != names(next)
+        || running.rooms.iter().zip(&next.rooms).any(|(a, b)| format!("{:?}", a.config) != format!("{:?}", b.config));
+    if changed {
+        changes.applied.push("rooms");
+    }
+    for key in restart {
+        if !changes.need_restart.contains(&key) {
+            changes.need_restart.push(key);
+        }
+    }
 }
 
 /// Re-reads the file and swaps it in when valid; an invalid file leaves everything as it was.

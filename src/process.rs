@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use arc_swap::{ArcSwap, Guard};
 
-use crate::config::Config;
+use crate::config::{Config, RoomConfig};
 use crate::policy::Settings;
 use crate::room::{Room, Rooms, DEFAULT};
 use crate::store::{Redis, StoreError};
@@ -34,11 +34,11 @@ impl Process {
     pub fn new(config: Config) -> Result<Arc<Process>, StoreError> {
         let settings = Arc::new(Settings::new(config));
         let redis = Redis::new(&settings.config.redis)?;
-        let room = Room::new(DEFAULT, settings.clone(), redis.room(redis.default_keys()));
+        let rooms = rooms_of(&redis, &settings, &[]);
         Ok(Arc::new(Process {
             settings: ArcSwap::new(settings),
             redis,
-            rooms: Rooms::new(vec![room]),
+            rooms: Rooms::new(rooms),
             redis_ready: AtomicBool::new(false),
             in_flight: AtomicUsize::new(0),
         }))
@@ -49,11 +49,19 @@ impl Process {
         self.settings.load()
     }
 
+    /// The same snapshot as one to keep across an await (see [`Room::snapshot`]).
+    pub fn settings_now(&self) -> Arc<Settings> {
+        self.settings.load_full()
+    }
+
     /// Applies reloaded settings to the process and to every room.
     pub fn replace_settings(&self, settings: Settings) {
         let settings = Arc::new(settings);
-        for room in self.rooms.all().iter() {
-            room.replace_settings(settings.clone());
+        let running = self.rooms.all();
+        let next = rooms_of(&self.redis, &settings, &running);
+        let same_rooms = next.len() == running.len() && next.iter().zip(running.iter()).all(|(a, b)| Arc::ptr_eq(a, b));
+        if !same_rooms {
+            self.rooms.replace(next);
         }
         self.settings.store(settings);
     }
@@ -84,6 +92,29 @@ impl Process {
     pub fn in_flight(&self) -> usize {
         self.in_flight.load(Ordering::Acquire)
     }
+}
+
+/// The rooms `settings` configures, in its order: without `rooms`, the room `default` running the
+/// top level. A room already running under a configured name is kept with its new settings, so
+/// its line, held polls and background work go on through a reload; a new name is a new room,
+/// on its own keys (whose state in Redis, if the room ran before, it takes up again).
+fn rooms_of(redis: &Redis, settings: &Arc<Settings>, running: &[Arc<Room>]) -> Vec<Arc<Room>> {
+    let configured: Vec<(&str, Option<&str>, Arc<Settings>)> = if settings.config.rooms.is_empty() {
+        vec![(DEFAULT, None, settings.clone())]
+    } else {
+        let each = |room: &'_ RoomConfig| Arc::new(Settings::new(room.config.clone()));
+        settings.config.rooms.iter().map(|room| (room.name.as_str(), room.host.as_deref(), each(room))).collect()
+    };
+    configured
+        .into_iter()
+        .map(|(name, host, room_settings)| match running.iter().find(|room| room.name() == name) {
+            Some(room) => {
+                room.replace_settings(room_settings);
+                room.clone()
+            }
+            None => Room::new(name, host, room_settings, redis.room(redis.room_keys(name))),
+        })
+        .collect()
 }
 
 /// A request in flight; dropping it (with the request's context) ends it.

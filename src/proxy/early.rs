@@ -93,21 +93,27 @@ pub struct Early {
 /// The status or enter call `head` is, when this path may answer it (see the module doc), or the
 /// head as read for pingora.
 fn take(process: &Arc<Process>, head: &[u8]) -> Taken<Box<Early>> {
-    let Some(room) = process.rooms().serving() else {
+    // Every other request pays only this look at its first bytes (per room) before its one read.
+    let rooms = process.rooms().all();
+    let found = rooms.iter().find_map(|room| {
+        let endpoint = candidate(room.settings().config.endpoints.prefix.as_bytes(), head)?;
+        Some((room.clone(), endpoint))
+    });
+    let Some((room, endpoint)) = found else {
         return Taken::Not(head::read(head, false));
     };
     let settings = room.settings();
     let config = &settings.config;
-    // Every other request pays only this look at its first bytes before its one read.
-    let Some(endpoint) = candidate(config.endpoints.prefix.as_bytes(), head) else {
-        return Taken::Not(head::read(head, false));
-    };
     let started = Instant::now();
     let mut read = head::read(head, true);
     let Some(request) = read.request.take().filter(|request| read.plain_line && plain(request, read.framing)) else {
         return Taken::Not(read);
     };
     if Endpoint::classify(config, &request).ok() != Some((endpoint, None)) {
+        return Taken::Not(read);
+    }
+    // A room of another host: the full path finds the request's room.
+    if room.host().is_some_and(|host| Some(host) != super::route::request_host(&request).as_deref()) {
         return Taken::Not(read);
     }
     let caller = identity_in(config, &request.headers);

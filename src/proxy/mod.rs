@@ -20,6 +20,7 @@ mod enter;
 mod event;
 pub mod headers;
 mod protected;
+mod route;
 mod sender;
 mod status;
 
@@ -126,16 +127,46 @@ pub struct Ctx {
 pub struct Waitroom {
     process: Arc<Process>,
     upstream: Box<HttpPeer>,
+    /// The peers of rooms' own upstreams (section 17), by address as written, resolved on first
+    /// use.
+    room_upstreams: std::sync::Mutex<std::collections::HashMap<String, Box<HttpPeer>>>,
 }
 
 impl Waitroom {
     pub fn new(process: Arc<Process>, upstream: SocketAddr) -> Waitroom {
-        let mut peer = HttpPeer::new(upstream, false, String::new());
-        // A backend that does not accept within this is as good as down: answer 502 rather than
-        // hold the user's connection.
-        peer.options.connection_timeout = Some(Duration::from_secs(3));
-        Waitroom { process, upstream: Box::new(peer) }
+        Waitroom { process, upstream: peer_at(upstream), room_upstreams: Default::default() }
     }
+
+    /// Where a request goes: a room's protected request to its room's `upstream` when it has one
+    /// of its own, everything else to the proxy's.
+    fn peer_for(&self, ctx: &Ctx) -> Result<Box<HttpPeer>> {
+        let (Endpoint::Protected, Some(room)) = (ctx.endpoint, &ctx.room) else {
+            return Ok(self.upstream.clone());
+        };
+        let wanted = room.settings().config.upstream.clone();
+        if wanted == self.process.settings().config.upstream {
+            return Ok(self.upstream.clone());
+        }
+        let mut peers = self.room_upstreams.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(peer) = peers.get(&wanted) {
+            return Ok(peer.clone());
+        }
+        let address = std::net::ToSocketAddrs::to_socket_addrs(&wanted.as_str())
+            .ok()
+            .and_then(|mut addresses| addresses.next())
+            .ok_or_else(|| Error::explain(ErrorType::ConnectError, format!("room upstream {wanted} does not resolve")))?;
+        let peer = peer_at(address);
+        peers.insert(wanted, peer.clone());
+        Ok(peer)
+    }
+}
+
+fn peer_at(address: SocketAddr) -> Box<HttpPeer> {
+    let mut peer = HttpPeer::new(address, false, String::new());
+    // A backend that does not accept within this is as good as down: answer 502 rather than
+    // hold the user's connection.
+    peer.options.connection_timeout = Some(Duration::from_secs(3));
+    Box::new(peer)
 }
 
 impl Waitroom {
@@ -396,15 +427,17 @@ impl ProxyHttp for Waitroom {
     }
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> Result<bool> {
-        let Some(room) = self.process.rooms().serving() else {
-            return Ok(false);
+        let routed = route::route(self.process.rooms(), session.req_header());
+        // An Arc, not a Guard: this request's snapshot waits with it on Redis and the body. A
+        // request no room claims is served under the proxy's own settings.
+        let settings = match &routed.room {
+            Some(room) => room.snapshot(),
+            None => self.process.settings_now(),
         };
-        // An Arc, not a Guard: this request's snapshot waits with it on Redis and the body.
-        let settings = room.snapshot();
         let config = &settings.config;
         limit_slow_clients(session);
         shield_room_headers(config, session)?;
-        ctx.endpoint = match Endpoint::classify(config, session.req_header()) {
+        ctx.endpoint = match routed.found {
             Ok((endpoint, None)) => endpoint,
             Ok((endpoint, Some(canonical))) => {
                 session.req_header_mut().set_raw_path(&canonical)?;
@@ -416,11 +449,9 @@ impl ProxyHttp for Waitroom {
                 return Ok(true);
             }
         };
-        if ctx.endpoint != Endpoint::Passthrough {
-            // The later phases count the request in this room, and for a protected one settle
-            // its claim, listen to the origin and record the latency here.
-            ctx.room = Some(room.clone());
-        }
+        // The later phases count the request in its room, and for a protected one settle its
+        // claim, listen to the origin and record the latency there.
+        ctx.room = routed.room;
         let headers = &session.req_header().headers;
         let switch = headers.get(http::header::UPGRADE);
         let drop_switch = switch.is_some_and(|upgrade| drops_switch(ctx.endpoint, upgrade, headers));
@@ -440,17 +471,19 @@ impl ProxyHttp for Waitroom {
             return Ok(true);
         }
         let header = session.req_header();
-        let answer = match ctx.endpoint {
-            Endpoint::Passthrough => {
-                // The bypass secret is the proxy's, whatever the path: an upstream's access log
-                // or a third-party service behind a pass-through path has no business with it.
-                if let Some(rule) = &config.bypass.header {
-                    if header.headers.contains_key(&rule.name) {
-                        session.req_header_mut().remove_header(&rule.name);
-                    }
+        let Some(room) = ctx.room.clone() else {
+            // A pass-through. The bypass secret is the proxy's, whatever the path: an upstream's
+            // access log or a third-party service behind a pass-through path has no business
+            // with it.
+            if let Some(rule) = &config.bypass.header {
+                if header.headers.contains_key(&rule.name) {
+                    session.req_header_mut().remove_header(&rule.name);
                 }
-                return Ok(false);
             }
+            return Ok(false);
+        };
+        let answer = match ctx.endpoint {
+            Endpoint::Passthrough => return Ok(false),
             Endpoint::Page => {
                 let accept_language = header.headers.get(http::header::ACCEPT_LANGUAGE);
                 let page = crate::page::render(crate::page::PageSettings::of(config), accept_language.map(|v| v.as_bytes()));
@@ -523,7 +556,7 @@ impl ProxyHttp for Waitroom {
 
     async fn upstream_peer(&self, _session: &mut Session, ctx: &mut Ctx) -> Result<Box<HttpPeer>> {
         ctx.upstream_started = Some(Instant::now());
-        let mut peer = self.upstream.clone();
+        let mut peer = self.peer_for(ctx)?;
         // Without these pingora waits for a silent upstream forever (it sets only a connect
         // timeout). They bound each read and write, so a response that has started may take
         // longer in total as long as it keeps coming. Read per request: reloadable.

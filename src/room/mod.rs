@@ -36,6 +36,8 @@ pub use crate::config::DEFAULT_ROOM as DEFAULT;
 
 pub struct Room {
     name: String,
+    /// The only Host this room serves (lowercase, no port); `None`: every host.
+    host: Option<String>,
     /// The request path's handle on the room's keys (the background work has its own, on the
     /// runtime it runs on).
     store: Arc<RoomStore>,
@@ -64,12 +66,13 @@ pub struct Room {
 }
 
 impl Room {
-    pub fn new(name: &str, settings: Arc<Settings>, store: RoomStore) -> Arc<Room> {
+    pub fn new(name: &str, host: Option<&str>, settings: Arc<Settings>, store: RoomStore) -> Arc<Room> {
         let metrics = RoomMetrics::new(name);
         metrics.admission_rate.set(settings.policy.configured_rate());
         metrics.admission_batch.set(settings.policy.rules.batch_size as i64);
         Arc::new(Room {
             name: name.to_owned(),
+            host: host.map(str::to_owned),
             store: Arc::new(store),
             settings: ArcSwap::new(settings),
             view: ArcSwapOption::empty(),
@@ -87,6 +90,10 @@ impl Room {
 
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    pub fn host(&self) -> Option<&str> {
+        self.host.as_deref()
     }
 
     pub fn metrics(&self) -> &RoomMetrics {
@@ -222,12 +229,6 @@ impl Rooms {
         }
     }
 
-    /// The room that serves a request: with one room, that room; its endpoints and protected
-    /// rules then decide what the request is.
-    pub fn serving(&self) -> Option<Arc<Room>> {
-        self.list.load().first().cloned()
-    }
-
     /// Replaces the rooms; the background work starts and stops rooms to match.
     pub fn replace(&self, rooms: Vec<Arc<Room>>) {
         self.list.store(Arc::new(rooms));
@@ -249,7 +250,7 @@ mod tests {
     fn room(name: &str, batch: u32) -> Arc<Room> {
         let config = Config::parse(&format!("upstream: 127.0.0.1:1\nadmission: {{batch_size: {batch}}}")).unwrap();
         let redis = Redis::new(&config.redis).unwrap();
-        Room::new(name, Arc::new(Settings::new(config)), redis.room(redis.default_keys()))
+        Room::new(name, None, Arc::new(Settings::new(config)), redis.room(redis.default_keys()))
     }
 
     #[test]

@@ -1,0 +1,202 @@
+//! Several rooms in one proxy (contract section 17), against a real Redis and real sockets: each
+//! room's own line, tokens and keys; a request of one room never changing the other; routing by
+//! prefix, protected rules and host; the room label; a reload adding and removing a room while
+//! users wait in the other.
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+use std::time::Duration;
+
+/// Two drops: `sneakers` admits one user an hour (its line stays put), `console` five every
+/// 100 ms (its users are READY at once) and sends its orders to its own upstream.
+fn two_drops(console_upstream: &str) -> String {
+    format!(
+        r#"
+rooms:
+  - name: sneakers
+    endpoints: {{ prefix: /drops/sneakers/queue }}
+    protected:
+      - {{ method: POST, path: /api/drops/sneakers/orders }}
+    admission: {{ interval: 1h, batch_size: 1 }}
+  - name: console
+    endpoints: {{ prefix: /drops/console/queue }}
+    protected:
+      - {{ method: POST, path: /api/orders }}
+    admission: {{ interval: 100ms, batch_size: 5 }}
+    upstream: "{console_upstream}"
+"#
+    )
+}
+
+async fn enter(p: &Proxy, room: &str, user: &str) -> Resp {
+    send(p.client().post(p.url(&format!("/drops/{room}/queue/enter"))).header("X-User-Id", user)).await
+}
+
+async fn status(p: &Proxy, room: &str, user: &str) -> Value {
+    send(p.client().get(p.url(&format!("/drops/{room}/queue/status"))).header("X-User-Id", user)).await.json()
+}
+
+/// An order at `room`'s protected path (console's is the demo API's own `/api/orders`, so its
+/// upstream counts it).
+async fn order(p: &Proxy, room: &str, user: &str, token: &str) -> Resp {
+    let path = if room == "console" { "/api/orders".to_owned() } else { format!("/api/drops/{room}/orders") };
+    send(
+        p.client()
+            .post(p.url(&path))
+            .header("X-User-Id", user)
+            .header("X-Entry-Token", token)
+            .body("{}"),
+    )
+    .await
+}
+
+async fn until_ready(p: &Proxy, room: &str, user: &str) -> String {
+    assert_eq!(enter(p, room, user).await.status, 200);
+    let ready = wait_until(Duration::from_secs(5), Duration::from_millis(20), || async {
+        status(p, room, user).await["status"] == "READY"
+    })
+    .await;
+    assert!(ready, "{user} not READY in {room}");
+    status(p, room, user).await["token"].as_str().expect("a token").to_owned()
+}
+
+/// The place `user` holds in `room`'s line.
+async fn position(p: &Proxy, room: &str, user: &str) -> u64 {
+    let body = status(p, room, user).await;
+    assert_eq!(body["status"], "WAITING", "{user} in {room}: {body}");
+    body["position"].as_u64().expect("a position")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_rooms_keep_their_own_lines_tokens_keys_and_series() {
+    let redis = RedisServer::start();
+    let api = DemoApi::start(&["--service-time-ms", "1"]);
+    let console_api = DemoApi::start(&["--service-time-ms", "1"]);
+    let p = Proxy::builder(&redis.url(), api.addr()).yaml(&two_drops(&console_api.addr().to_string())).start().await;
+    let prefix = p.key_prefix();
+
+    // Sneakers: the first user may take the hour's one admission; the next three wait, in order.
+    for user in ["s0", "s1", "s2", "s3"] {
+        assert_eq!(enter(&p, "sneakers", user).await.status, 200);
+    }
+    let waiting: Vec<u64> = [position(&p, "sneakers", "s2").await, position(&p, "sneakers", "s3").await].to_vec();
+    assert_eq!(waiting[1], waiting[0] + 1, "sneakers' line: {waiting:?}");
+
+    // Console: its own line and rate. A user waiting in sneakers gets a place of their own here,
+    // and neither line moves the other.
+    let token = until_ready(&p, "console", "s3").await;
+    assert_eq!(position(&p, "sneakers", "s3").await, waiting[1], "entering console moved s3's sneakers place");
+
+    // A console token buys a console order, at console's own upstream; sneakers refuses it.
+    let refused = order(&p, "sneakers", "s3", &token).await;
+    assert_eq!(refused.status, 403, "a console token at sneakers: {}", refused.body);
+    let placed = order(&p, "console", "s3", &token).await;
+    assert!((200..300).contains(&placed.status), "{}", placed.body);
+    assert_eq!(console_api.stats().await["completed"], 1, "console's upstream took the order");
+    assert_eq!(api.stats().await["completed"], 0, "the proxy's upstream did not");
+
+    // Each room's keys under its own hash tag.
+    let conn = redis.conn().await;
+    let queued: u64 = redis::cmd("ZCARD").arg(format!("{{{prefix}:sneakers}}:queue")).query_async(&mut conn.clone()).await.unwrap();
+    assert!(queued >= 3, "sneakers' line under {{{prefix}:sneakers}}: {queued}");
+    let default_queue: u64 = redis::cmd("EXISTS").arg(format!("{{{prefix}}}:queue")).query_async(&mut conn.clone()).await.unwrap();
+    assert_eq!(default_queue, 0, "no room default runs beside configured rooms");
+
+    // The top-level prefix is no room's: it passes through to the upstream.
+    let top = p.get("/queue/status").await;
+    assert_eq!(top.status, 200, "{}", top.body);
+    assert!(top.body.contains("/queue/status"), "the demo API's echo: {}", top.body);
+
+    // Series by room.
+    let metrics = p.metrics().await;
+    for (series, want) in [
+        (r#"waitroom_enter_total{result="queued",room="sneakers"}"#, 4.0),
+        (r#"waitroom_tokens_consumed_total{room="console"}"#, 1.0),
+        (r#"waitroom_tokens_consumed_total{room="sneakers"}"#, 0.0),
+    ] {
+        assert_eq!(parse_metric(&metrics, series), Some(want), "{series}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_room_with_a_host_serves_only_that_host() {
+    let redis = RedisServer::start();
+    let api = DemoApi::start(&[]);
+    let yaml = r#"
+rooms:
+  - name: eu
+    host: eu.shop.example
+    endpoints: { prefix: /q }
+    protected: [{ method: POST, path: /api/orders }]
+  - name: us
+    host: us.shop.example
+    endpoints: { prefix: /q }
+    protected: [{ method: POST, path: /api/orders }]
+"#;
+    let p = Proxy::builder(&redis.url(), api.addr()).yaml(yaml).start().await;
+    let enter_at = |host: &'static str, user: &'static str| {
+        send(p.client().post(p.url("/q/enter")).header("Host", host).header("X-User-Id", user))
+    };
+    for user in ["a", "b", "c"] {
+        assert_eq!(enter_at("EU.shop.example:8080", user).await.status, 200);
+    }
+    // us has a line of its own: its first user is not behind eu's three.
+    let us = enter_at("us.shop.example", "z").await.json();
+    assert!(us["position"].as_u64().unwrap_or(0) <= 1, "us's first user: {us}");
+    // A host no room names: the path is nobody's, and passes through.
+    let other = enter_at("other.example", "y").await;
+    assert!(other.body.contains("/q/enter"), "the demo API's echo: {}", other.body);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_adds_and_removes_a_room_while_users_wait_in_the_other() {
+    let redis = RedisServer::start();
+    let api = DemoApi::start(&[]);
+    let one_room = r#"
+rooms:
+  - name: sneakers
+    endpoints: { prefix: /drops/sneakers/queue }
+    protected: [{ method: POST, path: /api/drops/sneakers/orders }]
+    admission: { interval: 1h, batch_size: 1 }
+"#;
+    let p = Proxy::builder(&redis.url(), api.addr()).yaml(one_room).start().await;
+    for user in ["s0", "s1", "s2"] {
+        assert_eq!(enter(&p, "sneakers", user).await.status, 200);
+    }
+    let s2 = position(&p, "sneakers", "s2").await;
+
+    // Add console: it answers within a second; sneakers' line is as it was.
+    p.rewrite_config(&two_drops(&api.addr().to_string()));
+    p.signal("HUP");
+    let added = wait_until(Duration::from_secs(1), Duration::from_millis(20), || async {
+        enter(&p, "console", "c1").await.json()["status"].is_string()
+    })
+    .await;
+    assert!(added, "console not served within 1 s of the reload:\n{}", p.logs());
+    assert_eq!(position(&p, "sneakers", "s2").await, s2);
+
+    // Remove sneakers: its paths pass through; its line stays in Redis, and comes back with it.
+    let console_only = two_drops(&api.addr().to_string()).replace(
+        "  - name: sneakers\n    endpoints: { prefix: /drops/sneakers/queue }\n    protected:\n      - { method: POST, path: /api/drops/sneakers/orders }\n    admission: { interval: 1h, batch_size: 1 }\n",
+        "",
+    );
+    assert!(!console_only.contains("sneakers"), "{console_only}");
+    p.rewrite_config(&console_only);
+    p.signal("HUP");
+    let removed = wait_until(Duration::from_secs(2), Duration::from_millis(20), || async {
+        enter(&p, "sneakers", "s9").await.body.contains("/drops/sneakers/queue/enter")
+    })
+    .await;
+    assert!(removed, "sneakers still served after its removal:\n{}", p.logs());
+    assert!(enter(&p, "console", "c2").await.json()["status"].is_string(), "console goes on");
+
+    p.rewrite_config(&two_drops(&api.addr().to_string()));
+    p.signal("HUP");
+    let back = wait_until(Duration::from_secs(2), Duration::from_millis(20), || async {
+        status(&p, "sneakers", "s2").await["position"].as_u64() == Some(s2)
+    })
+    .await;
+    assert!(back, "sneakers' line not resumed: {}", status(&p, "sneakers", "s2").await);
+}
