@@ -1,5 +1,6 @@
-//! The admin API on `metrics_listen`, or on `admin.listen` (contract section 15): look at the
-//! room, pause, resume, close and open it. Parse (enabled? bearer token, path, method) -> apply
+//! The admin API on `metrics_listen`, or on `admin.listen` (contract sections 15 and 17): look at
+//! a room, pause, resume, close and open it; `/admin/room` is the room `default` or the only room,
+//! `/admin/rooms/NAME` any room, `/admin/rooms` all of them. Parse (enabled? bearer token, path, method) -> apply
 //! ([`crate::services::control::apply`]) -> render (the room's JSON, or `{"error": ...}`).
 //!
 //! It sits on an operator listener, not on `listen`, so the public side never routes to it, and
@@ -20,10 +21,13 @@ use crate::store::Redis;
 /// Where the admin API lives: everything under it is answered here, never by the metrics side.
 pub const PREFIX: &str = "/admin";
 
-/// `GET /admin/room`'s body: exactly the contract's keys, in its order.
+/// `GET /admin/room`'s body: exactly the contract's keys, in its order; in `/admin/rooms`' list
+/// each room's also names it.
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
 struct RoomBody<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    name: Option<&'a str>,
     state: &'static str,
     queue_length: u64,
     batch: u32,
@@ -40,7 +44,13 @@ struct ErrorBody<'a> {
 
 /// The body the admin API and the command-line client agree on.
 pub fn room_body(view: &View) -> Vec<u8> {
-    let body = RoomBody {
+    // Plain numbers and strings: serialising cannot fail.
+    serde_json::to_vec(&body_of(None, view)).unwrap_or_default()
+}
+
+fn body_of<'a>(name: Option<&'a str>, view: &'a View) -> RoomBody<'a> {
+    RoomBody {
+        name,
         state: view.mode.as_str(),
         queue_length: view.queue_length,
         batch: view.batch,
@@ -51,9 +61,7 @@ pub fn room_body(view: &View) -> Vec<u8> {
             crate::config::RoomMode::Active => "active",
             crate::config::RoomMode::Shadow => "shadow",
         },
-    };
-    // Plain numbers and strings: serialising cannot fail.
-    serde_json::to_vec(&body).unwrap_or_default()
+    }
 }
 
 fn json(status: StatusCode, body: Vec<u8>) -> Response<Vec<u8>> {
@@ -72,18 +80,32 @@ fn error(status: StatusCode, message: &str) -> Response<Vec<u8>> {
 
 /// What a request under [`PREFIX`] asks for, once it is let in.
 #[derive(Debug, PartialEq, Eq)]
-enum Route {
-    /// `/admin/room`: GET only.
-    Room,
-    /// `/admin/room/{pause,resume,close,open}`: POST only.
-    Command(Command),
+enum Route<'p> {
+    /// `/admin/room` (the room `default` or the only one) or `/admin/rooms/NAME`: GET only.
+    Room(Option<&'p str>),
+    /// `.../{pause,resume,close,open}` under either: POST only.
+    Command(Option<&'p str>, Command),
+    /// `/admin/rooms`: GET only.
+    Rooms,
     Unknown,
 }
 
-fn route(path: &str) -> Route {
+fn route(path: &str) -> Route<'_> {
+    let command = |name, rest: &str| rest.strip_prefix('/').and_then(Command::parse).map_or(Route::Unknown, |c| Route::Command(name, c));
+    if let Some(rest) = path.strip_prefix("/admin/rooms") {
+        return match rest.strip_prefix('/') {
+            None if rest.is_empty() => Route::Rooms,
+            None => Route::Unknown,
+            Some(named) => match named.split_once('/') {
+                None if !named.is_empty() => Route::Room(Some(named)),
+                Some((name, cmd)) if !name.is_empty() => command(Some(name), &format!("/{cmd}")),
+                _ => Route::Unknown,
+            },
+        };
+    }
     match path.strip_prefix("/admin/room") {
-        Some("") => Route::Room,
-        Some(rest) => rest.strip_prefix('/').and_then(Command::parse).map_or(Route::Unknown, Route::Command),
+        Some("") => Route::Room(None),
+        Some(rest) => command(None, rest),
         None => Route::Unknown,
     }
 }
@@ -113,18 +135,29 @@ pub async fn serve(process: &Process, redis: &Redis, session: &ServerSession) ->
         answer.headers_mut().insert(http::header::WWW_AUTHENTICATE, http::HeaderValue::from_static("Bearer"));
         return answer;
     }
-    let (command, allow) = match route(request.uri.path()) {
+    let (name, command, allow) = match route(request.uri.path()) {
         Route::Unknown => return error(StatusCode::NOT_FOUND, "not found"),
-        Route::Room => (None, "GET"),
-        Route::Command(command) => (Some(command), "POST"),
+        Route::Room(name) => (name, None, "GET"),
+        Route::Command(name, command) => (name, Some(command), "POST"),
+        Route::Rooms => (None, None, "GET"),
     };
     if request.method.as_str() != allow {
         let mut answer = error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed");
         answer.headers_mut().insert(http::header::ALLOW, http::HeaderValue::from_static(allow));
         return answer;
     }
-    let Some(room) = process.rooms().default_or_only() else {
-        return error(StatusCode::NOT_FOUND, "not found");
+    if route(request.uri.path()) == Route::Rooms {
+        return all_rooms(process, redis).await;
+    }
+    let room = match name {
+        None => process.rooms().default_or_only(),
+        Some(name) => process.rooms().get(name),
+    };
+    let Some(room) = room else {
+        return match name {
+            Some(name) => error(StatusCode::NOT_FOUND, &format!("no room {name}")),
+            None => error(StatusCode::NOT_FOUND, "no room default: name one under /admin/rooms"),
+        };
     };
     let who = session.client_addr().map_or_else(|| "admin API".to_owned(), |a| format!("admin API from {a}"));
     match control::apply(&room, &redis.room(room.keys().clone()), command, Actor::Admin, &who).await {
@@ -138,6 +171,28 @@ pub async fn serve(process: &Process, redis: &Redis, session: &ServerSession) ->
             error(StatusCode::SERVICE_UNAVAILABLE, "redis is unavailable; the room was not changed")
         }
     }
+}
+
+/// `GET /admin/rooms`: every room's body, with its name, in configuration order.
+async fn all_rooms(process: &Process, redis: &Redis) -> Response<Vec<u8>> {
+    let rooms = process.rooms().all();
+    let mut views = Vec::with_capacity(rooms.len());
+    for room in rooms.iter() {
+        match control::apply(room, &redis.room(room.keys().clone()), None, Actor::Admin, "admin API").await {
+            Ok(applied) => views.push((room.name(), applied.view)),
+            Err(e) => {
+                crate::metrics::REDIS_ERRORS_TOTAL.inc();
+                tracing::warn!(error = %e, "admin: redis unavailable");
+                return error(StatusCode::SERVICE_UNAVAILABLE, "redis is unavailable");
+            }
+        }
+    }
+    #[derive(Serialize)]
+    struct Rooms<'a> {
+        rooms: Vec<RoomBody<'a>>,
+    }
+    let body = Rooms { rooms: views.iter().map(|(name, view)| body_of(Some(name), view)).collect() };
+    json(StatusCode::OK, serde_json::to_vec(&body).unwrap_or_default())
 }
 
 #[cfg(test)]
@@ -163,8 +218,15 @@ mod tests {
 
     #[test]
     fn paths_name_the_room_or_one_command() {
-        assert_eq!(route("/admin/room"), Route::Room);
-        assert_eq!(route("/admin/room/close"), Route::Command(Command::Close));
+        assert_eq!(route("/admin/room"), Route::Room(None));
+        assert_eq!(route("/admin/room/close"), Route::Command(None, Command::Close));
+        assert_eq!(route("/admin/rooms"), Route::Rooms);
+        assert_eq!(route("/admin/rooms/sneakers"), Route::Room(Some("sneakers")));
+        assert_eq!(route("/admin/rooms/sneakers/pause"), Route::Command(Some("sneakers"), Command::Pause));
+        assert_eq!(route("/admin/rooms/"), Route::Unknown);
+        assert_eq!(route("/admin/rooms//pause"), Route::Unknown);
+        assert_eq!(route("/admin/rooms/sneakers/shutdown"), Route::Unknown);
+        assert_eq!(route("/admin/roomsy"), Route::Unknown);
         assert_eq!(route("/admin/room/"), Route::Unknown);
         assert_eq!(route("/admin/room/shutdown"), Route::Unknown);
         assert_eq!(route("/admin/roomy"), Route::Unknown);

@@ -79,14 +79,19 @@ pub fn admin_addr(config: &Config) -> SocketAddr {
 }
 
 /// Runs `action` against the proxy `config` describes; returns what to print.
-pub fn run(config: &Config, config_path: &str, action: Action) -> Result<String, CliError> {
+/// `room` names one of the proxy's rooms (section 17); `None`: the room `default`, or the only one.
+pub fn run(config: &Config, config_path: &str, action: Action, room: Option<&str>) -> Result<String, CliError> {
     let admin = &config.admin;
     let (Some(token), Some(env)) = (admin.token.as_ref(), admin.token_env.as_deref()) else {
         return Err(CliError::NotConfigured(config_path.to_owned()));
     };
     let addr = admin_addr(config);
     let (method, path) = action.request();
-    let (status, body) = send(addr, method, path, token.expose())?;
+    let path = match room {
+        None => path.to_owned(),
+        Some(name) => path.replacen("/admin/room", &format!("/admin/rooms/{name}"), 1),
+    };
+    let (status, body) = send(addr, method, &path, token.expose())?;
     let message = || {
         serde_json::from_slice::<serde_json::Value>(&body)
             .ok()
@@ -96,6 +101,7 @@ pub fn run(config: &Config, config_path: &str, action: Action) -> Result<String,
     match status {
         200 => {}
         401 => return Err(CliError::Unauthorized(addr, env.to_owned())),
+        404 if message() != "not found" => return Err(CliError::Refused { status: 404, message: message() }),
         404 => return Err(CliError::NotEnabled(addr)),
         status => return Err(CliError::Refused { status, message: message() }),
     }

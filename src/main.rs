@@ -68,6 +68,9 @@ enum Command {
     Room {
         #[arg(value_enum)]
         action: RoomAction,
+        /// The room, by its name in `rooms`; left out: the room `default`, or the only room.
+        #[arg(long)]
+        room: Option<String>,
     },
 }
 
@@ -115,8 +118,8 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if let Some(Command::Room { action }) = cli.command {
-        return match waitroom::cli::run(&config, &cli.config.display().to_string(), action.into()) {
+    if let Some(Command::Room { action, room }) = cli.command {
+        return match waitroom::cli::run(&config, &cli.config.display().to_string(), action.into(), room.as_deref()) {
             Ok(text) => {
                 print!("{text}");
                 ExitCode::SUCCESS

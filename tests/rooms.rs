@@ -200,3 +200,61 @@ rooms:
     .await;
     assert!(back, "sneakers' line not resumed: {}", status(&p, "sneakers", "s2").await);
 }
+
+/// `/admin/rooms` lists every room in configuration order; `/admin/rooms/NAME/...` acts on one
+/// room, and a pause there leaves the other admitting; an unknown name is a 404 naming it; the
+/// `waitroom room --room NAME` client reaches the same room.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_api_names_each_room() {
+    const TOKEN: &str = "rooms-admin-secret";
+    let redis = RedisServer::start();
+    let api = DemoApi::start(&["--service-time-ms", "1"]);
+    let p = Proxy::builder(&redis.url(), api.addr())
+        .yaml("admin: { token_env: WAITROOM_ROOMS_ADMIN }")
+        .yaml(&two_drops(&api.addr().to_string()))
+        .env("WAITROOM_ROOMS_ADMIN", TOKEN)
+        .start()
+        .await;
+    let admin = |method: &'static str, path: &'static str| {
+        let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+        send(p.client().request(method, p.metrics_url(path)).bearer_auth(TOKEN))
+    };
+    let all = admin("GET", "/admin/rooms").await;
+    assert_eq!(all.status, 200, "{}", all.body);
+    let names: Vec<String> = all.json()["rooms"].as_array().unwrap().iter().map(|r| r["name"].as_str().unwrap().to_owned()).collect();
+    assert_eq!(names, ["sneakers", "console"]);
+    // The GET /admin/room body with "name" first, keys in the contract's order.
+    let first = all.body.split("},{").next().unwrap();
+    let at = |key: &str| first.find(&format!("\"{key}\":")).unwrap_or_else(|| panic!("no {key}: {first}"));
+    let order = ["name", "state", "queueLength", "batch", "activeTokens", "admittedLastMinute", "event", "mode"].map(at);
+    assert!(order.windows(2).all(|w| w[0] < w[1]), "{first}");
+    assert!(first.starts_with(r#"{"rooms":[{"name":"sneakers","state":"#), "{first}");
+
+    let paused = admin("POST", "/admin/rooms/console/pause").await;
+    assert_eq!(paused.status, 200, "{}", paused.body);
+    assert_eq!(paused.json()["state"], "paused");
+    assert_eq!(admin("GET", "/admin/rooms/sneakers").await.json()["state"], "open", "the other room is untouched");
+    let unknown = admin("GET", "/admin/rooms/shoes").await;
+    assert_eq!((unknown.status, unknown.json()), (404, serde_json::json!({"error": "no room shoes"})));
+    // Two rooms and no `default`: the unnamed path names none.
+    assert_eq!(admin("GET", "/admin/room").await.status, 404);
+
+    // A paused console admits nobody; sneakers still answers its own line.
+    assert_eq!(enter(&p, "console", "c1").await.status, 200);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(status(&p, "console", "c1").await["status"], "WAITING", "a paused room admitted");
+
+    let cli = std::process::Command::new(env!("CARGO_BIN_EXE_waitroom"))
+        .args(["room", "resume", "--room", "console", "--config"])
+        .arg(p.config_path())
+        .env("WAITROOM_ROOMS_ADMIN", TOKEN)
+        .output()
+        .expect("run waitroom room");
+    assert!(cli.status.success(), "{}", String::from_utf8_lossy(&cli.stderr));
+    assert_eq!(admin("GET", "/admin/rooms/console").await.json()["state"], "open");
+    let ready = wait_until(Duration::from_secs(3), Duration::from_millis(20), || async {
+        status(&p, "console", "c1").await["status"] == "READY"
+    })
+    .await;
+    assert!(ready, "console admits again after resume");
+}
