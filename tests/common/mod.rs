@@ -26,6 +26,7 @@ mod process;
 mod proxy;
 mod recorder;
 mod redis_server;
+mod rng;
 mod store;
 
 pub use answers::*;
@@ -41,6 +42,7 @@ pub use proxy::{
 };
 pub use recorder::{Recorder, Seen};
 pub use redis_server::RedisServer;
+pub use rng::{clock_seed, Rng};
 pub use store::*;
 
 use std::future::Future;
