@@ -152,7 +152,6 @@ async fn every_forwarded_for_line_counts_toward_the_client_address() {
 
 #[tokio::test]
 async fn jwt_mode_forwards_the_verified_identity_not_the_clients() {
-    use jsonwebtoken::{EncodingKey, Header};
     const SECRET: &str = "a-test-secret-of-at-least-32-bytes!!";
     let redis = RedisServer::start();
     let api = DemoApi::start(&[]);
@@ -162,13 +161,7 @@ async fn jwt_mode_forwards_the_verified_identity_not_the_clients() {
         .env("AROUND_JWT_SECRET", SECRET)
         .start()
         .await;
-    let exp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() + 600;
-    let jwt = jsonwebtoken::encode(
-        &Header::default(),
-        &serde_json::json!({"sub": "alice", "exp": exp}),
-        &EncodingKey::from_secret(SECRET.as_bytes()).unwrap(),
-    )
-    .unwrap();
+    let jwt = hs256_jwt(SECRET, &serde_json::json!({"sub": "alice", "exp": jwt_exp_in(600)}));
     let bearer = format!("Bearer {jwt}");
     let client = proxy.client();
     send(client.post(proxy.url("/queue/enter")).header("authorization", &bearer)).await;

@@ -991,11 +991,6 @@ async fn turning_watch_on_by_sighup_is_logged_as_needing_a_restart() {
 const JWT_SECRET: &str = "a-test-secret-of-at-least-32-bytes!!";
 const JWT_SECRET_NEXT: &str = "the-rotated-secret-also-32-bytes-long!";
 
-fn jwt(secret: &str, claims: serde_json::Value) -> String {
-    let key = jsonwebtoken::EncodingKey::from_secret(secret.as_bytes()).unwrap();
-    jsonwebtoken::encode(&jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256), &claims, &key).unwrap()
-}
-
 async fn status_as(proxy: &Proxy, token: &str) -> Resp {
     send(proxy.client().get(proxy.url("/queue/status")).header("Authorization", format!("Bearer {token}"))).await
 }
@@ -1013,8 +1008,8 @@ async fn a_reload_rotates_jwt_keys_and_keeps_what_names_the_user() {
         .env("WAITROOM_JWT_SECRET_NEXT", JWT_SECRET_NEXT)
         .start_settled(&redis.conn().await)
         .await;
-    let exp = jsonwebtoken::get_current_timestamp() + 300;
-    let old = jwt(JWT_SECRET, serde_json::json!({"sub": "alice", "iss": "https://id.example", "aud": "shop", "exp": exp}));
+    let exp = jwt_exp_in(300);
+    let old = hs256_jwt(JWT_SECRET, &serde_json::json!({"sub": "alice", "iss": "https://id.example", "aud": "shop", "exp": exp}));
     let r = send(proxy.client().post(proxy.url("/queue/enter")).header("Authorization", format!("Bearer {old}"))).await;
     assert_status_is(&r, 200, "WAITING");
 
@@ -1029,14 +1024,14 @@ async fn a_reload_rotates_jwt_keys_and_keeps_what_names_the_user() {
     assert_eq!(status_as(&proxy, &old).await.status, 401, "the old key still verifies after the reload");
     // The new key, issuer and audience together verify, and the token still names `sub`
     // (alice, waiting), not the new `claim` (zed, who never entered).
-    let new = jwt(JWT_SECRET_NEXT, claims("https://id2.example", "shop2"));
+    let new = hs256_jwt(JWT_SECRET_NEXT, &claims("https://id2.example", "shop2"));
     let r = status_as(&proxy, &new).await;
     assert_status_is(&r, 200, "WAITING");
     assert_eq!(r.json()["position"], 1, "the rotated token names someone else: {}", r.body);
     // Each of the new issuer and audience is checked.
     for (what, token) in [
-        ("the old issuer", jwt(JWT_SECRET_NEXT, claims("https://id.example", "shop2"))),
-        ("the old audience", jwt(JWT_SECRET_NEXT, claims("https://id2.example", "shop"))),
+        ("the old issuer", hs256_jwt(JWT_SECRET_NEXT, &claims("https://id.example", "shop2"))),
+        ("the old audience", hs256_jwt(JWT_SECRET_NEXT, &claims("https://id2.example", "shop"))),
     ] {
         assert_eq!(status_as(&proxy, &token).await.status, 401, "{what} still verifies after the reload");
     }

@@ -323,7 +323,6 @@ async fn admin_listen_moves_the_admin_api_off_the_metrics_port() {
 /// the client wrote; a bypass with a valid JWT carries its verified user.
 #[tokio::test]
 async fn jwt_mode_never_forwards_an_unverified_identity_in_shadow_or_bypass() {
-    use jsonwebtoken::{EncodingKey, Header};
     const JWT_SECRET: &str = "a-test-secret-of-at-least-32-bytes!!";
     let redis = RedisServer::start();
     let upstream = Recorder::start(200).await;
@@ -336,13 +335,7 @@ async fn jwt_mode_never_forwards_an_unverified_identity_in_shadow_or_bypass() {
         .env(BYPASS_ENV, SECRET)
         .start()
         .await;
-    let exp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() + 600;
-    let jwt = jsonwebtoken::encode(
-        &Header::default(),
-        &serde_json::json!({"sub": "alice", "exp": exp}),
-        &EncodingKey::from_secret(JWT_SECRET.as_bytes()).unwrap(),
-    )
-    .unwrap();
+    let jwt = hs256_jwt(JWT_SECRET, &serde_json::json!({"sub": "alice", "exp": jwt_exp_in(600)}));
     let order = || proxy.client().post(proxy.url("/api/orders")).header("x-user-id", "mallory");
     // Shadow, no JWT: forwarded as unauthenticated, without the forged identity.
     assert_eq!(send(order()).await.status, 200);

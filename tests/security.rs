@@ -39,11 +39,7 @@ fn sign(alg: Algorithm, key: &EncodingKey, claims: &Value) -> String {
 }
 
 fn hs256(claims: &Value) -> String {
-    sign(
-        Algorithm::HS256,
-        &EncodingKey::from_secret(SECRET.as_bytes()).unwrap(),
-        claims,
-    )
+    hs256_jwt(SECRET, claims)
 }
 
 /// An unsigned token: header `{"alg":"none"}`, empty signature.

@@ -21,6 +21,7 @@ mod api_tools;
 mod client;
 mod demo_api;
 mod identity_front;
+mod jwt;
 mod node_backend;
 mod process;
 mod proxy;
@@ -34,6 +35,7 @@ pub use api_tools::api_tool;
 pub use client::{http_client, http_status, json_body, raw_request, read_response, send, try_read_response, try_send, Resp};
 pub use demo_api::DemoApi;
 pub use identity_front::IdentityFront;
+pub use jwt::{hs256_jwt, jwt_exp_in};
 pub use node_backend::NodeBackend;
 pub use process::{listening_addrs, tools_binary};
 pub use proxy::{
