@@ -186,14 +186,6 @@ async fn jwt_mode_forwards_the_verified_identity_not_the_clients() {
     assert_eq!(echoed(&echo.json(), "x-user-id"), ["alice"], "{}", echo.body);
 }
 
-/// A proxy in front of a [`Recorder`] answering `status`, with `yaml` on top.
-async fn recorded_room(status: u16, yaml: &str) -> (RedisServer, Recorder, Proxy) {
-    let redis = RedisServer::start();
-    let upstream = Recorder::start(status).await;
-    let proxy = Proxy::builder(&redis.url(), upstream.addr()).yaml(yaml).start().await;
-    (redis, upstream, proxy)
-}
-
 /// Sends one raw request (closing the connection after it) and returns the status.
 async fn raw_status(addr: std::net::SocketAddr, request: &str) -> (u16, String) {
     let raw = raw_request(addr, request.as_bytes()).await;

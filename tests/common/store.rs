@@ -130,6 +130,15 @@ pub async fn room(api_args: &[&str], yaml: &str) -> (RedisServer, super::DemoApi
     (redis, api, proxy)
 }
 
+/// A fresh Redis, a [`Recorder`](super::Recorder) upstream answering `status`, and a ready proxy
+/// between them with `yaml` merged in.
+pub async fn recorded_room(status: u16, yaml: &str) -> (RedisServer, super::Recorder, Proxy) {
+    let redis = RedisServer::start();
+    let upstream = super::Recorder::start(status).await;
+    let proxy = Proxy::builder(&redis.url(), upstream.addr()).yaml(yaml).start().await;
+    (redis, upstream, proxy)
+}
+
 /// How many `EVALSHA` calls Redis has served since its statistics were last reset.
 pub async fn evalsha_calls(redis: &RedisServer) -> u64 {
     let info: String = redis::cmd("INFO").arg("commandstats").query_async(&mut redis.conn().await).await.unwrap();
