@@ -225,16 +225,6 @@ async fn a_stalled_body_gets_408_on_every_own_endpoint() {
     }
 }
 
-/// The proxy's resident memory, from /proc.
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("read /proc status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS")
-}
-
 /// `n` status calls one after another as `user`; their times, sorted.
 async fn status_times(proxy: &Proxy, user: &str, n: usize) -> Vec<Duration> {
     let mut took = Vec::with_capacity(n);

@@ -21,16 +21,6 @@ async fn command_calls(redis: &RedisServer) -> std::collections::BTreeMap<String
         .collect()
 }
 
-/// The proxy's resident memory, in kB.
-fn rss_kb(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap()
-}
-
 /// The queue's bound (`waitroom::room::claims::RETRY_BOUND`) and the members one call settles.
 const QUEUE_CALLS: u64 = (waitroom::room::claims::RETRY_BOUND / waitroom::store::GROUP_MAX) as u64;
 
@@ -72,7 +62,7 @@ async fn a_frozen_redis_leaves_a_bounded_queue_and_no_burst_when_it_returns() {
         "the buyer's order never reached the upstream"
     );
     let before = command_calls(&redis).await;
-    let rss_before = rss_kb(proxy.pid());
+    let rss_before = rss_kib(proxy.pid());
     redis.freeze();
     let frozen_at = Instant::now();
     let r = slow_order.await.unwrap();
@@ -95,7 +85,7 @@ async fn a_frozen_redis_leaves_a_bounded_queue_and_no_burst_when_it_returns() {
         .await;
     let refused = statuses.iter().filter(|s| **s == 503).count();
     let froze_for = frozen_at.elapsed();
-    let rss_frozen = rss_kb(proxy.pid());
+    let rss_frozen = rss_kib(proxy.pid());
     redis.thaw();
     assert_eq!(refused, sent, "every order during the freeze is a 503: {statuses:?}");
 
@@ -104,7 +94,7 @@ async fn a_frozen_redis_leaves_a_bounded_queue_and_no_burst_when_it_returns() {
     // thousands of (issue 36: 9,167 in the 3 s after a freeze like this one).
     tokio::time::sleep(Duration::from_secs(3)).await;
     let after = command_calls(&redis).await;
-    let rss_after = rss_kb(proxy.pid());
+    let rss_after = rss_kib(proxy.pid());
     let delta: Vec<(String, u64)> = after
         .iter()
         .map(|(name, n)| (name.clone(), n - before.get(name).copied().unwrap_or(0)))

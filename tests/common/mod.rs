@@ -37,7 +37,7 @@ pub use demo_api::DemoApi;
 pub use identity_front::IdentityFront;
 pub use jwt::{hs256_jwt, jwt_exp_in};
 pub use node_backend::NodeBackend;
-pub use process::{listening_addrs, tools_binary};
+pub use process::{listening_addrs, rss_kib, tools_binary};
 pub use proxy::{
     base_config, merge_yaml, merged_config_yaml, parse_metric, run_check, run_check_env,
     unique_prefix, Proxy, ProxyBuilder,
