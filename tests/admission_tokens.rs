@@ -865,14 +865,12 @@ async fn protected_requests_fail_closed_while_redis_is_down() {
             assert_eq!(r.header("retry-after"), Some("30"));
             took.push(t);
         }
-        took.sort();
-        let ms: Vec<u128> = took.iter().map(|t| t.as_millis()).collect();
+        let (nineteenth, ms) = all_but_the_slowest(&mut took);
         println!("503s in ms (frozen: {frozen}), sorted: {ms:?}");
         let bound = Duration::from_millis(300 + 100);
         assert!(
-            took[18] <= bound,
-            "frozen: {frozen}: the 19th of 20 503s took {:?}, over redis.timeout + 100 ms; all (ms): {ms:?}",
-            took[18]
+            nineteenth <= bound,
+            "frozen: {frozen}: the 19th of 20 503s took {nineteenth:?}, over redis.timeout + 100 ms; all (ms): {ms:?}"
         );
     }
     assert_eq!(

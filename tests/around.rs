@@ -152,7 +152,6 @@ async fn every_forwarded_for_line_counts_toward_the_client_address() {
 
 #[tokio::test]
 async fn jwt_mode_forwards_the_verified_identity_not_the_clients() {
-    use jsonwebtoken::{EncodingKey, Header};
     const SECRET: &str = "a-test-secret-of-at-least-32-bytes!!";
     let redis = RedisServer::start();
     let api = DemoApi::start(&[]);
@@ -162,13 +161,7 @@ async fn jwt_mode_forwards_the_verified_identity_not_the_clients() {
         .env("AROUND_JWT_SECRET", SECRET)
         .start()
         .await;
-    let exp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() + 600;
-    let jwt = jsonwebtoken::encode(
-        &Header::default(),
-        &serde_json::json!({"sub": "alice", "exp": exp}),
-        &EncodingKey::from_secret(SECRET.as_bytes()).unwrap(),
-    )
-    .unwrap();
+    let jwt = hs256_jwt(SECRET, &serde_json::json!({"sub": "alice", "exp": jwt_exp_in(600)}));
     let bearer = format!("Bearer {jwt}");
     let client = proxy.client();
     send(client.post(proxy.url("/queue/enter")).header("authorization", &bearer)).await;
@@ -193,14 +186,6 @@ async fn jwt_mode_forwards_the_verified_identity_not_the_clients() {
     assert_eq!(echoed(&echo.json(), "x-user-id"), ["alice"], "{}", echo.body);
 }
 
-/// A proxy in front of a [`Recorder`] answering `status`, with `yaml` on top.
-async fn recorded_room(status: u16, yaml: &str) -> (RedisServer, Recorder, Proxy) {
-    let redis = RedisServer::start();
-    let upstream = Recorder::start(status).await;
-    let proxy = Proxy::builder(&redis.url(), upstream.addr()).yaml(yaml).start().await;
-    (redis, upstream, proxy)
-}
-
 /// Sends one raw request (closing the connection after it) and returns the status.
 async fn raw_status(addr: std::net::SocketAddr, request: &str) -> (u16, String) {
     let raw = raw_request(addr, request.as_bytes()).await;
@@ -209,6 +194,15 @@ async fn raw_status(addr: std::net::SocketAddr, request: &str) -> (u16, String) 
 
 fn post(target: &str, extra: &str) -> String {
     format!("POST {target} HTTP/1.1\r\nHost: shop\r\nX-User-Id: alice\r\n{extra}Content-Length: 2\r\nConnection: close\r\n\r\n{{}}")
+}
+
+/// Each of `targets`, POSTed as alice's order, is refused with 400 and `{"error": error}`.
+async fn assert_refused_as_ambiguous(proxy: &Proxy, targets: &[&str], error: &str) {
+    for target in targets {
+        let (status, raw) = raw_status(proxy.addr(), &post(target, "")).await;
+        assert_eq!(status, 400, "{target}: {raw}");
+        assert_eq!(json_body(&raw), serde_json::json!({"error": error}), "{target}: {raw}");
+    }
 }
 
 #[tokio::test]
@@ -254,15 +248,8 @@ async fn rewritten_order_paths_never_reach_the_upstream_without_a_token() {
 #[tokio::test]
 async fn ambiguous_targets_are_refused_before_the_upstream() {
     let (_redis, upstream, proxy) = recorded_room(201, "").await;
-    for target in ["/api%2Forders", "/api%2forders", "/api%5Corders", "/api%5corders", "/api\\orders"] {
-        let (status, raw) = raw_status(proxy.addr(), &post(target, "")).await;
-        assert_eq!(status, 400, "{target}: {raw}");
-        assert_eq!(
-            json_body(&raw),
-            serde_json::json!({"error": "the path is ambiguous: it could name a protected path"}),
-            "{target}: {raw}"
-        );
-    }
+    let targets = ["/api%2Forders", "/api%2forders", "/api%5Corders", "/api%5corders", "/api\\orders"];
+    assert_refused_as_ambiguous(&proxy, &targets, "the path is ambiguous: it could name a protected path").await;
     // Climbing above the root is refused whatever the request.
     let (status, raw) =
         raw_status(proxy.addr(), "GET /../etc/passwd HTTP/1.1\r\nHost: shop\r\nConnection: close\r\n\r\n").await;
@@ -277,15 +264,9 @@ async fn ambiguous_targets_are_refused_before_the_upstream() {
 #[tokio::test]
 async fn a_target_read_as_host_and_path_is_refused_when_the_path_is_protected() {
     let (_redis, upstream, proxy) = recorded_room(201, "").await;
-    for target in ["//host/api/orders", "//host/api/orders?id=1", "/\\host/api/orders", "///host/api/orders"] {
-        let (status, raw) = raw_status(proxy.addr(), &post(target, "")).await;
-        assert_eq!(status, 400, "{target}: {raw}");
-        assert_eq!(
-            json_body(&raw),
-            serde_json::json!({"error": "the request target is ambiguous: read as //host/path it could name a protected path"}),
-            "{target}: {raw}"
-        );
-    }
+    let targets = ["//host/api/orders", "//host/api/orders?id=1", "/\\host/api/orders", "///host/api/orders"];
+    let error = "the request target is ambiguous: read as //host/path it could name a protected path";
+    assert_refused_as_ambiguous(&proxy, &targets, error).await;
     assert_eq!(upstream.lines(), Vec::<String>::new(), "nothing may reach the upstream");
     // Read either way, this path is not protected: it passes through as it came.
     let (status, raw) =

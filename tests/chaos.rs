@@ -46,24 +46,6 @@ const REUSE_LIMIT: Duration = Duration::from_secs(30);
 /// so a reuse that reaches it is seen (status and the API's `failed` count), not ordered twice.
 const REUSE_MARK: &str = "418";
 
-/// xorshift64*: enough randomness for a fault schedule, and replayable from its seed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-    fn millis(&mut self, lo: u64, hi: u64) -> Duration {
-        Duration::from_millis(lo + self.below(hi - lo + 1))
-    }
-}
-
 /// The proxies' listen addresses as the users see them: None while a proxy is down.
 type Live = Arc<RwLock<Vec<Option<String>>>>;
 
@@ -447,13 +429,7 @@ async fn no_user_is_lost_or_admitted_twice_while_processes_die() {
     let seed = std::env::var("CHAOS_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-                | 1
-        });
+        .unwrap_or_else(clock_seed);
     println!("chaos seed {seed} (CHAOS_SEED={seed} replays the fault schedule)");
     let mut rng = Rng(seed);
 
@@ -557,13 +533,13 @@ async fn no_user_is_lost_or_admitted_twice_while_processes_die() {
             .filter(|i| proxies[*i].is_none())
             .collect();
         if !down.is_empty() && (up.len() == 1 || rng.below(2) == 0) {
-            let i = down[rng.below(down.len() as u64) as usize];
+            let i = down[rng.below(down.len())];
             let proxy = builder.start().await;
             live.write().unwrap()[i] = Some(proxy.url(""));
             proxies[i] = Some(proxy);
             faults.add("proxy restart");
         } else {
-            let i = up[rng.below(up.len() as u64) as usize];
+            let i = up[rng.below(up.len())];
             live.write().unwrap()[i] = None;
             let proxy = proxies[i].take().unwrap();
             proxy.kill();

@@ -43,6 +43,21 @@ fn names(prefix: &str, n: usize) -> Vec<String> {
     (1..=n).map(|i| format!("{prefix}{i}")).collect()
 }
 
+/// Enters each of `users` (each must be queued), then reloads the room with `yaml` merged in by
+/// SIGHUP and waits for the reload to be counted.
+async fn enter_then_reload(proxy: &Proxy, users: &[String], yaml: &str) {
+    for user in users {
+        assert_eq!(proxy.enter(user).await.status, 200, "enter {user}");
+    }
+    proxy.rewrite_config(yaml);
+    proxy.signal("HUP");
+    let reloaded = wait_until(Duration::from_secs(5), Duration::from_millis(20), || async {
+        proxy.counter("waitroom_config_reloads_total{result=\"ok\"}").await >= 1.0
+    })
+    .await;
+    assert!(reloaded, "reload not applied:\n{}", proxy.logs());
+}
+
 /// Section 13: "holding costs no Redis call per held user per tick". 200 polls are held while
 /// the room admits one user every 100 ms; the Redis calls of one second with them held are
 /// compared with the calls of one second with the same line and nobody polling (about 750 here:
@@ -56,24 +71,11 @@ fn names(prefix: &str, n: usize) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn held_polls_cost_no_redis_call_per_held_user_per_tick() {
     const N: usize = 200;
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&[]);
     // Position 300 at 10 a second is 30 s away: within a 60 s hold, every poll is held.
-    let builder = Proxy::builder(&redis.url(), api.addr())
-        .yaml("admission: {interval: 1h, batch_size: 1}\nendpoints: {hold: 60s}\nqueue: {capacity: 1000}");
-    let proxy = start_settled(&redis, &builder).await;
+    let (redis, _api, proxy) = quiet_room("endpoints: {hold: 60s}\nqueue: {capacity: 1000}").await;
     let users = names("c", N + 100);
-    for user in &users {
-        assert_eq!(proxy.enter(user).await.status, 200, "enter {user}");
-    }
-    // Admission starts now, by a reload to 1 user per 100 ms: the ticks to count.
-    proxy.rewrite_config("admission: {interval: 100ms, batch_size: 1}");
-    proxy.signal("HUP");
-    let reloaded = wait_until(Duration::from_secs(5), Duration::from_millis(20), || async {
-        proxy.counter("waitroom_config_reloads_total{result=\"ok\"}").await >= 1.0
-    })
-    .await;
-    assert!(reloaded, "reload not applied:\n{}", proxy.logs());
+    // Admission starts once they are in line, by a reload to 1 user per 100 ms: the ticks to count.
+    enter_then_reload(&proxy, &users, "admission: {interval: 100ms, batch_size: 1}").await;
     let ticking = wait_until(Duration::from_secs(5), Duration::from_millis(20), || async {
         proxy.counter("waitroom_admitted_total").await >= 1.0
     })
@@ -118,16 +120,7 @@ async fn held_polls_cost_no_redis_call_per_held_user_per_tick() {
 async fn no_more_polls_are_held_than_the_queue_capacity() {
     let (_redis, _api, proxy) = quiet_room("admission: {interval: 1h, batch_size: 50}\nendpoints: {hold: 10s}\nqueue: {capacity: 5}").await;
     let users = names("k", 5);
-    for user in &users {
-        assert_eq!(proxy.enter(user).await.status, 200, "enter {user}");
-    }
-    proxy.rewrite_config("queue: {capacity: 3}");
-    proxy.signal("HUP");
-    let reloaded = wait_until(Duration::from_secs(5), Duration::from_millis(20), || async {
-        proxy.counter("waitroom_config_reloads_total{result=\"ok\"}").await >= 1.0
-    })
-    .await;
-    assert!(reloaded, "reload not applied:\n{}", proxy.logs());
+    enter_then_reload(&proxy, &users, "queue: {capacity: 3}").await;
     let started = Instant::now();
     let polls = poll_all(&proxy, &users);
     let mut at_once = Vec::new();
@@ -195,12 +188,7 @@ async fn an_upstream_timeout_moves_the_adaptive_batch_down() {
 /// `EventDraw`: those two then answer without waiting for the body.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_body_gets_408_on_every_own_endpoint() {
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&[]);
-    let proxy = Proxy::builder(&redis.url(), api.addr())
-        .yaml("limits: {header_timeout: 1s}\nevent: {opens_at: \"2020-01-01T00:00:00Z\", prequeue: 1m}")
-        .start()
-        .await;
+    let (_redis, _api, proxy) = room(&[], "limits: {header_timeout: 1s}\nevent: {opens_at: \"2020-01-01T00:00:00Z\", prequeue: 1m}").await;
     let endpoints = [
         ("POST", "/queue/enter"),
         ("GET", "/queue/status"),
@@ -223,16 +211,6 @@ async fn a_stalled_body_gets_408_on_every_own_endpoint() {
         assert!(answer.ends_with(r#"{"error":"the request body did not arrive in time"}"#), "{method} {path}: {answer}");
         assert!(took >= Duration::from_millis(950), "{method} {path}: 408 before header_timeout, after {took:?}");
     }
-}
-
-/// The proxy's resident memory, from /proc.
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("read /proc status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS")
 }
 
 /// `n` status calls one after another as `user`; their times, sorted.

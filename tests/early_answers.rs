@@ -21,11 +21,8 @@ const SETTLE: Duration = Duration::from_millis(300);
 /// A room where nobody is admitted, whose proxy logs each early answer, with `users` in line
 /// and known to the proxy's view of the line (each has been answered once by Redis).
 async fn room_with(users: &[&str]) -> (RedisServer, DemoApi, Proxy) {
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&[]);
-    let builder = Proxy::builder(&redis.url(), api.addr())
-        .yaml(NO_ADMISSION)
-        .env("RUST_LOG", "info,waitroom::proxy::early=debug");
+    let (redis, api, builder) = quiet_builder("");
+    let builder = builder.env("RUST_LOG", "info,waitroom::proxy::early=debug");
     let proxy = start_settled(&redis, &builder).await;
     for user in users {
         assert_eq!(proxy.enter(user).await.status, 200);
@@ -337,12 +334,8 @@ async fn a_body_is_never_read_as_a_request() {
 /// let go at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn held_polls_are_held_in_the_connection_loop() {
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&[]);
-    let builder = Proxy::builder(&redis.url(), api.addr())
-        .yaml(NO_ADMISSION)
-        .yaml("endpoints: {hold: 1500ms}")
-        .env("RUST_LOG", "info,waitroom::proxy::early=debug");
+    let (redis, _api, builder) = quiet_builder("endpoints: {hold: 1500ms}");
+    let builder = builder.env("RUST_LOG", "info,waitroom::proxy::early=debug");
     let proxy = start_settled(&redis, &builder).await;
     assert_eq!(proxy.enter("u1").await.status, 200);
     // The enter's own line is written once its answer is out: counted before the polls'.

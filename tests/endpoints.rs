@@ -534,11 +534,7 @@ async fn a_burst_of_enters_never_exceeds_capacity_or_shares_a_number() {
 /// taking a third of a concurrent burst, still give out exactly `capacity` places between them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_enters_through_three_proxies_never_exceed_the_rooms_capacity() {
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&[]);
-    let room = Proxy::builder(&redis.url(), api.addr())
-        .yaml(NO_ADMISSION)
-        .yaml("queue: {capacity: 200}");
+    let (redis, _api, room) = quiet_builder("queue: {capacity: 200}");
     let mut proxies = Vec::new();
     for _ in 0..3 {
         proxies.push(start_settled(&redis, &room).await);

@@ -39,16 +39,40 @@ async fn get(redis: &RedisServer, key: &str) -> Option<String> {
     redis::cmd("GET").arg(key).query_async(&mut redis.conn().await).await.unwrap()
 }
 
+/// `user-0` .. `user-{n-1}`.
+fn users(n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("user-{i}")).collect()
+}
+
+/// A fresh Redis and the library's room on it, where each of `users` holds a live token: the
+/// tokens, in the users' order.
+async fn minted_room(users: &[String]) -> (RedisServer, Arc<RoomStore>, Vec<String>) {
+    let redis = RedisServer::start();
+    let room = Arc::new(library_room(&redis, "g"));
+    let tokens = mint(&redis, &room, users).await;
+    (redis, room, tokens)
+}
+
+/// [`minted_room`] with each token claimed by its user's order `{user}/r`, and a subscription to
+/// the channel spends are announced on.
+async fn claimed_room(users: &[String]) -> (RedisServer, Arc<RoomStore>, Vec<String>, redis::aio::PubSub) {
+    let (redis, room, tokens) = minted_room(users).await;
+    for (user, token) in users.iter().zip(&tokens) {
+        assert_eq!(room.claim(user, token, &format!("{user}/r"), HOLD).await.unwrap(), Claim::Claimed);
+    }
+    let mut announced = redis::Client::open(redis.url()).unwrap().get_async_pubsub().await.unwrap();
+    announced.subscribe(&room.keys().spent).await.unwrap();
+    (redis, room, tokens, announced)
+}
+
 /// 60 users, each with three parallel requests presenting their token and one presenting a
 /// forged one, all at once: exactly one claim per user is taken, with the id of the request
 /// that got it; the others are told IN_USE, the forged ones INVALID; and the 240 claims took far
 /// fewer than 240 calls.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn parallel_claims_share_calls_and_each_token_is_claimed_once() {
-    let redis = RedisServer::start();
-    let room = Arc::new(library_room(&redis, "g"));
-    let users: Vec<String> = (0..60).map(|i| format!("user-{i}")).collect();
-    let tokens = mint(&redis, &room, &users).await;
+    let users = users(60);
+    let (redis, room, tokens) = minted_room(&users).await;
     room.claim("warm-up", "none", "r", HOLD).await.unwrap(); // loads the script
     reset_stats(&redis).await;
 
@@ -89,10 +113,8 @@ async fn parallel_claims_share_calls_and_each_token_is_claimed_once() {
 /// is held for its own claim_timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claims_under_different_holds_keep_their_own() {
-    let redis = RedisServer::start();
-    let room = Arc::new(library_room(&redis, "g"));
-    let users: Vec<String> = (0..40).map(|i| format!("user-{i}")).collect();
-    let tokens = mint(&redis, &room, &users).await;
+    let users = users(40);
+    let (redis, room, tokens) = minted_room(&users).await;
     let hold = |i: usize| Duration::from_secs(if i % 2 == 0 { 20 } else { 200 });
     let claims = join_all(users.iter().zip(&tokens).enumerate().map(|(i, (user, token))| {
         let room = Arc::clone(&room);
@@ -114,15 +136,8 @@ async fn claims_under_different_holds_keep_their_own() {
 /// (entered and admitted again) removes nothing. Far fewer calls than settles.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn parallel_settles_share_calls_and_spend_only_the_used_tokens() {
-    let redis = RedisServer::start();
-    let room = Arc::new(library_room(&redis, "g"));
-    let users: Vec<String> = (0..60).map(|i| format!("user-{i}")).collect();
-    let tokens = mint(&redis, &room, &users).await;
-    for (user, token) in users.iter().zip(&tokens) {
-        assert_eq!(room.claim(user, token, &format!("{user}/r"), HOLD).await.unwrap(), Claim::Claimed);
-    }
-    let mut announced = redis::Client::open(redis.url()).unwrap().get_async_pubsub().await.unwrap();
-    announced.subscribe(&room.keys().spent).await.unwrap();
+    let users = users(60);
+    let (redis, room, tokens, mut announced) = claimed_room(&users).await;
     reset_stats(&redis).await;
 
     // user-0 was admitted again meanwhile: the token its order used is no longer its current one.
@@ -176,15 +191,8 @@ async fn parallel_settles_share_calls_and_spend_only_the_used_tokens() {
 /// once, and the second settle is told it removed nothing, as a call of its own would be.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_user_settled_twice_in_a_group_is_spent_once() {
-    let redis = RedisServer::start();
-    let room = Arc::new(library_room(&redis, "g"));
     let users: Vec<String> = ["holder", "alice", "bob"].map(String::from).to_vec();
-    let tokens = mint(&redis, &room, &users).await;
-    for (user, token) in users.iter().zip(&tokens) {
-        assert_eq!(room.claim(user, token, &format!("{user}/r"), HOLD).await.unwrap(), Claim::Claimed);
-    }
-    let mut announced = redis::Client::open(redis.url()).unwrap().get_async_pubsub().await.unwrap();
-    announced.subscribe(&room.keys().spent).await.unwrap();
+    let (redis, room, tokens, mut announced) = claimed_room(&users).await;
     assert!(!room.consume("nobody", "none", "", true).await.unwrap()); // loads the script
     reset_stats(&redis).await;
 

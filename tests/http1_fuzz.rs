@@ -16,31 +16,8 @@
 mod common;
 mod differential;
 
+use common::{clock_seed, Rng};
 use std::time::{Duration, Instant};
-
-/// xorshift64*: a seed replays a run.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-
-    fn chance(&mut self, percent: usize) -> bool {
-        self.below(100) < percent
-    }
-
-    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
-        &items[self.below(items.len())]
-    }
-}
 
 /// One request, built from pieces a client (or an attacker) sends. Two in five are a status or
 /// an enter as a browser sends it, so the early path takes a good share of them.
@@ -223,7 +200,7 @@ async fn the_early_path_changes_nothing_any_stream_of_bytes_can_see() {
     let seed = if seed != 0 {
         seed
     } else {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1
+        clock_seed()
     };
     eprintln!("http1_fuzz: seed {seed}, {seconds} s, {lanes} lanes (HTTP1_FUZZ_SEED={seed} replays it)");
     let deadline = Instant::now() + Duration::from_secs(seconds);

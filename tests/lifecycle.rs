@@ -38,6 +38,19 @@ async fn lifecycle_room(yaml: &str) -> (RedisServer, DemoApi, Proxy) {
     (redis, api, proxy)
 }
 
+/// A Redis, a demo API and a proxy of [`room_builder`] with `yaml` and `env` on top, in a room
+/// where nobody is admitted (`NO_ADMISSION`: positions stay put, so an ETA shows which
+/// `batch_size` is in force), started once its first (empty) tick has passed.
+async fn still_room(yaml: &str, env: &[(&str, &str)]) -> (RedisServer, DemoApi, Proxy) {
+    let redis = RedisServer::start();
+    let api = DemoApi::start(&[]);
+    let builder = env
+        .iter()
+        .fold(room_builder(&redis, &api).yaml(NO_ADMISSION).yaml(yaml), |b, (k, v)| b.env(k, v));
+    let proxy = builder.start_settled(&redis.conn().await).await;
+    (redis, api, proxy)
+}
+
 /// A Redis URL that refuses every connection: `--check` and start-up failures must not need
 /// Redis, and a proxy that switched to it would answer 503.
 fn closed_redis_url() -> String {
@@ -107,6 +120,11 @@ async fn admitted(proxy: &Proxy) -> f64 {
     metric_or_zero(proxy, "waitroom_admitted_total").await
 }
 
+/// (ok, error): `waitroom_config_reloads_total` by result.
+async fn reload_counts(proxy: &Proxy) -> (f64, f64) {
+    (reloads(proxy, "ok").await, reloads(proxy, "error").await)
+}
+
 /// Waits until `waitroom_config_reloads_total{result}` reaches `n`; returns how long it took.
 async fn await_reloads(proxy: &Proxy, result: &str, n: f64, timeout: Duration) -> Option<Duration> {
     let start = Instant::now();
@@ -115,6 +133,28 @@ async fn await_reloads(proxy: &Proxy, result: &str, n: f64, timeout: Duration) -
     })
     .await;
     ok.then(|| start.elapsed())
+}
+
+/// SIGHUP, then [`await_reloads`] for the `n`th reload of `result` within 3 s.
+async fn sighup(proxy: &Proxy, result: &str, n: f64) -> Option<Duration> {
+    proxy.signal("HUP");
+    await_reloads(proxy, result, n, Duration::from_secs(3)).await
+}
+
+/// Writes the running configuration with `yaml` merged in, without taking it as the proxy's
+/// (`proxy.config()` stays what runs): for a file the reload must refuse.
+fn write_refused_config(proxy: &Proxy, yaml: &str) {
+    let mut cfg = proxy.config();
+    merge_yaml(&mut cfg, serde_yaml::from_str(yaml).unwrap());
+    proxy.write_config_raw(&serde_yaml::to_string(&cfg).unwrap());
+}
+
+/// Each measured value within its bounds, in order; the message of the first that is not.
+#[track_caller]
+fn assert_within(checks: &[(f64, std::ops::RangeInclusive<f64>, String)]) {
+    for (value, bounds, message) in checks {
+        assert!(bounds.contains(value), "{message}");
+    }
 }
 
 /// Users admitted per second over `window`, measured twice: from this proxy's
@@ -429,17 +469,8 @@ async fn a_start_and_a_reload_report_unknown_keys_together_with_every_other_prob
     }
 
     let (_redis, _api, proxy) = lifecycle_room("").await;
-    let mut cfg = proxy.config();
-    merge_yaml(&mut cfg, serde_yaml::from_str(MIXED_PROBLEMS).unwrap());
-    proxy.write_config_raw(&serde_yaml::to_string(&cfg).unwrap());
-    proxy.signal("HUP");
-    assert!(
-        await_reloads(&proxy, "error", 1.0, Duration::from_secs(3))
-            .await
-            .is_some(),
-        "no error reload counted:\n{}",
-        proxy.logs()
-    );
+    write_refused_config(&proxy, MIXED_PROBLEMS);
+    assert!(sighup(&proxy, "error", 1.0).await.is_some(), "no error reload counted:\n{}", proxy.logs());
     let logs = proxy.logs();
     for want in MIXED_LINES {
         assert!(logs.lines().any(|l| l.contains(want)), "the reload logs {want:?}:\n{logs}");
@@ -574,8 +605,7 @@ async fn sighup_doubling_batch_size_doubles_the_drain_rate_and_etas_follow_at_on
     let (before_metric, before) = measure_rate(&proxy, &redis, Duration::from_secs(1)).await;
 
     proxy.rewrite_config("admission: {batch_size: 10}");
-    proxy.signal("HUP");
-    let took = await_reloads(&proxy, "ok", 1.0, Duration::from_secs(3)).await;
+    let took = sighup(&proxy, "ok", 1.0).await;
     assert!(took.is_some(), "no ok reload counted:\n{}", proxy.logs());
     // ETAs use the new rate from the very next answer.
     let (pos, eta) = waiting(&proxy, &tail).await;
@@ -595,20 +625,12 @@ async fn sighup_doubling_batch_size_doubles_the_drain_rate_and_etas_follow_at_on
          by waitroom_admitted_total: {before_metric:.1}/s -> {after_metric:.1}/s, ratio \
          {metric_ratio:.2}; reload seen after {took:?}"
     );
-    assert!(
-        (35.0..=65.0).contains(&before),
-        "before ~50/s, got {before:.1}"
-    );
-    assert!(
-        (1.5..=2.6).contains(&ratio),
-        "ratio {ratio:.2} ({before:.1} -> {after:.1})"
-    );
-    assert!(
-        (1.3..=3.0).contains(&metric_ratio),
-        "the admitted counter follows too: ratio {metric_ratio:.2}"
-    );
-    assert_eq!(reloads(&proxy, "ok").await, 1.0);
-    assert_eq!(reloads(&proxy, "error").await, 0.0);
+    assert_within(&[
+        (before, 35.0..=65.0, format!("before ~50/s, got {before:.1}")),
+        (ratio, 1.5..=2.6, format!("ratio {ratio:.2} ({before:.1} -> {after:.1})")),
+        (metric_ratio, 1.3..=3.0, format!("the admitted counter follows too: ratio {metric_ratio:.2}")),
+    ]);
+    assert_eq!(reload_counts(&proxy).await, (1.0, 0.0));
     // The line must not have run dry during the second window, or the rate would be understated.
     let left = queue_len(&proxy, &redis).await;
     assert!(left > 10, "the line ran dry: {left} left");
@@ -621,33 +643,13 @@ async fn an_invalid_file_keeps_the_running_configuration() {
 
     // 1. Not even YAML.
     proxy.write_config_raw("admission: {interval: 100ms, batch_size: [10\nqueue: {{{\n");
-    proxy.signal("HUP");
-    assert!(
-        await_reloads(&proxy, "error", 1.0, Duration::from_secs(3))
-            .await
-            .is_some(),
-        "no error reload counted:\n{}",
-        proxy.logs()
-    );
+    assert!(sighup(&proxy, "error", 1.0).await.is_some(), "no error reload counted:\n{}", proxy.logs());
     assert!(proxy.is_running(), "{}", proxy.logs());
     let (_, rate1) = measure_rate(&proxy, &redis, Duration::from_secs(1)).await;
 
     // 2. Valid YAML, a valid (faster!) admission, and two invalid values: nothing may apply.
-    let mut cfg = proxy.config();
-    merge_yaml(
-        &mut cfg,
-        serde_yaml::from_str("admission: {batch_size: 20}\nqueue: {capacity: 0}\ntoken: {ttl: 0s}")
-            .unwrap(),
-    );
-    proxy.write_config_raw(&serde_yaml::to_string(&cfg).unwrap());
-    proxy.signal("HUP");
-    assert!(
-        await_reloads(&proxy, "error", 2.0, Duration::from_secs(3))
-            .await
-            .is_some(),
-        "no second error reload counted:\n{}",
-        proxy.logs()
-    );
+    write_refused_config(&proxy, "admission: {batch_size: 20}\nqueue: {capacity: 0}\ntoken: {ttl: 0s}");
+    assert!(sighup(&proxy, "error", 2.0).await.is_some(), "no second error reload counted:\n{}", proxy.logs());
     assert!(proxy.is_running(), "{}", proxy.logs());
     let (_, rate2) = measure_rate(&proxy, &redis, Duration::from_secs(1)).await;
     let left = queue_len(&proxy, &redis).await;
@@ -659,16 +661,11 @@ async fn an_invalid_file_keeps_the_running_configuration() {
         "after broken YAML: {rate1:.1}/s; after invalid values: {rate2:.1}/s (configured 50/s)"
     );
 
-    assert!(
-        (35.0..=65.0).contains(&rate1),
-        "old rate kept after broken YAML: {rate1:.1}/s"
-    );
-    assert!(
-        (35.0..=65.0).contains(&rate2),
-        "old rate kept after invalid values: {rate2:.1}/s"
-    );
-    assert_eq!(reloads(&proxy, "error").await, 2.0);
-    assert_eq!(reloads(&proxy, "ok").await, 0.0);
+    assert_within(&[
+        (rate1, 35.0..=65.0, format!("old rate kept after broken YAML: {rate1:.1}/s")),
+        (rate2, 35.0..=65.0, format!("old rate kept after invalid values: {rate2:.1}/s")),
+    ]);
+    assert_eq!(reload_counts(&proxy).await, (0.0, 2.0));
     let logs = proxy.logs();
     for path in ["queue.capacity", "token.ttl"] {
         assert!(
@@ -760,14 +757,7 @@ async fn clients_see_no_error_through_twenty_reloads() {
     for n in 1..=20u32 {
         let batch = if n % 2 == 1 { 10 } else { 5 };
         proxy.rewrite_config(&format!("admission: {{batch_size: {batch}}}"));
-        proxy.signal("HUP");
-        assert!(
-            await_reloads(&proxy, "ok", n as f64, Duration::from_secs(3))
-                .await
-                .is_some(),
-            "reload {n} not counted:\n{}",
-            proxy.logs()
-        );
+        assert!(sighup(&proxy, "ok", n as f64).await.is_some(), "reload {n} not counted:\n{}", proxy.logs());
         tokio::time::sleep(Duration::from_millis(30)).await;
     }
     stop.store(true, Ordering::Relaxed);
@@ -783,20 +773,13 @@ async fn clients_see_no_error_through_twenty_reloads() {
     );
     assert!(failures.is_empty(), "{failures:#?}");
     assert!(done.load(Ordering::Relaxed) >= 60, "the clients barely ran");
-    assert_eq!(reloads(&proxy, "ok").await, 20.0);
-    assert_eq!(reloads(&proxy, "error").await, 0.0);
+    assert_eq!(reload_counts(&proxy).await, (20.0, 0.0));
     assert!(proxy.is_running());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queue_poll_after_and_protected_apply_on_sighup() {
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&[]);
-    // One admission an hour: positions stay put.
-    let proxy = room_builder(&redis, &api)
-        .yaml("admission: {interval: 1h, batch_size: 1}")
-        .start_settled(&redis.conn().await)
-        .await;
+    let (_redis, _api, proxy) = still_room("", &[]).await;
     for user in ["a", "b", "c"] {
         let r = proxy.enter(user).await;
         assert_eq!(r.status, 200, "enter {user}: {}\n{}", r.body, proxy.logs());
@@ -823,14 +806,7 @@ async fn queue_poll_after_and_protected_apply_on_sighup() {
          poll_after: [{min_wait: 1h, poll_after: 9s}, {min_wait: 0s, poll_after: 3s}]\n\
          protected: [{method: POST, path: /api/orders}, {method: GET, path: /vip}]",
     );
-    proxy.signal("HUP");
-    assert!(
-        await_reloads(&proxy, "ok", 1.0, Duration::from_secs(3))
-            .await
-            .is_some(),
-        "{}",
-        proxy.logs()
-    );
+    assert!(sighup(&proxy, "ok", 1.0).await.is_some(), "{}", proxy.logs());
 
     let full = proxy.enter("d").await;
     assert_eq!(
@@ -856,10 +832,7 @@ async fn token_ttl_applies_to_tokens_issued_after_the_reload() {
     let (redis, _api, proxy) = lifecycle_room("admission: {interval: 50ms, batch_size: 10}\ntoken: {ttl: 5m}").await;
     proxy.until_ready("early", Duration::from_secs(5)).await;
     proxy.rewrite_config("token: {ttl: 20s}");
-    proxy.signal("HUP");
-    assert!(await_reloads(&proxy, "ok", 1.0, Duration::from_secs(3))
-        .await
-        .is_some());
+    assert!(sighup(&proxy, "ok", 1.0).await.is_some());
     proxy.until_ready("late", Duration::from_secs(5)).await;
     let early = proxy.status("early").await.json()["expiresIn"]
         .as_u64()
@@ -896,17 +869,11 @@ async fn a_reload_on_one_of_two_proxies_never_doubles_the_room_rate() {
     let (_, both_old) = measure_rate(&a, &redis, window).await;
 
     a.rewrite_config("admission: {batch_size: 10}");
-    a.signal("HUP");
-    assert!(await_reloads(&a, "ok", 1.0, Duration::from_secs(3))
-        .await
-        .is_some());
+    assert!(sighup(&a, "ok", 1.0).await.is_some());
     let (_, mixed) = measure_rate(&a, &redis, window).await;
 
     b.rewrite_config("admission: {batch_size: 10}");
-    b.signal("HUP");
-    assert!(await_reloads(&b, "ok", 1.0, Duration::from_secs(3))
-        .await
-        .is_some());
+    assert!(sighup(&b, "ok", 1.0).await.is_some());
     let (_, both_new) = measure_rate(&a, &redis, window).await;
     let left = queue_len(&a, &redis).await;
     assert!(
@@ -917,18 +884,11 @@ async fn a_reload_on_one_of_two_proxies_never_doubles_the_room_rate() {
         "room rate with two proxies: both at 50/s {both_old:.1}/s; one reloaded to 100/s \
          {mixed:.1}/s; both at 100/s {both_new:.1}/s"
     );
-    assert!(
-        (35.0..=65.0).contains(&both_old),
-        "two proxies admit 50/s in total: {both_old:.1}"
-    );
-    assert!(
-        (35.0..=115.0).contains(&mixed),
-        "mixed state: between the old and the new rate, got {mixed:.1}"
-    );
-    assert!(
-        (80.0..=120.0).contains(&both_new),
-        "both reloaded: 100/s in total, got {both_new:.1}"
-    );
+    assert_within(&[
+        (both_old, 35.0..=65.0, format!("two proxies admit 50/s in total: {both_old:.1}")),
+        (mixed, 35.0..=115.0, format!("mixed state: between the old and the new rate, got {mixed:.1}")),
+        (both_new, 80.0..=120.0, format!("both reloaded: 100/s in total, got {both_new:.1}")),
+    ]);
 }
 
 /// How long a change of a watched file may take to show: `watched_file_reloads_on_edit_and_on_rename`
@@ -954,18 +914,10 @@ async fn eta_becomes(proxy: &Proxy, user: &str, eta: u64, within: Duration) -> b
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn turning_watch_on_by_sighup_is_logged_as_needing_a_restart() {
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&[]);
-    let proxy = room_builder(&redis, &api)
-        .yaml("admission: {interval: 1h, batch_size: 1}")
-        .start_settled(&redis.conn().await)
-        .await;
+    let (_redis, _api, proxy) = still_room("", &[]).await;
     let tail = thirty_waiting(&proxy).await;
     proxy.rewrite_config("reload: {watch: true}");
-    proxy.signal("HUP");
-    assert!(await_reloads(&proxy, "ok", 1.0, Duration::from_secs(3))
-        .await
-        .is_some());
+    assert!(sighup(&proxy, "ok", 1.0).await.is_some());
 
     // The watch is started with the process (live::merge keeps `reload.watch` as it was): a
     // change of the file alone, no signal, moves nothing, and the reload said why.
@@ -981,20 +933,12 @@ async fn turning_watch_on_by_sighup_is_logged_as_needing_a_restart() {
     assert_eq!(reloads(&proxy, "ok").await, 1.0, "no reload without the watch");
     assert_eq!(waiting(&proxy, &tail).await.1, 30 * 3600, "the unwatched change applied anyway");
     // The file itself was good: a SIGHUP applies it.
-    proxy.signal("HUP");
-    assert!(await_reloads(&proxy, "ok", 2.0, Duration::from_secs(3))
-        .await
-        .is_some());
+    assert!(sighup(&proxy, "ok", 2.0).await.is_some());
     assert_eq!(waiting(&proxy, &tail).await.1, ten, "SIGHUP applies the change");
 }
 
 const JWT_SECRET: &str = "a-test-secret-of-at-least-32-bytes!!";
 const JWT_SECRET_NEXT: &str = "the-rotated-secret-also-32-bytes-long!";
-
-fn jwt(secret: &str, claims: serde_json::Value) -> String {
-    let key = jsonwebtoken::EncodingKey::from_secret(secret.as_bytes()).unwrap();
-    jsonwebtoken::encode(&jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256), &claims, &key).unwrap()
-}
 
 async fn status_as(proxy: &Proxy, token: &str) -> Resp {
     send(proxy.client().get(proxy.url("/queue/status")).header("Authorization", format!("Bearer {token}"))).await
@@ -1004,39 +948,34 @@ async fn status_as(proxy: &Proxy, token: &str) -> Resp {
 /// keeps what names the user (`claim`, `from`, `forward_header`) until a restart, saying so.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_rotates_jwt_keys_and_keeps_what_names_the_user() {
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&[]);
-    let proxy = room_builder(&redis, &api)
-        .yaml("admission: {interval: 1h, batch_size: 1}")
-        .yaml("identity: {jwt: {secret_env: WAITROOM_JWT_SECRET, issuer: 'https://id.example', audience: shop}}")
-        .env("WAITROOM_JWT_SECRET", JWT_SECRET)
-        .env("WAITROOM_JWT_SECRET_NEXT", JWT_SECRET_NEXT)
-        .start_settled(&redis.conn().await)
-        .await;
-    let exp = jsonwebtoken::get_current_timestamp() + 300;
-    let old = jwt(JWT_SECRET, serde_json::json!({"sub": "alice", "iss": "https://id.example", "aud": "shop", "exp": exp}));
+    let (_redis, _api, proxy) = still_room(
+        "identity: {jwt: {secret_env: WAITROOM_JWT_SECRET, issuer: 'https://id.example', audience: shop}}",
+        &[("WAITROOM_JWT_SECRET", JWT_SECRET), ("WAITROOM_JWT_SECRET_NEXT", JWT_SECRET_NEXT)],
+    )
+    .await;
+    let exp = jwt_exp_in(300);
+    let old = hs256_jwt(JWT_SECRET, &serde_json::json!({"sub": "alice", "iss": "https://id.example", "aud": "shop", "exp": exp}));
     let r = send(proxy.client().post(proxy.url("/queue/enter")).header("Authorization", format!("Bearer {old}"))).await;
     assert_status_is(&r, 200, "WAITING");
 
     proxy.rewrite_config(
         "identity: {jwt: {secret_env: WAITROOM_JWT_SECRET_NEXT, issuer: 'https://id2.example', audience: shop2, claim: uid}}",
     );
-    proxy.signal("HUP");
-    assert!(await_reloads(&proxy, "ok", 1.0, Duration::from_secs(3)).await.is_some(), "{}", proxy.logs());
+    assert!(sighup(&proxy, "ok", 1.0).await.is_some(), "{}", proxy.logs());
 
     let claims = |iss: &str, aud: &str| serde_json::json!({"sub": "alice", "uid": "zed", "iss": iss, "aud": aud, "exp": exp});
     // The old key is refused now.
     assert_eq!(status_as(&proxy, &old).await.status, 401, "the old key still verifies after the reload");
     // The new key, issuer and audience together verify, and the token still names `sub`
     // (alice, waiting), not the new `claim` (zed, who never entered).
-    let new = jwt(JWT_SECRET_NEXT, claims("https://id2.example", "shop2"));
+    let new = hs256_jwt(JWT_SECRET_NEXT, &claims("https://id2.example", "shop2"));
     let r = status_as(&proxy, &new).await;
     assert_status_is(&r, 200, "WAITING");
     assert_eq!(r.json()["position"], 1, "the rotated token names someone else: {}", r.body);
     // Each of the new issuer and audience is checked.
     for (what, token) in [
-        ("the old issuer", jwt(JWT_SECRET_NEXT, claims("https://id.example", "shop2"))),
-        ("the old audience", jwt(JWT_SECRET_NEXT, claims("https://id2.example", "shop"))),
+        ("the old issuer", hs256_jwt(JWT_SECRET_NEXT, &claims("https://id.example", "shop2"))),
+        ("the old audience", hs256_jwt(JWT_SECRET_NEXT, &claims("https://id2.example", "shop"))),
     ] {
         assert_eq!(status_as(&proxy, &token).await.status, 401, "{what} still verifies after the reload");
     }
@@ -1049,13 +988,8 @@ async fn a_reload_rotates_jwt_keys_and_keeps_what_names_the_user() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_watch_a_file_change_alone_changes_nothing() {
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&[]);
     // `reload.watch` left at its default, false.
-    let proxy = room_builder(&redis, &api)
-        .yaml("admission: {interval: 1h, batch_size: 1}")
-        .start_settled(&redis.conn().await)
-        .await;
+    let (_redis, _api, proxy) = still_room("", &[]).await;
     assert!(proxy.config().get("reload").is_none());
     let tail = thirty_waiting(&proxy).await;
 
@@ -1074,10 +1008,7 @@ async fn without_watch_a_file_change_alone_changes_nothing() {
     assert_eq!(reloads(&proxy, "error").await, 0.0);
 
     // The same file, signalled: it was a good one.
-    proxy.signal("HUP");
-    assert!(await_reloads(&proxy, "ok", 1.0, Duration::from_secs(3))
-        .await
-        .is_some());
+    assert!(sighup(&proxy, "ok", 1.0).await.is_some());
     assert_eq!(
         waiting(&proxy, &tail).await.1,
         expected_eta(30, 10, 3_600_000),
@@ -1115,11 +1046,8 @@ async fn changing_addresses_or_redis_needs_a_restart_and_keeps_serving() {
          admission: {{batch_size: 7}}",
         closed_redis_url()
     ));
-    proxy.signal("HUP");
     assert!(
-        await_reloads(&proxy, "ok", 1.0, Duration::from_secs(3))
-            .await
-            .is_some(),
+        sighup(&proxy, "ok", 1.0).await.is_some(),
         "a file with only restart-bound changes (and one live one) is a good file:\n{}",
         proxy.logs()
     );
@@ -1184,14 +1112,7 @@ async fn changing_prefix_identity_or_token_header_needs_a_restart_and_keeps_serv
     proxy.rewrite_config(
         "endpoints: {prefix: /line}\nidentity: {header: X-Shopper}\ntoken: {header: X-Pass}",
     );
-    proxy.signal("HUP");
-    assert!(
-        await_reloads(&proxy, "ok", 1.0, Duration::from_secs(3))
-            .await
-            .is_some(),
-        "{}",
-        proxy.logs()
-    );
+    assert!(sighup(&proxy, "ok", 1.0).await.is_some(), "{}", proxy.logs());
     // From here on the harness's helpers would use the new names: requests are spelled out.
     let c = proxy.client();
     let mut wrong = Vec::new();
@@ -1288,29 +1209,26 @@ async fn changing_prefix_identity_or_token_header_needs_a_restart_and_keeps_serv
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn watched_file_reloads_on_edit_and_on_rename() {
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&[]);
-    // One admission an hour: positions stay put, so the ETA shows which batch_size is in force.
-    let proxy = room_builder(&redis, &api)
-        .yaml("admission: {interval: 1h, batch_size: 1}\nreload: {watch: true}")
-        .start_settled(&redis.conn().await)
-        .await;
-    enqueue(&proxy, "w", 30).await;
-    let tail = tail_of(&proxy, "w", 30).await;
-    let (pos, eta) = waiting(&proxy, &tail).await;
-    assert_eq!((pos, eta), (30, 30 * 3600));
-
-    // In place (truncate + write), no SIGHUP.
-    proxy.rewrite_config("admission: {batch_size: 10}");
-    let took = await_reloads(&proxy, "ok", 1.0, Duration::from_secs(3)).await;
-    println!("in-place edit reloaded after {took:?}");
+/// Waits for the watch to count the `n`th ok reload, and holds it to 1.5 s.
+async fn watch_reloaded(proxy: &Proxy, what: &str, n: f64) {
+    let took = await_reloads(proxy, "ok", n, Duration::from_secs(3)).await;
+    println!("{what} reloaded after {took:?}");
     assert!(
         took.is_some_and(|t| t <= Duration::from_millis(1500)),
         "{took:?}\n{}",
         proxy.logs()
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watched_file_reloads_on_edit_and_on_rename() {
+    // One admission an hour: positions stay put, so the ETA shows which batch_size is in force.
+    let (_redis, _api, proxy) = still_room("reload: {watch: true}", &[]).await;
+    let tail = thirty_waiting(&proxy).await;
+
+    // In place (truncate + write), no SIGHUP.
+    proxy.rewrite_config("admission: {batch_size: 10}");
+    watch_reloaded(&proxy, "in-place edit", 1.0).await;
     assert_eq!(
         waiting(&proxy, &tail).await.1,
         expected_eta(30, 10, 3_600_000)
@@ -1325,13 +1243,7 @@ async fn watched_file_reloads_on_edit_and_on_rename() {
     let tmp = proxy.dir().join(".proxy.yaml.tmp");
     std::fs::write(&tmp, serde_yaml::to_string(&cfg).unwrap()).unwrap();
     std::fs::rename(&tmp, proxy.config_path()).unwrap();
-    let took = await_reloads(&proxy, "ok", 2.0, Duration::from_secs(3)).await;
-    println!("rename reloaded after {took:?}");
-    assert!(
-        took.is_some_and(|t| t <= Duration::from_millis(1500)),
-        "{took:?}\n{}",
-        proxy.logs()
-    );
+    watch_reloaded(&proxy, "rename", 2.0).await;
     assert_eq!(
         waiting(&proxy, &tail).await.1,
         expected_eta(30, 20, 3_600_000)
@@ -1339,8 +1251,7 @@ async fn watched_file_reloads_on_edit_and_on_rename() {
 
     // Debounced: each change counted once.
     tokio::time::sleep(Duration::from_millis(600)).await;
-    assert_eq!(reloads(&proxy, "ok").await, 2.0);
-    assert_eq!(reloads(&proxy, "error").await, 0.0);
+    assert_eq!(reload_counts(&proxy).await, (2.0, 0.0));
 
     // A broken file, noticed by the watch, is refused like on SIGHUP; the running config stays.
     proxy.write_config_raw("admission: {batch_size: 0}\n");
@@ -1485,7 +1396,7 @@ async fn sigkill_and_a_new_proxy_keep_every_place() {
     let redis = RedisServer::start();
     let api = DemoApi::start(&[]);
     // One admission an hour: nothing leaves the line while we compare.
-    let room = room_builder(&redis, &api).yaml("admission: {interval: 1h, batch_size: 1}");
+    let room = room_builder(&redis, &api).yaml(NO_ADMISSION);
     let first = room.start_settled(&redis.conn().await).await;
     for i in 0..8 {
         let r = first.enter(&format!("k-{i}")).await;

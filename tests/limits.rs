@@ -32,11 +32,25 @@ async fn room(yaml: &str) -> (RedisServer, DemoApi, Proxy) {
 
 /// Waits until the proxy counts no open connection, so counts start at 0.
 async fn settle(proxy: &Proxy) {
-    let idle = wait_until(Duration::from_secs(5), Duration::from_millis(20), || async {
-        proxy.metric("waitroom_open_connections").await == Some(0.0)
-    })
-    .await;
+    let idle = open_connections_reach(proxy, 0, Duration::from_secs(5)).await;
     assert!(idle, "connections still open at start:\n{}", proxy.metrics().await);
+}
+
+/// Whether `waitroom_open_connections` reads `n` within `timeout`.
+async fn open_connections_reach(proxy: &Proxy, n: u32, timeout: Duration) -> bool {
+    wait_until(timeout, Duration::from_millis(20), || async {
+        proxy.metric("waitroom_open_connections").await == Some(f64::from(n))
+    })
+    .await
+}
+
+/// `n` new connections to the proxy, nothing sent on them.
+async fn connect_n(proxy: &Proxy, n: usize) -> Vec<TcpStream> {
+    let mut open = Vec::new();
+    for _ in 0..n {
+        open.push(TcpStream::connect(proxy.addr()).await.unwrap());
+    }
+    open
 }
 
 fn status_request(user: &str) -> String {
@@ -217,14 +231,8 @@ async fn a_head_over_max_request_head_gets_431_and_the_connection_is_closed() {
 #[tokio::test]
 async fn a_connection_beyond_max_connections_is_refused_while_the_others_are_served() {
     let (_redis, _api, proxy) = room("limits: {max_connections: 3, header_timeout: 30s, idle_timeout: 30s}").await;
-    let mut open = Vec::new();
-    for _ in 0..3 {
-        open.push(TcpStream::connect(proxy.addr()).await.unwrap());
-    }
-    let counted = wait_until(Duration::from_secs(5), Duration::from_millis(20), || async {
-        proxy.metric("waitroom_open_connections").await == Some(3.0)
-    })
-    .await;
+    let mut open = connect_n(&proxy, 3).await;
+    let counted = open_connections_reach(&proxy, 3, Duration::from_secs(5)).await;
     assert!(counted, "three connections not counted:\n{}", proxy.metrics().await);
 
     let mut fourth = TcpStream::connect(proxy.addr()).await.unwrap();
@@ -240,10 +248,7 @@ async fn a_connection_beyond_max_connections_is_refused_while_the_others_are_ser
     }
     // A freed slot takes a new connection again.
     drop(open.pop());
-    let freed = wait_until(Duration::from_secs(5), Duration::from_millis(20), || async {
-        proxy.metric("waitroom_open_connections").await == Some(2.0)
-    })
-    .await;
+    let freed = open_connections_reach(&proxy, 2, Duration::from_secs(5)).await;
     assert!(freed);
     let answer = raw_request(proxy.addr(), status_request("erin").as_bytes()).await;
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
@@ -256,19 +261,10 @@ async fn connections_beyond_max_connections_per_address_are_refused_while_other_
     )
     .await;
     // The first 100 from 127.0.0.1, each holding its slot before the next 200 arrive.
-    let mut first = Vec::new();
-    for _ in 0..100 {
-        first.push(TcpStream::connect(proxy.addr()).await.unwrap());
-    }
-    let counted = wait_until(Duration::from_secs(10), Duration::from_millis(20), || async {
-        proxy.metric("waitroom_open_connections").await == Some(100.0)
-    })
-    .await;
+    let mut first = connect_n(&proxy, 100).await;
+    let counted = open_connections_reach(&proxy, 100, Duration::from_secs(10)).await;
     assert!(counted, "the first 100 not counted:\n{}", proxy.metrics().await);
-    let mut beyond = Vec::new();
-    for _ in 0..200 {
-        beyond.push(TcpStream::connect(proxy.addr()).await.unwrap());
-    }
+    let mut beyond = connect_n(&proxy, 200).await;
     for (i, s) in beyond.iter_mut().enumerate() {
         assert_eq!(closed_within(s, Duration::from_secs(5)).await, Ok(true), "connection {} from 127.0.0.1 was kept", 101 + i);
     }

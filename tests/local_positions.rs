@@ -217,14 +217,9 @@ async fn assert_unavailable_for_u1(proxy: &Proxy) {
         }
     }
     for (call, mut took) in [("status", status_took), ("enter", enter_took)] {
-        took.sort();
-        let ms: Vec<u128> = took.iter().map(Duration::as_millis).collect();
+        let (nineteenth, ms) = all_but_the_slowest(&mut took);
         println!("{call} 503 after (ms, sorted): {ms:?}");
-        assert!(
-            took[SAMPLES - 2] <= bound,
-            "{call}: the 19th of {SAMPLES} 503s took {:?}, over redis.timeout + 100 ms; all (ms): {ms:?}",
-            took[SAMPLES - 2]
-        );
+        assert!(nineteenth <= bound, "{call}: the 19th of {SAMPLES} 503s took {nineteenth:?}, over redis.timeout + 100 ms; all (ms): {ms:?}");
     }
 }
 

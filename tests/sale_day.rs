@@ -47,14 +47,39 @@ async fn counter(proxy: &Proxy, series: &str) -> f64 {
     proxy.counter(series).await
 }
 
-#[tokio::test]
-async fn bypassing_addresses_are_the_client_address_and_never_a_forged_header() {
+/// A fresh Redis, an upstream that records and answers 200, and a ready proxy between them with
+/// `yaml` merged in and the admin API on (its token in `ADMIN_ENV`).
+async fn admin_room(yaml: &str) -> (RedisServer, Recorder, Proxy) {
     let redis = RedisServer::start();
-    let upstream = Recorder::start(201).await;
+    let upstream = Recorder::start(200).await;
     let proxy = Proxy::builder(&redis.url(), upstream.addr())
-        .yaml("abuse: {trusted_proxies: [127.0.0.2/32]}\nbypass: {addresses: [10.9.0.0/16, 127.0.0.3/32]}")
+        .yaml(yaml)
+        .yaml(&format!("admin: {{token_env: {ADMIN_ENV}}}"))
+        .env(ADMIN_ENV, ADMIN_TOKEN)
         .start()
         .await;
+    (redis, upstream, proxy)
+}
+
+/// `GET /admin/room` on `metrics_listen`, with the admin token.
+async fn admin_room_state(proxy: &Proxy) -> Value {
+    send(proxy.client().get(proxy.metrics_url("/admin/room")).bearer_auth(ADMIN_TOKEN)).await.json()
+}
+
+/// `waitroom room status --config <the proxy's file>`, with the admin token in its environment.
+fn room_status_command(proxy: &Proxy) -> std::process::Output {
+    Command::new(BIN)
+        .args(["room", "status", "--config"])
+        .arg(proxy.config_path())
+        .env(ADMIN_ENV, ADMIN_TOKEN)
+        .output()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn bypassing_addresses_are_the_client_address_and_never_a_forged_header() {
+    let (_redis, upstream, proxy) =
+        recorded_room(201, "abuse: {trusted_proxies: [127.0.0.2/32]}\nbypass: {addresses: [10.9.0.0/16, 127.0.0.3/32]}").await;
 
     // The peer itself in a bypass block: forwarded with no token and no identity.
     let r = send(order_from(&client_from("127.0.0.3"), &proxy, None)).await;
@@ -168,7 +193,7 @@ async fn a_room_in_shadow_forwards_every_protected_request_and_counts_what_it_wo
     }
     assert_eq!(parse_metric(&metrics, r#"waitroom_protected_requests_total{result="forwarded"}"#), Some(1.0));
 
-    let room = send(proxy.client().get(proxy.metrics_url("/admin/room")).bearer_auth(ADMIN_TOKEN)).await.json();
+    let room = admin_room_state(&proxy).await;
     assert_eq!(room["mode"], "shadow", "{room}");
 
     // Switched to active by a reload: refused again within a second.
@@ -181,7 +206,7 @@ async fn a_room_in_shadow_forwards_every_protected_request_and_counts_what_it_wo
     .await;
     assert!(refused, "mode: active not in force within 1 s:\n{}", proxy.logs());
     eprintln!("active after {:?}", since.elapsed());
-    let room = send(proxy.client().get(proxy.metrics_url("/admin/room")).bearer_auth(ADMIN_TOKEN)).await.json();
+    let room = admin_room_state(&proxy).await;
     assert_eq!(room["mode"], "active", "{room}");
     // ... and back.
     proxy.rewrite_config("mode: shadow");
@@ -195,9 +220,7 @@ async fn a_room_in_shadow_forwards_every_protected_request_and_counts_what_it_wo
 
 #[tokio::test]
 async fn a_room_in_shadow_forwards_while_redis_is_down() {
-    let mut redis = RedisServer::start();
-    let upstream = Recorder::start(200).await;
-    let proxy = Proxy::builder(&redis.url(), upstream.addr()).yaml("mode: shadow\nredis: {timeout: 200ms}").start().await;
+    let (mut redis, _upstream, proxy) = recorded_room(200, "mode: shadow\nredis: {timeout: 200ms}").await;
     redis.stop();
     let r = proxy.order("alice", Some("00000000-0000-4000-8000-000000000000")).await;
     assert_eq!(r.status, 200, "{}", r.body);
@@ -206,13 +229,7 @@ async fn a_room_in_shadow_forwards_while_redis_is_down() {
 
 #[tokio::test]
 async fn a_paused_room_gives_no_estimate() {
-    let redis = RedisServer::start();
-    let upstream = Recorder::start(200).await;
-    let proxy = Proxy::builder(&redis.url(), upstream.addr())
-        .yaml(&format!("admission: {{interval: 1h, batch_size: 1}}\nadmin: {{token_env: {ADMIN_ENV}}}"))
-        .env(ADMIN_ENV, ADMIN_TOKEN)
-        .start()
-        .await;
+    let (_redis, _upstream, proxy) = admin_room(NO_ADMISSION).await;
     for user in ["u1", "u2", "u3"] {
         proxy.enter(user).await;
     }
@@ -232,25 +249,15 @@ async fn a_paused_room_gives_no_estimate() {
 
 #[tokio::test]
 async fn a_room_whose_event_has_closed_is_described_as_closed() {
-    let redis = RedisServer::start();
-    let upstream = Recorder::start(200).await;
-    let room = Proxy::builder(&redis.url(), upstream.addr())
-        .yaml("event: {opens_at: '2020-01-01T10:00:00Z', closes_at: '2020-01-01T12:00:00Z'}")
-        .yaml(&format!("admin: {{token_env: {ADMIN_ENV}}}"))
-        .env(ADMIN_ENV, ADMIN_TOKEN);
-    let proxy = room.start().await;
+    let (_redis, _upstream, proxy) =
+        admin_room("event: {opens_at: '2020-01-01T10:00:00Z', closes_at: '2020-01-01T12:00:00Z'}").await;
     let closed = wait_until(Duration::from_secs(3), Duration::from_millis(20), || async {
-        let room = send(proxy.client().get(proxy.metrics_url("/admin/room")).bearer_auth(ADMIN_TOKEN)).await.json();
+        let room = admin_room_state(&proxy).await;
         room["state"] == "closed" && room["event"] == "closed"
     })
     .await;
     assert!(closed, "{}", proxy.logs());
-    let out = Command::new(BIN)
-        .args(["room", "status", "--config"])
-        .arg(proxy.config_path())
-        .env(ADMIN_ENV, ADMIN_TOKEN)
-        .output()
-        .unwrap();
+    let out = room_status_command(&proxy);
     let said = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success() && said.contains("state                  closed"), "{said}");
 }
@@ -291,15 +298,9 @@ fn check_no_env_checks_all_but_the_secrets() {
 
 #[tokio::test]
 async fn admin_listen_moves_the_admin_api_off_the_metrics_port() {
-    let redis = RedisServer::start();
-    let upstream = Recorder::start(200).await;
     let [admin_port] = free_ports();
     let admin = SocketAddr::from(([127, 0, 0, 1], admin_port));
-    let proxy = Proxy::builder(&redis.url(), upstream.addr())
-        .yaml(&format!("admin: {{token_env: {ADMIN_ENV}, listen: '{admin}'}}"))
-        .env(ADMIN_ENV, ADMIN_TOKEN)
-        .start()
-        .await;
+    let (_redis, _upstream, proxy) = admin_room(&format!("admin: {{listen: '{admin}'}}")).await;
     let own = send(proxy.client().get(format!("http://{admin}/admin/room")).bearer_auth(ADMIN_TOKEN)).await;
     assert_eq!(own.status, 200, "{}", own.body);
     assert_eq!(own.json()["state"], "open");
@@ -309,12 +310,7 @@ async fn admin_listen_moves_the_admin_api_off_the_metrics_port() {
     assert_eq!(send(proxy.client().get(proxy.metrics_url("/metrics"))).await.status, 200);
     assert_eq!(send(proxy.client().get(format!("http://{admin}/metrics"))).await.status, 404);
     // The command line finds it there.
-    let out = Command::new(BIN)
-        .args(["room", "status", "--config"])
-        .arg(proxy.config_path())
-        .env(ADMIN_ENV, ADMIN_TOKEN)
-        .output()
-        .unwrap();
+    let out = room_status_command(&proxy);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }
 
@@ -323,7 +319,6 @@ async fn admin_listen_moves_the_admin_api_off_the_metrics_port() {
 /// the client wrote; a bypass with a valid JWT carries its verified user.
 #[tokio::test]
 async fn jwt_mode_never_forwards_an_unverified_identity_in_shadow_or_bypass() {
-    use jsonwebtoken::{EncodingKey, Header};
     const JWT_SECRET: &str = "a-test-secret-of-at-least-32-bytes!!";
     let redis = RedisServer::start();
     let upstream = Recorder::start(200).await;
@@ -336,13 +331,7 @@ async fn jwt_mode_never_forwards_an_unverified_identity_in_shadow_or_bypass() {
         .env(BYPASS_ENV, SECRET)
         .start()
         .await;
-    let exp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() + 600;
-    let jwt = jsonwebtoken::encode(
-        &Header::default(),
-        &serde_json::json!({"sub": "alice", "exp": exp}),
-        &EncodingKey::from_secret(JWT_SECRET.as_bytes()).unwrap(),
-    )
-    .unwrap();
+    let jwt = hs256_jwt(JWT_SECRET, &serde_json::json!({"sub": "alice", "exp": jwt_exp_in(600)}));
     let order = || proxy.client().post(proxy.url("/api/orders")).header("x-user-id", "mallory");
     // Shadow, no JWT: forwarded as unauthenticated, without the forged identity.
     assert_eq!(send(order()).await.status, 200);

@@ -39,11 +39,7 @@ fn sign(alg: Algorithm, key: &EncodingKey, claims: &Value) -> String {
 }
 
 fn hs256(claims: &Value) -> String {
-    sign(
-        Algorithm::HS256,
-        &EncodingKey::from_secret(SECRET.as_bytes()).unwrap(),
-        claims,
-    )
+    hs256_jwt(SECRET, claims)
 }
 
 /// An unsigned token: header `{"alg":"none"}`, empty signature.
@@ -363,11 +359,8 @@ async fn hs256_jwts_are_verified() {
 
 #[tokio::test]
 async fn the_jwt_can_come_in_a_cookie() {
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&[]);
-    let p = Proxy::builder(&redis.url(), api.addr())
-        .yaml(NO_ADMISSION)
-        .yaml("poll_after: [{min_wait: 0s, poll_after: 2s}]")
+    let (redis, _api, builder) = quiet_builder("poll_after: [{min_wait: 0s, poll_after: 2s}]");
+    let p = builder
         .yaml("identity: {jwt: {from: 'cookie:wr_id', secret_env: SHOP_JWT_KEY}}")
         .env("SHOP_JWT_KEY", SECRET)
         .start_settled(&redis.conn().await)
@@ -439,11 +432,8 @@ async fn key_room(
     keys: &KeyPair,
     claims: &Value,
 ) -> (RedisServer, DemoApi, Proxy) {
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&[]);
-    let builder = Proxy::builder(&redis.url(), api.addr())
-        .yaml(NO_ADMISSION)
-        .yaml("poll_after: [{min_wait: 0s, poll_after: 2s}]")
+    let (redis, api, builder) = quiet_builder("poll_after: [{min_wait: 0s, poll_after: 2s}]");
+    let builder = builder
         .yaml(&format!(
             "identity: {{jwt: {{algorithms: [{alg:?}], public_key_file: keys/jwt.pem, {jwt_extra}}}}}"
         ))

@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 use common::*;
 use futures::stream::{self, StreamExt};
 
-/// Every command Redis has run (`INFO commandstats`), by name.
-async fn command_calls(redis: &RedisServer) -> std::collections::BTreeMap<String, u64> {
-    let info: String = redis::cmd("INFO").arg("commandstats").query_async(&mut redis.conn().await).await.unwrap();
+/// Every command Redis has run (`INFO commandstats`, asked on `conn`), by name.
+async fn command_calls<C: redis::aio::ConnectionLike>(conn: &mut C) -> std::collections::BTreeMap<String, u64> {
+    let info: String = redis::cmd("INFO").arg("commandstats").query_async(conn).await.unwrap();
     info.lines()
         .filter_map(|line| {
             let (name, rest) = line.strip_prefix("cmdstat_")?.split_once(":calls=")?;
@@ -21,14 +21,28 @@ async fn command_calls(redis: &RedisServer) -> std::collections::BTreeMap<String
         .collect()
 }
 
-/// The proxy's resident memory, in kB.
-fn rss_kb(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap()
+/// A fresh Redis, a demo API that takes 5 ms an order and honours `X-Demo-Delay-Ms`, and a proxy
+/// on them with `yaml` merged in, to be shared with the tasks that send its orders.
+async fn order_room(yaml: &str) -> (RedisServer, DemoApi, Arc<Proxy>) {
+    let (redis, api, proxy) = room(&["--service-time-ms", "5", "--client-delays"], yaml).await;
+    (redis, api, Arc::new(proxy))
+}
+
+/// The buyer's order with `token`, which the demo API holds for `delay_ms`, sent in the
+/// background; returns once the order has reached the API.
+async fn order_in_flight(proxy: &Arc<Proxy>, api: &DemoApi, token: &str, delay_ms: &str) -> tokio::task::JoinHandle<Resp> {
+    let order = {
+        let (proxy, token, delay_ms) = (proxy.clone(), token.to_owned(), delay_ms.to_owned());
+        tokio::spawn(async move { send(proxy.order_request("buyer", Some(&token)).header("X-Demo-Delay-Ms", delay_ms)).await })
+    };
+    assert!(
+        wait_until(Duration::from_secs(5), Duration::from_millis(5), || async {
+            api.stats().await["inFlight"].as_u64() == Some(1)
+        })
+        .await,
+        "the buyer's order never reached the upstream"
+    );
+    order
 }
 
 /// The queue's bound (`waitroom::room::claims::RETRY_BOUND`) and the members one call settles.
@@ -36,16 +50,9 @@ const QUEUE_CALLS: u64 = (waitroom::room::claims::RETRY_BOUND / waitroom::store:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_redis_leaves_a_bounded_queue_and_no_burst_when_it_returns() {
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&["--service-time-ms", "5", "--client-delays"]);
-    let proxy = Arc::new(
-        Proxy::builder(&redis.url(), api.addr())
-            // One tick a second, which admits every user of the test at once: the ticks add little
-            // to what Redis is asked after the freeze.
-            .yaml("admission: {interval: 1s, batch_size: 100}\ntoken: {ttl: 5m}\nredis: {timeout: 300ms}")
-            .start()
-            .await,
-    );
+    // One tick a second, which admits every user of the test at once: the ticks add little to
+    // what Redis is asked after the freeze.
+    let (redis, api, proxy) = order_room("admission: {interval: 1s, batch_size: 100}\ntoken: {ttl: 5m}\nredis: {timeout: 300ms}").await;
     let keys = keys(&proxy);
     // Real tokens: one whose order is in flight when Redis freezes, and some whose orders arrive
     // during the freeze.
@@ -59,20 +66,9 @@ async fn a_frozen_redis_leaves_a_bounded_queue_and_no_burst_when_it_returns() {
 
     // The buyer's order is claimed, then Redis freezes while the upstream works on it: its 201
     // comes back during the freeze, and the spend cannot reach Redis.
-    let slow_order = {
-        let proxy = proxy.clone();
-        let buyer = buyer.clone();
-        tokio::spawn(async move { send(proxy.order_request("buyer", Some(&buyer)).header("X-Demo-Delay-Ms", "800")).await })
-    };
-    assert!(
-        wait_until(Duration::from_secs(5), Duration::from_millis(5), || async {
-            api.stats().await["inFlight"].as_u64() == Some(1)
-        })
-        .await,
-        "the buyer's order never reached the upstream"
-    );
-    let before = command_calls(&redis).await;
-    let rss_before = rss_kb(proxy.pid());
+    let slow_order = order_in_flight(&proxy, &api, &buyer, "800").await;
+    let before = command_calls(&mut redis.conn().await).await;
+    let rss_before = rss_kib(proxy.pid());
     redis.freeze();
     let frozen_at = Instant::now();
     let r = slow_order.await.unwrap();
@@ -95,7 +91,7 @@ async fn a_frozen_redis_leaves_a_bounded_queue_and_no_burst_when_it_returns() {
         .await;
     let refused = statuses.iter().filter(|s| **s == 503).count();
     let froze_for = frozen_at.elapsed();
-    let rss_frozen = rss_kb(proxy.pid());
+    let rss_frozen = rss_kib(proxy.pid());
     redis.thaw();
     assert_eq!(refused, sent, "every order during the freeze is a 503: {statuses:?}");
 
@@ -103,8 +99,8 @@ async fn a_frozen_redis_leaves_a_bounded_queue_and_no_burst_when_it_returns() {
     // GROUP_MAX settles. The scripts and the MGETs they run are what a task per request made
     // thousands of (issue 36: 9,167 in the 3 s after a freeze like this one).
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let after = command_calls(&redis).await;
-    let rss_after = rss_kb(proxy.pid());
+    let after = command_calls(&mut redis.conn().await).await;
+    let rss_after = rss_kib(proxy.pid());
     let delta: Vec<(String, u64)> = after
         .iter()
         .map(|(name, n)| (name.clone(), n - before.get(name).copied().unwrap_or(0)))
@@ -205,25 +201,10 @@ async fn a_log_reader_that_stops_reading_never_stops_the_proxy() {
 /// Redis reaches it when Redis returns before the proxy exits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_graceful_stop_waits_for_queued_spends() {
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&["--service-time-ms", "5", "--client-delays"]);
-    let proxy = Arc::new(
-        Proxy::builder(&redis.url(), api.addr())
-            .yaml("admission: {interval: 100ms, batch_size: 10}\ntoken: {ttl: 5m}\nredis: {timeout: 300ms}\nshutdown: {grace: 10s}")
-            .start()
-            .await,
-    );
+    let (redis, api, proxy) =
+        order_room("admission: {interval: 100ms, batch_size: 10}\ntoken: {ttl: 5m}\nredis: {timeout: 300ms}\nshutdown: {grace: 10s}").await;
     let token = proxy.until_ready("buyer", Duration::from_secs(10)).await;
-    let order = {
-        let (proxy, token) = (proxy.clone(), token.clone());
-        tokio::spawn(async move { send(proxy.order_request("buyer", Some(&token)).header("X-Demo-Delay-Ms", "500")).await })
-    };
-    assert!(
-        wait_until(Duration::from_secs(5), Duration::from_millis(5), || async {
-            api.stats().await["inFlight"].as_u64() == Some(1)
-        })
-        .await
-    );
+    let order = order_in_flight(&proxy, &api, &token, "500").await;
     redis.freeze();
     assert_eq!(order.await.unwrap().status, 201);
     // The spend has met the freeze (redis.timeout) and waits in the queue.
@@ -244,31 +225,18 @@ async fn a_graceful_stop_waits_for_queued_spends() {
 /// Redis does not answer: a few a second, not one per period.
 #[tokio::test]
 async fn background_calls_back_off_while_redis_is_frozen() {
-    let redis = RedisServer::start();
-    let api = DemoApi::start(&[]);
-    let proxy = Proxy::builder(&redis.url(), api.addr())
-        .yaml("admission: {interval: 1h}\nredis: {timeout: 100ms}")
-        .start()
-        .await;
+    let (redis, _api, proxy) = room(&[], "admission: {interval: 1h}\nredis: {timeout: 100ms}").await;
     // Opened before the freeze, so asking right after it costs no accept behind the pile.
     let mut ask = redis.conn().await;
-    let calls = |info: String| -> std::collections::BTreeMap<String, u64> {
-        info.lines()
-            .filter_map(|line| {
-                let (name, rest) = line.strip_prefix("cmdstat_")?.split_once(":calls=")?;
-                Some((name.to_owned(), rest.split(',').next()?.parse().ok()?))
-            })
-            .collect()
-    };
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let before = calls(redis::cmd("INFO").arg("commandstats").query_async(&mut ask).await.unwrap());
+    let before = command_calls(&mut ask).await;
     let frozen = Duration::from_secs(4);
     redis.freeze();
     tokio::time::sleep(frozen).await;
     redis.thaw();
     // Long enough for Redis to run what waited, short enough for few new calls (about 5 readings).
     tokio::time::sleep(Duration::from_millis(50)).await;
-    let after = calls(redis::cmd("INFO").arg("commandstats").query_async(&mut ask).await.unwrap());
+    let after = command_calls(&mut ask).await;
     let ran = |name: &str| after.get(name).copied().unwrap_or(0) - before.get(name).copied().unwrap_or(0);
     let (readings, pings) = (ran("multi"), ran("ping"));
     println!("frozen {frozen:?}: {readings} line readings and {pings} PINGs ran when Redis woke");

@@ -21,11 +21,13 @@ mod api_tools;
 mod client;
 mod demo_api;
 mod identity_front;
+mod jwt;
 mod node_backend;
 mod process;
 mod proxy;
 mod recorder;
 mod redis_server;
+mod rng;
 mod store;
 
 pub use answers::*;
@@ -33,14 +35,16 @@ pub use api_tools::api_tool;
 pub use client::{http_client, http_status, json_body, raw_request, read_response, send, try_read_response, try_send, Resp};
 pub use demo_api::DemoApi;
 pub use identity_front::IdentityFront;
+pub use jwt::{hs256_jwt, jwt_exp_in};
 pub use node_backend::NodeBackend;
-pub use process::{listening_addrs, tools_binary};
+pub use process::{listening_addrs, rss_kib, tools_binary};
 pub use proxy::{
     base_config, merge_yaml, merged_config_yaml, parse_metric, run_check, run_check_env,
     unique_prefix, Proxy, ProxyBuilder,
 };
 pub use recorder::{Recorder, Seen};
 pub use redis_server::RedisServer;
+pub use rng::{clock_seed, Rng};
 pub use store::*;
 
 use std::future::Future;
@@ -102,6 +106,16 @@ pub fn closed_port() -> u16 {
 /// `127.0.0.1:closed_port()`: where a connection is refused, for "the upstream is unreachable".
 pub fn refused_addr() -> std::net::SocketAddr {
     std::net::SocketAddr::from(([127, 0, 0, 1], closed_port()))
+}
+
+/// The contract's bounds "on all but one in twenty": sorts `samples` and returns the second
+/// slowest, the one a bound must hold (one sample the loaded machine delayed cannot fail a test,
+/// a proxy slow by design fails nearly every one), with all of them in milliseconds, for the
+/// message.
+pub fn all_but_the_slowest(samples: &mut [Duration]) -> (Duration, Vec<u128>) {
+    samples.sort();
+    let ms = samples.iter().map(Duration::as_millis).collect();
+    (samples[samples.len() - 2], ms)
 }
 
 /// Awaits `f` and says how long it took.

@@ -67,6 +67,16 @@ pub fn tools_binary(name: &str) -> PathBuf {
         })
 }
 
+/// The resident memory of process `pid`, in KiB (`VmRSS` of /proc/<pid>/status).
+pub fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("read /proc status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS")
+}
+
 /// The TCP addresses process `pid` listens on, read from the kernel (its socket fds matched
 /// with the LISTEN entries of /proc/net/tcp and tcp6): what it serves, whoever else might hold a
 /// port. Empty once the process is gone.

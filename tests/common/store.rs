@@ -98,14 +98,22 @@ pub async fn minute_left<C: ConnectionLike>(conn: &mut C, need: u64) {
     }
 }
 
-/// A fresh Redis and demo API, and a proxy on them in a `NO_ADMISSION` room with `yaml` merged
-/// in, started once its first (empty) admission tick has passed: nobody it queues is admitted.
-pub async fn quiet_room(yaml: &str) -> (RedisServer, super::DemoApi, Proxy) {
+/// A fresh Redis and demo API, and the builder of a `NO_ADMISSION` room on them with `yaml`
+/// merged in: for a test that adds to it (environment, files, more YAML) or starts more than one
+/// proxy of the room. Start each with `start_settled`, so that nobody it queues is admitted.
+pub fn quiet_builder(yaml: &str) -> (RedisServer, super::DemoApi, super::proxy::ProxyBuilder) {
     let redis = RedisServer::start();
     let api = super::DemoApi::start(&[]);
     let builder = Proxy::builder(&redis.url(), api.addr())
         .yaml(super::NO_ADMISSION)
         .yaml(yaml);
+    (redis, api, builder)
+}
+
+/// A fresh Redis and demo API, and a proxy on them in a `NO_ADMISSION` room with `yaml` merged
+/// in, started once its first (empty) admission tick has passed: nobody it queues is admitted.
+pub async fn quiet_room(yaml: &str) -> (RedisServer, super::DemoApi, Proxy) {
+    let (redis, api, builder) = quiet_builder(yaml);
     let proxy = start_settled(&redis, &builder).await;
     (redis, api, proxy)
 }
@@ -120,6 +128,15 @@ pub async fn room(api_args: &[&str], yaml: &str) -> (RedisServer, super::DemoApi
         .start()
         .await;
     (redis, api, proxy)
+}
+
+/// A fresh Redis, a [`Recorder`](super::Recorder) upstream answering `status`, and a ready proxy
+/// between them with `yaml` merged in.
+pub async fn recorded_room(status: u16, yaml: &str) -> (RedisServer, super::Recorder, Proxy) {
+    let redis = RedisServer::start();
+    let upstream = super::Recorder::start(status).await;
+    let proxy = Proxy::builder(&redis.url(), upstream.addr()).yaml(yaml).start().await;
+    (redis, upstream, proxy)
 }
 
 /// How many `EVALSHA` calls Redis has served since its statistics were last reset.
