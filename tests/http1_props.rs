@@ -21,15 +21,7 @@ fn pieces<'a>(bytes: &'a [u8], cuts: &[usize]) -> Vec<&'a [u8]> {
 }
 
 fn head_end(parts: &[&[u8]]) -> Option<usize> {
-    let mut end = HeadEnd::default();
-    let mut seen = 0;
-    for part in parts {
-        if let Some(n) = end.feed(part) {
-            return Some(seen + n);
-        }
-        seen += part.len();
-    }
-    None
+    HeadEnd::across(parts)
 }
 
 fn chunked_end(parts: &[&[u8]]) -> Result<Option<usize>, ()> {

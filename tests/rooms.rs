@@ -124,18 +124,10 @@ async fn two_rooms_keep_their_own_lines_tokens_keys_and_series() {
 async fn a_room_with_a_host_serves_only_that_host() {
     let redis = RedisServer::start();
     let api = DemoApi::start(&[]);
-    let yaml = r#"
-rooms:
-  - name: eu
-    host: eu.shop.example
-    endpoints: { prefix: /q }
-    protected: [{ method: POST, path: /api/orders }]
-  - name: us
-    host: us.shop.example
-    endpoints: { prefix: /q }
-    protected: [{ method: POST, path: /api/orders }]
-"#;
-    let p = Proxy::builder(&redis.url(), api.addr()).yaml(yaml).start().await;
+    // One prefix and one order path, each room on its own host.
+    let room = |name: &str| format!("{{ name: {name}, host: {name}.shop.example, endpoints: {{ prefix: /q }} }}");
+    let yaml = format!("rooms: [{}, {}]", room("eu"), room("us"));
+    let p = Proxy::builder(&redis.url(), api.addr()).yaml(&yaml).start().await;
     let enter_at = |host: &'static str, user: &'static str| {
         send(p.client().post(p.url("/q/enter")).header("Host", host).header("X-User-Id", user))
     };

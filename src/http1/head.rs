@@ -23,6 +23,20 @@ pub enum HeadEnd {
 }
 
 impl HeadEnd {
+    /// Where a head that arrives in `parts`, one read each, ends: the bytes before its end,
+    /// counted from the first part's start; `None` while it has not ended.
+    pub fn across(parts: &[&[u8]]) -> Option<usize> {
+        let mut end = HeadEnd::default();
+        let mut seen = 0;
+        for part in parts {
+            if let Some(n) = end.feed(part) {
+                return Some(seen + n);
+            }
+            seen += part.len();
+        }
+        None
+    }
+
     /// The number of bytes of `bytes` that belong to the head, once its end is among them.
     pub fn feed(&mut self, bytes: &[u8]) -> Option<usize> {
         let mut i = 0;
@@ -307,15 +321,7 @@ mod tests {
     }
 
     fn end_of(parts: &[&[u8]]) -> Option<usize> {
-        let mut end = HeadEnd::default();
-        let mut seen = 0;
-        for part in parts {
-            if let Some(n) = end.feed(part) {
-                return Some(seen + n);
-            }
-            seen += part.len();
-        }
-        None
+        HeadEnd::across(parts)
     }
 
     #[test]
