@@ -250,3 +250,69 @@ async fn the_admin_api_names_each_room() {
     .await;
     assert!(ready, "console admits again after resume");
 }
+
+/// What the proxy sent Redis while `for_how_long` passed, as MONITOR saw it: each command by
+/// name, the commands a script ran inside Redis left out (they are not calls the proxy made).
+async fn calls_sent(redis: &RedisServer, for_how_long: Duration) -> std::collections::BTreeMap<String, u64> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut monitor = tokio::net::TcpStream::connect(redis.addr()).await.unwrap();
+    monitor.write_all(b"MONITOR\r\n").await.unwrap();
+    let mut seen = Vec::new();
+    let deadline = tokio::time::Instant::now() + for_how_long;
+    let mut buf = vec![0u8; 64 * 1024];
+    while let Ok(Ok(n)) = tokio::time::timeout_at(deadline, monitor.read(&mut buf)).await {
+        if n == 0 {
+            break;
+        }
+        seen.extend_from_slice(&buf[..n]);
+    }
+    let mut calls = std::collections::BTreeMap::new();
+    for line in String::from_utf8_lossy(&seen).lines() {
+        // +1700000000.123456 [0 127.0.0.1:40000] "evalsha" ...   (a script's own: [0 lua])
+        let Some((_, rest)) = line.split_once(']') else { continue };
+        if line.contains(" lua]") {
+            continue;
+        }
+        let name = rest.trim().split('"').nth(1).unwrap_or("?").to_ascii_lowercase();
+        *calls.entry(name).or_insert(0) += 1;
+    }
+    calls
+}
+
+/// A room nobody uses costs each proxy at most 5 Redis calls a second (contract section 17),
+/// for one room and for fifty, and wakes at its next request: the first enter is admitted within
+/// the interval. The proxy's own keep-alive pings (four a second whatever the rooms) are counted
+/// apart. The numbers are printed: `cargo test --test rooms idle -- --nocapture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_room_costs_a_few_calls_a_second_and_wakes_at_its_next_request() {
+    for rooms in [1usize, 50] {
+        let redis = RedisServer::start();
+        let api = DemoApi::start(&[]);
+        let yaml: String = (0..rooms)
+            .map(|i| format!("  - {{ name: r{i}, endpoints: {{ prefix: /r{i}/queue }}, protected: [{{ method: POST, path: /api/r{i}/orders }}] }}\n"))
+            .collect();
+        let p = Proxy::builder(&redis.url(), api.addr()).yaml(&format!("rooms:\n{yaml}")).start().await;
+        // Quiet once nothing has asked for it for 5 s and its line was read empty.
+        tokio::time::sleep(Duration::from_millis(6500)).await;
+        let window = Duration::from_secs(5);
+        let calls = calls_sent(&redis, window).await;
+        let pings = calls.get("ping").copied().unwrap_or(0);
+        let room_calls: u64 = calls.iter().filter(|(name, _)| *name != "ping").map(|(_, n)| n).sum();
+        let per_room = room_calls as f64 / window.as_secs_f64() / rooms as f64;
+        println!("{rooms} idle room(s): {per_room:.2} calls a second each, {pings} keep-alive pings in {window:?}; {calls:?}");
+        assert!(per_room <= 5.0, "{rooms} idle rooms: {per_room:.2} calls a second each: {calls:?}");
+        assert!(pings as f64 / window.as_secs_f64() <= 10.0, "the proxy's keep-alive: {pings} pings");
+
+        // The next request wakes the room: its first user is admitted within the interval
+        // (100 ms), give or take the polls.
+        let entered = std::time::Instant::now();
+        let first = send(p.client().post(p.url("/r0/queue/enter")).header("X-User-Id", "first")).await;
+        assert_eq!(first.status, 200, "{}", first.body);
+        let ready = wait_until(Duration::from_secs(1), Duration::from_millis(10), || async {
+            send(p.client().get(p.url("/r0/queue/status")).header("X-User-Id", "first")).await.json()["status"] == "READY"
+        })
+        .await;
+        println!("{rooms} room(s): READY {:?} after the first enter", entered.elapsed());
+        assert!(ready, "a woken room admitted nobody within a second");
+    }
+}

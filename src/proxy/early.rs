@@ -116,6 +116,7 @@ fn take(process: &Arc<Process>, head: &[u8]) -> Taken<Box<Early>> {
     if room.host().is_some_and(|host| Some(host) != super::route::request_host(&request).as_deref()) {
         return Taken::Not(read);
     }
+    room.activity().request();
     let caller = identity_in(config, &request.headers);
     let _in_flight = process.request_started();
     drop(settings);

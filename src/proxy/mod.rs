@@ -428,6 +428,9 @@ impl ProxyHttp for Waitroom {
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> Result<bool> {
         let routed = route::route(self.process.rooms(), session.req_header());
+        if let Some(room) = &routed.room {
+            room.activity().request();
+        }
         // An Arc, not a Guard: this request's snapshot waits with it on Redis and the body. A
         // request no room claims is served under the proxy's own settings.
         let settings = match &routed.room {

@@ -29,6 +29,11 @@ impl LiveClaims {
     pub fn snapshot(&self) -> Vec<(String, String)> {
         self.held.lock().unwrap_or_else(|e| e.into_inner()).values().cloned().collect()
     }
+
+    /// No claim in flight.
+    pub fn is_empty(&self) -> bool {
+        self.held.lock().unwrap_or_else(|e| e.into_inner()).is_empty()
+    }
 }
 
 /// A claim in flight; dropping it (once its request is settled) stops its renewals.

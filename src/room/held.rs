@@ -50,6 +50,15 @@ pub struct HeldPolls {
 }
 
 impl HeldPolls {
+    /// Polls held now.
+    pub fn len(&self) -> usize {
+        self.count.load(Ordering::Acquire)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     pub fn new(gauge: IntGauge) -> HeldPolls {
         HeldPolls { inner: Arc::default(), gauge, next: AtomicU64::new(0), count: Arc::default(), stopping: AtomicBool::new(false) }
     }

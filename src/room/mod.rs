@@ -13,6 +13,7 @@ pub mod held;
 pub mod line;
 pub mod mode;
 pub mod pace;
+pub mod quiet;
 pub mod spent;
 
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -63,6 +64,8 @@ pub struct Room {
     settles: Settles,
     /// The room's series, labelled with its name.
     metrics: RoomMetrics,
+    /// Whether the room is in use on this proxy, and the wake of its background work.
+    activity: quiet::Activity,
 }
 
 impl Room {
@@ -85,6 +88,7 @@ impl Room {
             claims: LiveClaims::default(),
             settles: Settles::default(),
             metrics,
+            activity: quiet::Activity::default(),
         })
     }
 
@@ -98,6 +102,29 @@ impl Room {
 
     pub fn metrics(&self) -> &RoomMetrics {
         &self.metrics
+    }
+
+    pub fn activity(&self) -> &quiet::Activity {
+        &self.activity
+    }
+
+    /// Whether the room is quiet on this proxy (see [`quiet`]): its background work looks once
+    /// a second instead of every few milliseconds.
+    pub fn is_quiet(&self) -> bool {
+        if !self.activity.unused() || !self.held.is_empty() || !self.claims.is_empty() || !self.settles.is_empty() {
+            return false;
+        }
+        let settings = self.settings();
+        let Some(event) = settings.config.event.as_ref() else { return true };
+        // No phase may begin before the next quiet look and the one after it.
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
+        let soon = now + 2 * quiet::QUIET_EVERY.as_millis() as i64;
+        event.phase_at(now) == event.phase_at(soon)
+    }
+
+    /// Waits `busy`, or while the room is quiet, `quiet_every` or until it wakes.
+    pub async fn pause(&self, busy: std::time::Duration, quiet_every: std::time::Duration) {
+        self.activity.pause(busy, quiet_every, || self.is_quiet()).await
     }
 
     /// The request path's handle on the room's data in Redis.

@@ -54,6 +54,15 @@ impl Admitter {
         Admitter { room, store }
     }
 
+    /// `run`'s pause, or while the room is quiet, no call and a quiet look's wait.
+    async fn unless_quiet<F: std::future::Future<Output = Duration>>(&self, run: impl FnOnce() -> F) -> Duration {
+        if self.room.is_quiet() {
+            self.room.pause(Duration::ZERO, crate::room::quiet::QUIET_EVERY).await;
+            return Duration::ZERO;
+        }
+        run().await
+    }
+
     /// One tick; returns how long to sleep before the next.
     async fn tick(&self) -> Duration {
         let settings = self.room.snapshot();
@@ -150,8 +159,10 @@ impl Admitter {
 #[async_trait]
 impl BackgroundService for Admitter {
     async fn start(&self, shutdown: ShutdownWatch) {
-        let ticker = every_pause(shutdown.clone(), || self.tick());
-        let reporter = every_pause(shutdown.clone(), || self.adapt());
+        // A quiet room (see crate::room::quiet) calls nothing until it wakes: an empty line has
+        // nobody to admit and no latencies to report.
+        let ticker = every_pause(shutdown.clone(), || self.unless_quiet(|| self.tick()));
+        let reporter = every_pause(shutdown.clone(), || self.unless_quiet(|| self.adapt()));
         tokio::join!(ticker, reporter);
         tracing::info!("admission ticker stopped");
     }

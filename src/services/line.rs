@@ -12,7 +12,6 @@ use futures_util::StreamExt;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 
-use crate::periodic::every_beside;
 use crate::room::line::{LocalLine, CANARY_CONNECT, FRESH_FOR, REFRESH_EVERY};
 use crate::room::Room;
 use crate::store::{RoomStore, StoreError};
@@ -169,7 +168,22 @@ impl BackgroundService for LineWatcher {
     async fn start(&self, shutdown: ShutdownWatch) {
         // The subscription (the canary, and spends announced by other proxies) is read between
         // the readings.
-        every_beside(REFRESH_EVERY, shutdown, self.subscription(), || self.read()).await
+        // A quiet room's line is not read (see crate::room::quiet): nobody asks for it here, and
+        // the room watcher's reading wakes the room when the line is no longer empty.
+        let mut shutdown = shutdown;
+        let beside = self.subscription();
+        tokio::pin!(beside);
+        loop {
+            tokio::select! {
+                _ = self.room.pause(REFRESH_EVERY, crate::room::quiet::QUIET_EVERY) => {
+                    if !self.room.is_quiet() {
+                        self.read().await;
+                    }
+                }
+                _ = &mut beside => {}
+                _ = shutdown.changed() => return,
+            }
+        }
     }
 }
 

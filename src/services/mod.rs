@@ -24,7 +24,7 @@ use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 use tokio::task::JoinSet;
 
-use crate::periodic::Watching;
+use crate::periodic::{every_after, Watch};
 use crate::process::Process;
 use crate::room::Room;
 use crate::store::Redis;
@@ -46,6 +46,16 @@ struct Running {
     _tasks: JoinSet<()>,
 }
 
+/// A watcher of `room`: a step every [`Watch::EVERY`], once a second while the room is quiet.
+struct RoomWatching<W>(Arc<Room>, W);
+
+#[async_trait]
+impl<W: Watch> BackgroundService for RoomWatching<W> {
+    async fn start(&self, shutdown: ShutdownWatch) {
+        every_after(shutdown, || self.0.pause(W::EVERY, W::QUIET_EVERY), || self.1.step()).await
+    }
+}
+
 /// Starts `room`'s tasks on the current runtime, on `redis`.
 fn start(process: &Arc<Process>, room: &Arc<Room>, redis: &Redis, shutdown: &ShutdownWatch) -> JoinSet<()> {
     let store = || redis.room(room.keys().clone());
@@ -55,10 +65,10 @@ fn start(process: &Arc<Process>, room: &Arc<Room>, redis: &Redis, shutdown: &Shu
         tasks.spawn(async move { service.start(shutdown).await });
     };
     spawn(Box::new(admission::Admitter::new(room.clone(), store())));
-    spawn(Box::new(Watching(watch::RoomWatcher::new(process.clone(), room.clone(), store()))));
+    spawn(Box::new(RoomWatching(room.clone(), watch::RoomWatcher::new(process.clone(), room.clone(), store()))));
     spawn(Box::new(line::LineWatcher::new(room.clone(), store())));
-    spawn(Box::new(Watching(control::ModeWatcher::new(room.clone(), store()))));
-    spawn(Box::new(Watching(event::EventWatcher::new(room.clone(), store()))));
+    spawn(Box::new(RoomWatching(room.clone(), control::ModeWatcher::new(room.clone(), store()))));
+    spawn(Box::new(RoomWatching(room.clone(), event::EventWatcher::new(room.clone(), store()))));
     spawn(Box::new(claims::ClaimKeeper::new(room.clone(), store())));
     spawn(Box::new(claims::SettleRetrier::new(room.clone())));
     tasks

@@ -25,6 +25,8 @@ use crate::store::RoomStore;
 const PROBE_EVERY: Duration = Duration::from_millis(250);
 /// Short enough that probe + wait stays under the one second the contract allows.
 const PROBE_TIMEOUT: Duration = Duration::from_millis(600);
+/// A quiet room's probes: the longest wait that still leaves the probe's timeout in a second.
+const QUIET_PROBE_EVERY: Duration = Duration::from_millis(400);
 
 pub struct RoomWatcher {
     process: Arc<Process>,
@@ -42,6 +44,9 @@ impl RoomWatcher {
 #[async_trait]
 impl Watch for RoomWatcher {
     const EVERY: Duration = PROBE_EVERY;
+    /// Readiness is this watcher's too: a probe and its wait stay under the second the contract
+    /// gives /readyz to notice Redis gone, even while the room is quiet.
+    const QUIET_EVERY: Duration = QUIET_PROBE_EVERY;
 
     async fn step(&self) {
         let settings = self.room.snapshot();
@@ -66,6 +71,7 @@ impl Watch for RoomWatcher {
                     policy.configured_pace
                 };
                 let metrics = self.room.metrics();
+                self.room.activity().line_read(stats.waiting);
                 metrics.queue_length.set(stats.waiting as i64);
                 metrics.active_tokens.set(stats.live_tokens as i64);
                 metrics.queue_tail_wait.set(rules::wait_secs(stats.waiting, pace) as i64);
