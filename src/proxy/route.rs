@@ -8,7 +8,8 @@ use std::sync::Arc;
 use pingora::http::RequestHeader;
 
 use super::Endpoint;
-use crate::paths::PathRefusal;
+use crate::config::Config;
+use crate::paths::{self, PathRefusal};
 use crate::room::{Room, Rooms};
 
 /// What a request is: its room (none for a pass-through), its endpoint there, and its target
@@ -21,17 +22,33 @@ pub struct Routed {
 pub fn route(rooms: &Rooms, header: &RequestHeader) -> Routed {
     let all = rooms.all();
     let host = request_host(header);
+    // Whether some room read the target: then it is readable, for every room alike.
+    let mut read = false;
     for room in all.iter() {
         if room.host().is_some_and(|wanted| Some(wanted) != host.as_deref()) {
             continue;
         }
         let settings = room.settings();
+        if !may_claim(&settings.config, header) {
+            continue;
+        }
         match Endpoint::classify(&settings.config, header) {
-            Ok((Endpoint::Passthrough, _)) => continue,
+            Ok((Endpoint::Passthrough, _)) => read = true,
             found => return Routed { room: Some(room.clone()), found },
         }
     }
-    Routed { room: None, found: Ok((Endpoint::Passthrough, None)) }
+    // No room claims it. A target that cannot be read is still refused, as one room refuses it:
+    // the reading does not depend on the room, so the first room's is asked.
+    let refused = if read { None } else { all.first().and_then(|room| Endpoint::classify(&room.settings().config, header).err()) };
+    Routed { room: None, found: refused.map_or(Ok((Endpoint::Passthrough, None)), Err) }
+}
+
+/// Whether a room could claim the request at all: its path under the room's prefix, or its
+/// method one of the room's protected rules'. The cheap look that spares every other room the
+/// canonical reading of the path, so a request costs one reading however many rooms there are.
+fn may_claim(config: &Config, header: &RequestHeader) -> bool {
+    header.uri.path().starts_with(config.endpoints.prefix.as_str())
+        || config.protected.iter().any(|rule| paths::method_matches(rule.method(), &header.method, &header.headers))
 }
 
 /// The request's host as rooms name theirs: the Host header (or an absolute target's
