@@ -316,3 +316,43 @@ async fn an_idle_room_costs_a_few_calls_a_second_and_wakes_at_its_next_request()
         assert!(ready, "a woken room admitted nobody within a second");
     }
 }
+
+/// Two proxies of one fleet (one Redis, one key prefix) serve the same two rooms: a room's line,
+/// tokens and state are the room's on both, and nothing of one room reaches the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_proxies_serve_the_same_rooms() {
+    const TOKEN: &str = "fleet-admin-secret";
+    let redis = RedisServer::start();
+    let api = DemoApi::start(&["--service-time-ms", "1"]);
+    let fleet = Proxy::builder(&redis.url(), api.addr())
+        .yaml("admin: { token_env: WAITROOM_FLEET_ADMIN }")
+        .yaml(&two_drops(&api.addr().to_string()))
+        .env("WAITROOM_FLEET_ADMIN", TOKEN);
+    let (a, b) = (fleet.start().await, fleet.start().await);
+
+    // One sneakers line across both proxies.
+    for user in ["s0", "s1", "s2"] {
+        assert_eq!(enter(&a, "sneakers", user).await.status, 200);
+    }
+    let on_a = position(&a, "sneakers", "s2").await;
+    assert_eq!(position(&b, "sneakers", "s2").await, on_a, "the same place through the other proxy");
+    assert_eq!(enter(&b, "sneakers", "s3").await.json()["position"].as_u64(), Some(on_a + 1));
+
+    // A console token from one proxy buys a console order on the other, and nothing at sneakers.
+    let token = until_ready(&a, "console", "c1").await;
+    assert_eq!(order(&b, "sneakers", "c1", &token).await.status, 403);
+    let placed = order(&b, "console", "c1", &token).await;
+    assert!((200..300).contains(&placed.status), "{}", placed.body);
+
+    // A pause of console through one proxy's admin API is followed by the other within a second,
+    // and leaves sneakers open on both.
+    let paused = send(a.client().post(a.metrics_url("/admin/rooms/console/pause")).bearer_auth(TOKEN)).await;
+    assert_eq!(paused.status, 200, "{}", paused.body);
+    let followed = wait_until(Duration::from_secs(1), Duration::from_millis(20), || async {
+        send(b.client().get(b.metrics_url("/admin/rooms/console")).bearer_auth(TOKEN)).await.json()["state"] == "paused"
+    })
+    .await;
+    assert!(followed, "the other proxy did not follow console's pause within a second");
+    let sneakers = send(b.client().get(b.metrics_url("/admin/rooms/sneakers")).bearer_auth(TOKEN)).await.json();
+    assert_eq!(sneakers["state"], "open", "{sneakers}");
+}
