@@ -113,7 +113,7 @@ fn take(process: &Arc<Process>, head: &[u8]) -> Taken<Box<Early>> {
         return Taken::Not(read);
     }
     // A room of another host: the full path finds the request's room.
-    if room.host().is_some_and(|host| Some(host) != super::route::request_host(&request).as_deref()) {
+    if room.host().is_some_and(|host| !super::route::request_host(&request).is_some_and(|h| h.eq_ignore_ascii_case(host))) {
         return Taken::Not(read);
     }
     room.activity().request();

@@ -21,11 +21,12 @@ pub struct Routed {
 
 pub fn route(rooms: &Rooms, header: &RequestHeader) -> Routed {
     let all = rooms.all();
-    let host = request_host(header);
+    // Read only when some room names a host: most configurations have none.
+    let host = all.iter().any(|room| room.host().is_some()).then(|| request_host(header)).flatten();
     // Whether some room read the target: then it is readable, for every room alike.
     let mut read = false;
     for room in all.iter() {
-        if room.host().is_some_and(|wanted| Some(wanted) != host.as_deref()) {
+        if room.host().is_some_and(|wanted| !host.is_some_and(|host| host.eq_ignore_ascii_case(wanted))) {
             continue;
         }
         let settings = room.settings();
@@ -52,8 +53,8 @@ fn may_claim(config: &Config, header: &RequestHeader) -> bool {
 }
 
 /// The request's host as rooms name theirs: the Host header (or an absolute target's
-/// authority), lowercase, without its port.
-pub fn request_host(header: &RequestHeader) -> Option<String> {
+/// authority), without its port; rooms compare it case-insensitively.
+pub fn request_host(header: &RequestHeader) -> Option<&str> {
     let raw = match header.headers.get(http::header::HOST) {
         Some(value) => value.to_str().ok()?,
         None => header.uri.authority()?.as_str(),
@@ -63,5 +64,5 @@ pub fn request_host(header: &RequestHeader) -> Option<String> {
         Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) && !name.ends_with(':') => name,
         _ => raw,
     };
-    Some(name.trim().to_ascii_lowercase())
+    Some(name.trim())
 }
