@@ -96,6 +96,7 @@ pub struct Config {
 #[serde(deny_unknown_fields)]
 pub struct Room {
     /// 1-32 of a-z, 0-9 and -, unique: names the room in Redis keys, metrics and the admin API.
+    #[schemars(regex(pattern = r"^[a-z0-9-]{1,32}$"))]
     pub name: String,
     /// Only requests whose Host is this (case-insensitive, port ignored); unset: any host.
     #[serde(default)]
