@@ -366,7 +366,10 @@ async fn status_from_replicas(cluster: &Cluster, db: &Db, builder: &ProxyBuilder
         tokens.len()
     );
     assert_eq!(get_replicas, 0, "token checks never read a replica");
-    assert!(get_primaries >= 80);
+    // Orders read their tokens with MGET in grouped calls; the GETs counted here are mostly the
+    // line watcher's readings, whose number follows the phase's wall time, not the orders'. What
+    // matters is where they went: primaries only.
+    assert!(get_primaries > 0, "the phase's reads went somewhere: {get_primaries}/{get_replicas}");
 }
 
 /// `RedisConn::read_only` straight through the store's connector: a read goes to a replica, a

@@ -19,7 +19,9 @@ pub async fn handle(room: &Room, settings: &Settings, sender: &Sender<'_>, user:
     let pacing = room.pacing(settings);
     // Entering again while waiting changes nothing (same place, no new number, no limit spent)
     // unless Redis must hear of it: then it is the status answer.
-    let local = policy.local_answers.then_some(room.line());
+    // As for status: a closed room's line was emptied in Redis, whatever this proxy read of it
+    // a moment before.
+    let local = (policy.local_answers && room.mode() != crate::room::mode::Mode::Closed).then_some(room.line());
     if let Some(position) = local.and_then(|line| line.position(user)) {
         room.metrics().enter.with("already_waiting", |count| count.inc());
         return Answer::waiting(position, pacing.pace(), config, room.paused());
