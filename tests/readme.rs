@@ -255,12 +255,12 @@ async fn running_it_works_as_written() {
             }
         } else if l.contains("/metrics") {
             assert!(
-                r.out.contains("waitroom_admitted_total 1"),
+                r.out.contains(r#"waitroom_admitted_total{room="default"} 1"#),
                 "`{l}`: {}",
                 r.out
             );
             assert!(
-                r.out.contains("waitroom_tokens_consumed_total 1"),
+                r.out.contains(r#"waitroom_tokens_consumed_total{room="default"} 1"#),
                 "`{l}`: {}",
                 r.out
             );
