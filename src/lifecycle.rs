@@ -123,7 +123,7 @@ impl Reloader {
             // Only events about the file itself, or about a `..data`-style symlink swap (how
             // Kubernetes updates a mounted ConfigMap), wake the reloader: other files in the
             // folder (logs, say) may change all the time.
-            let relevant = event.map_or(false, |e| {
+            let relevant = event.is_ok_and(|e| {
                 e.paths.iter().any(|p| {
                     p.file_name().is_some_and(|f| f == name || f.to_string_lossy().starts_with(".."))
                 })

@@ -80,7 +80,7 @@ impl Policy {
             configured_pace,
             listens: rules.listens(),
             local_answers: !config.polling.enforce && config.queue.abandon_after.is_zero(),
-            on_time_factor: config.polling.enforce.then(|| 1.0 - config.polling.grace),
+            on_time_factor: config.polling.enforce.then_some(1.0 - config.polling.grace),
             controller: admission.adaptive.as_ref().map(|a| Controller {
                 target_p95: a.target_p95,
                 min_batch: a.min_batch.get(),

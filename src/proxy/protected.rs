@@ -18,8 +18,6 @@ use crate::metrics;
 use crate::rules::{self, Outcome, TokenFate};
 use crate::store::{Claim, Settle};
 
-/// In an outage every protected request fails alike: one line of each kind a second says so.
-
 /// A token this request holds: what settling it needs, and its registration with the proxy's
 /// claim keeper, which renews the claim until this is settled.
 pub struct Claimed {

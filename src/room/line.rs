@@ -195,7 +195,7 @@ impl<C: Clock> LocalLine<C> {
         let now = self.clock.now();
         let comparable = state.generation == ticket.0
             && epoch.is_none_or(|epoch| state.epoch.as_deref() == Some(epoch))
-            && !state.switched_at.is_some_and(|at| now.saturating_duration_since(at) < RELEARN_AFTER);
+            && state.switched_at.is_none_or(|at| now.saturating_duration_since(at) >= RELEARN_AFTER);
         if comparable && state.floor.is_none_or(|(floor, _)| left > floor) {
             state.floor = Some((left, now));
         }
