@@ -30,6 +30,17 @@ rooms:
     )
 }
 
+/// The admin API's token in the rooms' proxies below.
+const ADMIN_TOKEN: &str = "rooms-admin-secret";
+
+/// [`two_drops`] with the admin API on.
+fn admin_drops(redis: &RedisServer, api: &DemoApi) -> ProxyBuilder {
+    Proxy::builder(&redis.url(), api.addr())
+        .yaml("admin: { token_env: WAITROOM_ROOMS_ADMIN }")
+        .yaml(&two_drops(&api.addr().to_string()))
+        .env("WAITROOM_ROOMS_ADMIN", ADMIN_TOKEN)
+}
+
 async fn enter(p: &Proxy, room: &str, user: &str) -> Resp {
     send(p.client().post(p.url(&format!("/drops/{room}/queue/enter"))).header("X-User-Id", user)).await
 }
@@ -198,15 +209,10 @@ rooms:
 /// `waitroom room --room NAME` client reaches the same room.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_admin_api_names_each_room() {
-    const TOKEN: &str = "rooms-admin-secret";
+    const TOKEN: &str = ADMIN_TOKEN;
     let redis = RedisServer::start();
     let api = DemoApi::start(&["--service-time-ms", "1"]);
-    let p = Proxy::builder(&redis.url(), api.addr())
-        .yaml("admin: { token_env: WAITROOM_ROOMS_ADMIN }")
-        .yaml(&two_drops(&api.addr().to_string()))
-        .env("WAITROOM_ROOMS_ADMIN", TOKEN)
-        .start()
-        .await;
+    let p = admin_drops(&redis, &api).start().await;
     let admin = |method: &'static str, path: &'static str| {
         let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
         send(p.client().request(method, p.metrics_url(path)).bearer_auth(TOKEN))
@@ -321,13 +327,10 @@ async fn an_idle_room_costs_a_few_calls_a_second_and_wakes_at_its_next_request()
 /// tokens and state are the room's on both, and nothing of one room reaches the other.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_proxies_serve_the_same_rooms() {
-    const TOKEN: &str = "fleet-admin-secret";
+    const TOKEN: &str = ADMIN_TOKEN;
     let redis = RedisServer::start();
     let api = DemoApi::start(&["--service-time-ms", "1"]);
-    let fleet = Proxy::builder(&redis.url(), api.addr())
-        .yaml("admin: { token_env: WAITROOM_FLEET_ADMIN }")
-        .yaml(&two_drops(&api.addr().to_string()))
-        .env("WAITROOM_FLEET_ADMIN", TOKEN);
+    let fleet = admin_drops(&redis, &api);
     let (a, b) = (fleet.start().await, fleet.start().await);
 
     // One sneakers line across both proxies.

@@ -147,16 +147,17 @@ impl Waitroom {
         if wanted == self.process.settings().config.upstream {
             return Ok(self.upstream.clone());
         }
-        let mut peers = self.room_upstreams.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(peer) = peers.get(&wanted) {
+        let peers = || self.room_upstreams.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(peer) = peers().get(&wanted) {
             return Ok(peer.clone());
         }
+        // Resolved without the lock: a slow lookup holds up this request, not every other room's.
         let address = std::net::ToSocketAddrs::to_socket_addrs(&wanted.as_str())
             .ok()
             .and_then(|mut addresses| addresses.next())
             .ok_or_else(|| Error::explain(ErrorType::ConnectError, format!("room upstream {wanted} does not resolve")))?;
         let peer = peer_at(address);
-        peers.insert(wanted, peer.clone());
+        peers().insert(wanted, peer.clone());
         Ok(peer)
     }
 }
