@@ -28,8 +28,7 @@ pub use model::*;
 pub use raw::{RoomMode, UnknownOutcome};
 pub use units::{parse_size, LIMIT_HEAD_RANGE, LIMIT_TIMEOUT_RANGE};
 
-/// The name of the one room of a configuration without `rooms` (contract section 17).
-pub const DEFAULT_ROOM: &str = "default";
+pub use crate::store::DEFAULT_ROOM;
 
 /// The shortest admission interval served: the ticker and the Redis schedule count in
 /// microseconds, but below a millisecond a tick's own round trip is the interval.

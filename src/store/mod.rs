@@ -57,7 +57,7 @@ pub use consume::{Claim, Settle};
 pub use enter::{EnterOutcome, EnterRequest, Entered};
 pub use event::{seed_bytes, Entering, EventEnter, EventTick, EventTimes, SeedRef, Standing, DRAW_PAGE};
 pub use group::{GROUPS_IN_FLIGHT, GROUP_MAX};
-pub use keys::Keys;
+pub use keys::{Keys, DEFAULT_ROOM};
 pub use line::LineReading;
 pub use room::{RoomReport, RoomStateReading, ROOM_STATE_EVERY};
 pub use stats::RoomWatch;
