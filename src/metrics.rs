@@ -323,12 +323,69 @@ metric!(EVENT_DRAWN: IntGaugeVec = register_int_gauge_vec!(
     ROOM
 ));
 
+/// Removes every series of the room `room`: a room a reload removed must not leave its last
+/// gauges behind, frozen (a line near capacity would keep its alert firing for a room that no
+/// longer exists). Adding the room back starts its series again, counters from zero, which
+/// Prometheus reads as a restart.
+pub fn forget_room(room: &str) {
+    forget_in(&QUEUE_LENGTH, room);
+    forget_in(&QUEUE_TAIL_WAIT, room);
+    forget_in(&ACTIVE_TOKENS, room);
+    forget_in(&ADMISSION_BATCH, room);
+    forget_in(&ADMISSION_RATE, room);
+    forget_in(&ESTIMATE_RATE, room);
+    forget_in(&ROOM_STATE, room);
+    forget_in(&ROOM_STATE_CHANGED, room);
+    forget_in(&ENTER_TOTAL, room);
+    forget_in(&STATUS_TOTAL, room);
+    forget_in(&ADMITTED_TOTAL, room);
+    forget_in(&ADMISSION_TICKS_TOTAL, room);
+    forget_in(&ABANDONED_TOTAL, room);
+    forget_in(&TOKENS_CONSUMED_TOTAL, room);
+    forget_in(&PROTECTED_TOTAL, room);
+    forget_in(&UPSTREAM_RESPONSES_TOTAL, room);
+    forget_in(&SHADOW_PASSED_TOTAL, room);
+    forget_in(&REQUEST_DURATION, room);
+    forget_in(&UPSTREAM_DURATION, room);
+    forget_in(&HELD_POLLS, room);
+    forget_in(&HELD_READY_DELAY, room);
+    forget_in(&EVENT_PHASE, room);
+    forget_in(&EVENT_PREQUEUED, room);
+    forget_in(&EVENT_DRAWN, room);
+}
+
+/// Removes the series of `vec` whose `room` is `room`, whatever its other labels.
+fn forget_in<T: prometheus::core::MetricVecBuilder>(vec: &prometheus::core::MetricVec<T>, room: &str) {
+    use prometheus::core::Collector;
+    for family in vec.collect() {
+        for metric in family.get_metric() {
+            let labels: std::collections::HashMap<&str, &str> =
+                metric.get_label().iter().map(|pair| (pair.name(), pair.value())).collect();
+            if labels.get("room") == Some(&room) {
+                let _ = vec.remove(&labels);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     metric!(TRIED: IntCounterVec =
         IntCounterVec::new(prometheus::Opts::new("hot_tried_total", "test"), &["room", "result"]));
+
+    #[test]
+    fn a_forgotten_room_leaves_no_series_and_the_others_stay() {
+        ENTER_TOTAL.with_label_values(&["gone", "queued"]).inc();
+        ENTER_TOTAL.with_label_values(&["gone", "full"]).inc();
+        QUEUE_LENGTH.with_label_values(&["gone"]).set(7);
+        ENTER_TOTAL.with_label_values(&["kept", "queued"]).inc();
+        forget_room("gone");
+        let text = String::from_utf8(render()).unwrap();
+        assert!(!text.contains("room=\"gone\""), "{text}");
+        assert!(text.contains("waitroom_enter_total{result=\"queued\",room=\"kept\"} 1"), "{text}");
+    }
 
     #[test]
     fn a_kept_child_is_the_series_with_label_values_finds() {

@@ -194,6 +194,15 @@ rooms:
     .await;
     assert!(removed, "sneakers still served after its removal:\n{}", p.logs());
     assert!(enter(&p, "console", "c2").await.json()["status"].is_string(), "console goes on");
+    // Its series go with it: a frozen queue gauge would keep a removed room's alerts firing.
+    let forgotten = wait_until(Duration::from_secs(2), Duration::from_millis(50), || async {
+        !p.metrics().await.contains("room=\"sneakers\"")
+    })
+    .await;
+    let leftover: Vec<String> =
+        p.metrics().await.lines().filter(|line| line.contains("room=\"sneakers\"")).map(str::to_owned).collect();
+    assert!(forgotten, "a removed room's series are still exported: {leftover:#?}");
+    assert!(p.metrics().await.contains("waitroom_queue_length{room=\"console\"}"), "console's series stay");
 
     p.rewrite_config(&two_drops(&api.addr().to_string()));
     p.signal("HUP");
@@ -202,6 +211,14 @@ rooms:
     })
     .await;
     assert!(back, "sneakers' line not resumed: {}", status(&p, "sneakers", "s2").await);
+    let gauge_back = wait_until(Duration::from_secs(2), Duration::from_millis(50), || async {
+        // The line is s0 to s2, and s9 when its probe came before the removal took effect.
+        let text = p.metrics().await;
+        [s2, s2 + 1].iter().any(|length| text.contains(&format!("waitroom_queue_length{{room=\"sneakers\"}} {length}\n")))
+    })
+    .await;
+    let now: Vec<String> = p.metrics().await.lines().filter(|line| line.contains("queue_length")).map(str::to_owned).collect();
+    assert!(gauge_back, "sneakers' queue gauge not back after it was added again (s2 at {s2}): {now:#?}");
 }
 
 /// `/admin/rooms` lists every room in configuration order; `/admin/rooms/NAME/...` acts on one

@@ -92,7 +92,15 @@ impl BackgroundService for RoomWork {
             let rooms = self.process.rooms().all();
             // A room replaced by another of the same name (a reload) is a new room value: its
             // work restarts on it.
+            let removed: Vec<String> =
+                running.keys().filter(|name| !rooms.iter().any(|room| room.name() == *name)).cloned().collect();
             running.retain(|name, entry| rooms.iter().any(|room| room.name() == name && Arc::ptr_eq(room, &entry.room)));
+            // Once its tasks are stopped: a child metric one of them still holds is no longer
+            // exported after its series is removed.
+            for name in removed {
+                tracing::info!(room = name, "room removed: its work stopped and its series dropped; its line stays in redis");
+                crate::metrics::forget_room(&name);
+            }
             for room in rooms.iter() {
                 if !running.contains_key(room.name()) {
                     let tasks = start(&self.process, room, &redis, &shutdown);
