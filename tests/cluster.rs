@@ -839,7 +839,7 @@ impl RoomsLoad {
                                 let ok = waits
                                     && match want {
                                         Some(want) => place == Some(want),
-                                        None => place.is_some_and(|p| p > LINE as u64),
+                                        None => place.is_some_and(|p| p > LINE as u64 + 1),
                                     };
                                 if ok && want.is_none() {
                                     entered.lock().unwrap().push((room, user));
@@ -926,6 +926,13 @@ async fn three_rooms_on_three_primaries(cluster: &mut Cluster, db: &Db, seed: &s
         }
     }
 
+    // A user of each room's own comes next in that room alone: one line shared by the rooms would
+    // have placed the same names identically, but not these.
+    for room in ROOMS {
+        let user = format!("only-{room}");
+        assert_eq!(room_position(&p1, room, "enter", &user).await, LINE as u64 + 1, "{user}, the first of {room}'s own");
+    }
+
     // Where the rooms are, by the cluster's own account: the slot of each room's line, the
     // primary serving that slot, and the one primary that answers for the line itself.
     let mut primaries = Vec::new();
@@ -933,7 +940,7 @@ async fn three_rooms_on_three_primaries(cluster: &mut Cluster, db: &Db, seed: &s
         let slot = cluster.keyslot(&keys.queue);
         let (primary, replica) = cluster.shard_of(slot);
         assert_eq!(holder_of(cluster, &keys.queue), vec![primary.port], "{room}'s line ({}) is on {}", keys.queue, primary.port);
-        assert_eq!(zcard(db, &keys.queue).await, LINE as u64, "{room}'s line");
+        assert_eq!(zcard(db, &keys.queue).await, LINE as u64 + 1, "{room}'s line");
         primaries.push((slot, primary, replica));
     }
     let ports: BTreeSet<u16> = primaries.iter().map(|(_, p, _)| p.port).collect();
@@ -1018,9 +1025,10 @@ async fn three_rooms_on_three_primaries(cluster: &mut Cluster, db: &Db, seed: &s
     for (room, _, _, enters, failures, _, outage) in &summary[1..] {
         assert_eq!(failures.total(), 0, "{room} failed while {failed}'s primary was down: {:?}", failures.0);
         assert!(*enters > 0, "{room} sent nothing to Redis during the outage");
-        // A stalled room would fail its requests at redis.timeout (500 ms) with 503s, caught
-        // above; this bound only says no answer waited out a failover's length.
-        assert!(*outage < Duration::from_secs(1), "{room}'s slowest answer during the outage: {outage:?}");
+        // A room stalled behind the failed one would fail its requests at redis.timeout (500 ms)
+        // with 503s, caught above; this bound only says no answer waited out the failover, and
+        // is loose because this machine's noise alone has reached a quarter of a second.
+        assert!(*outage < (back - killed) / 2, "{room}'s slowest answer during the outage: {outage:?}");
     }
     let (_, _, during, _, failures, _, outage) = &summary[0];
     assert!(
@@ -1048,7 +1056,7 @@ async fn three_rooms_on_three_primaries(cluster: &mut Cluster, db: &Db, seed: &s
             let place = room_position(&p1, room, "status", user).await;
             assert!(places.insert(place), "{user} shares place {place} in {room}");
         }
-        assert_eq!(zcard(db, &keys.queue).await, (LINE + mine.len()) as u64, "{room}'s line holds exactly those told WAITING");
+        assert_eq!(zcard(db, &keys.queue).await, (LINE + 1 + mine.len()) as u64, "{room}'s line holds exactly those told WAITING");
     }
 
     // The killed node rejoins as its old replica's replica.
