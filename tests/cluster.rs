@@ -874,8 +874,8 @@ impl RoomsLoad {
     }
 }
 
-/// The one primary that holds `key`, found by asking every primary for it: the owner answers,
-/// the others redirect (`MOVED`).
+/// The primaries that hold `key`, found by asking every primary for it: the owner answers, the
+/// others redirect (`MOVED`). One port, unless the cluster disagrees with itself.
 fn holder_of(cluster: &Cluster, key: &str) -> Vec<u16> {
     cluster
         .node_lines()
