@@ -216,6 +216,12 @@ fn start_cluster_node() -> RedisServer {
                 // Replicas sync at once instead of waiting 5 s for more to join.
                 "--repl-diskless-sync-delay",
                 "0",
+                // By default a cluster refuses every slot (CLUSTERDOWN) from the moment a primary
+                // is marked failed until its replica is promoted, so one room's lost primary would
+                // take every room down for that second or two; a deployment of several rooms turns
+                // this off too (docs/redis.md).
+                "--cluster-require-full-coverage",
+                "no",
             ])
         });
         match started {
