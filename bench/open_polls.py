@@ -20,7 +20,11 @@ import urllib.request
 
 def held_polls(metrics_port):
     text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics").read().decode()
-    return float(re.search(r"^waitroom_held_polls (\S+)$", text, re.M).group(1))
+    # One gauge a room, labelled by it: the process's held polls are their sum.
+    values = re.findall(r"^waitroom_held_polls(?:\{[^}]*\})? (\S+)$", text, re.M)
+    if not values:
+        raise SystemExit("no waitroom_held_polls in the proxy's metrics")
+    return sum(float(v) for v in values)
 
 
 def rss_kb(pid):

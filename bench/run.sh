@@ -8,15 +8,19 @@
 #                           load generator does: wrk, redis-benchmark or the idle connections)
 #
 # It installs what is missing (nginx, wrk, redis-server, redis-tools; apt-get), builds waitroom and
-# the demo order API in release (`cargo build --release --bins`) and the bench tools (`wrbench`,
-# bench/, a workspace member left out of `cargo test`: `cargo build -p waitroom-bench`),
+# the demo order API and pingora's smallest forwarder (bench/forwarder) in release (`cargo build
+# --release --bins -p waitroom -p waitroom-tools -p waitroom-forwarder`) and the bench tools
+# (`wrbench`, bench/, a workspace member left out of `cargo test`: `cargo build -p waitroom-bench`),
 # then starts on free loopback ports: the demo order API, nginx as the baseline reverse proxy
-# (proxy_pass, upstream keepalive), a fresh Redis without persistence, and waitroom (its own
-# generated configuration); and measures:
+# (proxy_pass, upstream keepalive) and, on a second port, answering a fixed response by itself,
+# the forwarder in front of the demo order API, a fresh Redis without persistence, and waitroom
+# (its own generated configuration); and measures:
 #
-#   paths    status / enter / pass-through / protected forward, nginx and waitroom interleaved
-#            (nginx, waitroom, nginx, waitroom, ...) with wrk -t2 -c64; medians and ratios; the
-#            access log's cost (a second waitroom with RUST_LOG=info) and any --variant
+#   paths    status / enter / pass-through / protected forward, each against nginx proxy_pass and
+#            against its bound (nginx answering by itself for status and enter, the forwarder for
+#            pass-through, waitroom's own pass-through for a protected order), interleaved
+#            (nginx, bound, waitroom, nginx, bound, waitroom, ...) with wrk -t2 -c64; medians and
+#            ratios; the access log's cost (a second waitroom with RUST_LOG=info) and any --variant
 #   redis    the Redis ceiling for the same commands (redis-benchmark -P1 / -P16)
 #   growth   status / enter latency with 1k, 100k and 1M users waiting; Redis memory per user
 #   memory   proxy RSS with 10,000 idle keep-alive connections (nginx alongside)
@@ -42,7 +46,9 @@
 #                           environment, e.g. WAITROOM_THREADS=1), interleaved, on every path or
 #                           on the listed ones (status_one, status_many, enter_requeue,
 #                           enter_new, pass, protected)
-#   --waitroom-bin PATH     the waitroom binary to measure (default: target/release/waitroom)
+#   --waitroom-bin PATH     the waitroom binary to measure (default: target/release/waitroom, or
+#                           under $CARGO_TARGET_DIR); the demo order API and the forwarder are
+#                           taken from beside it when they are there, else from target/release
 #   --no-build              build nothing; use the binaries that are there
 #   --wait-calm             before measuring, wait (polling every 2 min, at most 40 min) until the
 #                           1-minute load average is below 1.5
@@ -142,29 +148,44 @@ NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 
 TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
 PROFILE=release
+# The forwarder is a workspace member outside the default ones, built in the same cargo command
+# as the proxy and the tools: feature unification then gives pingora's tree the features it has
+# in `cargo build --bins`, and cargo links the build that is there instead of compiling pingora
+# again for it (alone, it would resolve libmimalloc-sys and others with fewer features).
+BUILD_PACKAGES=(--bins -p waitroom -p waitroom-tools -p waitroom-forwarder)
 if [ -z "$WR_BIN" ]; then
   WR_BIN=$TARGET_DIR/release/waitroom API_BIN=$TARGET_DIR/release/demo-order-api
+  FWD_BIN=$TARGET_DIR/release/waitroom-forwarder
   if [ "$QUICK" -eq 0 ]; then
     if [ "$BUILD" -eq 1 ]; then
-      say "cargo build --release --bins (fat LTO: a few minutes)"
-      (cd "$ROOT" && cargo build --release --bins)
+      say "cargo build --release ${BUILD_PACKAGES[*]} (fat LTO: a few minutes)"
+      (cd "$ROOT" && cargo build --release "${BUILD_PACKAGES[@]}")
     fi
-  elif [ ! -x "$WR_BIN" ] || [ ! -x "$API_BIN" ]; then
+  elif [ ! -x "$WR_BIN" ] || [ ! -x "$API_BIN" ] || [ ! -x "$FWD_BIN" ]; then
     # The smoke mode never waits for a fat-LTO release build: it takes the release binaries when
-    # they are there, else the debug ones (building them if need be: `cargo test` in CI reuses
-    # them). Numbers from a debug build mean nothing; the smoke mode only proves the suite runs.
+    # they are all there, else the debug ones (building them if need be: `cargo test` in CI
+    # reuses them). Numbers from a debug build mean nothing; the smoke mode only proves the suite
+    # runs.
     WR_BIN=$TARGET_DIR/debug/waitroom API_BIN=$TARGET_DIR/debug/demo-order-api PROFILE=debug
-    if [ "$BUILD" -eq 1 ] && { [ ! -x "$WR_BIN" ] || [ ! -x "$API_BIN" ]; }; then
-      say "cargo build --bins (debug: the smoke mode does not wait for a release build)"
-      (cd "$ROOT" && cargo build --bins)
+    FWD_BIN=$TARGET_DIR/debug/waitroom-forwarder
+    # CI's `cargo build --bins` leaves the forwarder out (not a default member): this adds one
+    # small crate and a link, never pingora.
+    if [ "$BUILD" -eq 1 ] && { [ ! -x "$WR_BIN" ] || [ ! -x "$API_BIN" ] || [ ! -x "$FWD_BIN" ]; }; then
+      say "cargo build ${BUILD_PACKAGES[*]} (debug: the smoke mode does not wait for a release build)"
+      (cd "$ROOT" && cargo build "${BUILD_PACKAGES[@]}")
     fi
   fi
 else
   API_BIN=$(dirname "$WR_BIN")/demo-order-api
   [ -x "$API_BIN" ] || API_BIN=$TARGET_DIR/release/demo-order-api
+  FWD_BIN=$(dirname "$WR_BIN")/waitroom-forwarder
+  [ -x "$FWD_BIN" ] || FWD_BIN=$TARGET_DIR/release/waitroom-forwarder
 fi
 [ -x "$WR_BIN" ] || die "no waitroom binary at $WR_BIN (build it, or drop --no-build)"
 [ -x "$API_BIN" ] || die "no demo-order-api binary at $API_BIN"
+if has_phase paths && [ ! -x "$FWD_BIN" ]; then
+  die "no waitroom-forwarder binary at $FWD_BIN (cargo build --release ${BUILD_PACKAGES[*]}, or drop --no-build)"
+fi
 say "measuring $WR_BIN ($PROFILE, built $(date -r "$WR_BIN" '+%F %T'))"
 
 # The smoke mode's wrbench is a debug build too: 500 users need no optimiser, and the debug build
@@ -245,6 +266,8 @@ pick_port() { # sets PORT
 pick_port; P_REDIS=$PORT
 pick_port; P_API=$PORT
 pick_port; P_NGINX=$PORT
+pick_port; P_NGINX_RETURN=$PORT
+pick_port; P_FORWARDER=$PORT
 
 rcli() { redis-cli -h 127.0.0.1 -p "$P_REDIS" "$@"; }
 
@@ -265,7 +288,10 @@ start_api "$P_API" demo-order-api
 
 # nginx, the baseline: a plain reverse proxy with an upstream keepalive pool. keepalive_requests
 # is raised on both sides so that nginx is not reconnecting every 1000 requests (pingora does not):
-# the strongest fair baseline.
+# the strongest fair baseline. The same nginx answers a fixed response by itself on a second
+# port: the bound for what waitroom answers itself (status, enter), with the workers and the
+# client-side keep-alive of the proxy_pass server, and no backend to move it. Its body is about
+# the size of a status answer.
 start_nginx() {
   local user_line=""
   [ "$(id -u)" -eq 0 ] && user_line="user root;"
@@ -297,13 +323,31 @@ http {
       proxy_read_timeout 300s;
     }
   }
+  server {
+    listen 127.0.0.1:$P_NGINX_RETURN backlog=4096;
+    location / {
+      default_type application/json;
+      return 200 '{"status":"WAITING","position":50000,"estimatedWaitTime":180000,"pollAfter":2000}\n';
+    }
+  }
 }
 EOF
-  say "nginx on $P_NGINX (proxy_pass, upstream keepalive 64, $(nproc) workers)"
+  say "nginx on $P_NGINX (proxy_pass, upstream keepalive 64, $(nproc) workers) and on $P_NGINX_RETURN (return 200)"
   "$NGINX" -c "$OUT/nginx/nginx.conf" -p "$OUT/nginx/" 2>>"$OUT/logs/nginx-error.log" &
   NGINX_PID=$!
   PIDS+=("$NGINX_PID")
   wait_until 10 "nginx" curl -fsS -o /dev/null "http://127.0.0.1:$P_NGINX/echo/ready"
+  wait_until 10 "nginx return" curl -fsS -o /dev/null "http://127.0.0.1:$P_NGINX_RETURN/queue/status"
+}
+
+# pingora's smallest forwarder (bench/forwarder) in front of the demo order API: the bound for
+# waitroom's pass-through.
+start_forwarder() {
+  "$FWD_BIN" "127.0.0.1:$P_FORWARDER" "127.0.0.1:$P_API" >"$OUT/logs/forwarder.out" 2>"$OUT/logs/forwarder.log" &
+  FORWARDER_PID=$!
+  PIDS+=("$FORWARDER_PID")
+  wait_until 10 "forwarder" curl -fsS -o /dev/null "http://127.0.0.1:$P_FORWARDER/echo/ready"
+  say "forwarder on $P_FORWARDER (pingora's smallest, in front of the demo order API)"
 }
 
 # start_waitroom NAME PREFIX BIN RUST_LOG BATCH INTERVAL [VAR=VALUE...]: one waitroom with its own
@@ -425,7 +469,7 @@ wrk_run() {
 }
 
 # ------------------------------------------------------------------------------------------------
-# Phase: paths against nginx
+# Phase: paths against nginx and against their bounds
 # ------------------------------------------------------------------------------------------------
 TOKEN_TAG=0
 # target_run BENCH TARGET ROUND: one wrk run of BENCH on TARGET, with the setup it needs.
@@ -433,6 +477,8 @@ target_run() {
   local bench=$1 target=$2 round=$3 url env=()
   case "$target" in
     nginx) url="http://127.0.0.1:$P_NGINX" ;;
+    nginx-return) url="http://127.0.0.1:$P_NGINX_RETURN" ;;
+    forwarder) url="http://127.0.0.1:$P_FORWARDER" ;;
     *) url=${WR_URL[$target]} ;;
   esac
   local dur=$DURATION kind=wrk
@@ -467,12 +513,20 @@ target_run() {
 VARIANT_NAMES=()
 declare -A VARIANT_PATHS
 phase_paths() {
-  say "== paths: nginx vs waitroom, $ROUNDS round(s) of ${DURATION}s, wrk -t$WRK_THREADS -c$WRK_CONNS"
+  say "== paths: nginx, the bounds and waitroom, $ROUNDS round(s) of ${DURATION}s, wrk -t$WRK_THREADS -c$WRK_CONNS"
   local bench round t
   local benches
   IFS=, read -r -a benches <<<"$BENCHES"
   for bench in "${benches[@]}"; do
-    local targets=(nginx waitroom)
+    # Each path's bound in the same rounds as waitroom: what waitroom answers itself against nginx
+    # answering by itself, what it forwards against pingora forwarding and nothing else. A
+    # protected order's bound is waitroom's own pass-through, which the pass bench measures.
+    local targets=(nginx)
+    case "$bench" in
+      status_one | status_many | enter_requeue | enter_new) targets+=(nginx-return) ;;
+      pass) targets+=(forwarder) ;;
+    esac
+    targets+=(waitroom)
     # The access log's cost: the same binary with RUST_LOG=info (full mode only).
     if [ "$QUICK" -eq 0 ]; then
       case "$bench" in status_one | status_many | pass) targets+=(waitroom-log) ;; esac
@@ -642,6 +696,7 @@ phase_crowd() {
   local name
   for name in "${!WR_PID[@]}"; do stop_pid "${WR_PID[$name]}"; done
   [ -n "${NGINX_PID:-}" ] && stop_pid "$NGINX_PID"
+  [ -n "${FORWARDER_PID:-}" ] && stop_pid "$FORWARDER_PID"
   rcli FLUSHALL >/dev/null
   # Full mode runs the scenarios one after another on one backend (reset in between); the smoke
   # mode runs them side by side, a backend each, to stay within seconds. A backend each matters
@@ -695,6 +750,7 @@ phase_crowd() {
 STARTED=$(date -u '+%Y-%m-%dT%H:%M:%SZ')
 if has_phase paths || has_phase redis || has_phase growth || has_phase memory; then
   start_nginx
+  has_phase paths && start_forwarder
   WR_HOLD=0s start_waitroom waitroom bench "$WR_BIN" "info,waitroom::access=off" 1 1h
   seed bench "$QUEUE_SIZE"
   if has_phase paths; then
@@ -738,6 +794,7 @@ cat >"$OUT/meta.json" <<EOF
   "crowd_order": $(json_list "${CROWD_ORDER[@]}"),
   "idle_conns": $IDLE_CONNS,
   "waitroom_bin": "$WR_BIN",
+  "forwarder_bin": "$FWD_BIN",
   "waitroom_profile": "$PROFILE",
   "variants": $(json_list "${VARIANTS[@]}"),
   "load_start": $LOAD_START,
