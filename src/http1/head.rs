@@ -4,7 +4,7 @@
 use std::mem::MaybeUninit;
 
 use bytes::Bytes;
-use http::{HeaderValue, Version};
+use http::{HeaderName, HeaderValue, Version};
 use pingora::http::{IntoCaseHeaderName, RequestHeader};
 
 /// pingora's own bound on a head's fields: a head with more is pingora's to refuse.
@@ -173,12 +173,26 @@ fn request_header(parsed: &httparse::Request) -> Option<RequestHeader> {
     let size = Some(parsed.headers.len());
     let mut request = RequestHeader::build_no_case(parsed.method?, parsed.path?.as_bytes(), size).ok()?;
     request.set_version(Version::HTTP_11);
-    for field in parsed.headers.iter() {
-        let name = Bytes::copy_from_slice(field.name.as_bytes()).into_case_header_name();
-        let value = HeaderValue::from_bytes(field.value).ok()?;
-        request.append_header(name, value).ok()?;
+    // The fields go straight into the map: pingora's `append_header` copies each name into a
+    // buffer of its own first, to keep its case, which a header built without case drops at
+    // once (two allocations a field). The names and values are checked by the same `http`
+    // parsers it uses. The parts keep an origin-form target as pingora keeps it, from the URI;
+    // any other form keeps pingora's own way, which remembers the target's bytes.
+    if !parsed.path?.starts_with('/') {
+        for field in parsed.headers.iter() {
+            let name = Bytes::copy_from_slice(field.name.as_bytes()).into_case_header_name();
+            let value = HeaderValue::from_bytes(field.value).ok()?;
+            request.append_header(name, value).ok()?;
+        }
+        return Some(request);
     }
-    Some(request)
+    let mut parts = http::request::Parts::from(request);
+    for field in parsed.headers.iter() {
+        let name = HeaderName::from_bytes(field.name.as_bytes()).ok()?;
+        let value = HeaderValue::from_bytes(field.value).ok()?;
+        parts.headers.try_append(name, value).ok()?;
+    }
+    Some(RequestHeader::from(parts))
 }
 
 /// Whether `head`'s request line is exactly `METHOD SP target SP HTTP/1.x` (contract section

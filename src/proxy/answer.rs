@@ -21,6 +21,8 @@ pub struct Answer {
 #[derive(Serialize)]
 #[serde(tag = "status", rename_all = "SCREAMING_SNAKE_CASE", rename_all_fields = "camelCase")]
 enum QueueBody<'a> {
+    /// Written by [`waiting_body`]; serde's bytes for it are what a test holds that to.
+    #[cfg(test)]
     Waiting { position: u64, estimated_wait_time: Option<u64>, poll_after: u64 },
     Ready { token: &'a str, expires_in: u64, poll_after: Option<u64> },
     NotInQueue { poll_after: Option<u64> },
