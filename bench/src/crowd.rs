@@ -40,7 +40,7 @@ use waitroom_tools::demo_api::StatsSnapshot;
 use waitroom_tools::numbers::percentile;
 use waitroom_tools::room::{url, QueueAnswer, Room, RoomSettings};
 
-use crate::keys::Keys;
+use crate::keys::{self, Keys};
 use crate::resp::{Redis, Reply as RedisReply};
 use crate::stats::inversions;
 use crate::{ctx, Result};
@@ -73,6 +73,12 @@ pub struct CrowdArgs {
     /// The room's `redis.key_prefix`.
     #[arg(long, default_value = "waitroom")]
     prefix: String,
+    /// The room's name under `rooms` (its keys are then `{prefix:NAME}:...`).
+    #[arg(long, default_value = keys::DEFAULT_ROOM)]
+    room: String,
+    /// The Host the users send, for a room that only takes requests for its `host`.
+    #[arg(long)]
+    host: Option<String>,
     #[arg(long, default_value = "/queue")]
     endpoints: String,
     #[arg(long, default_value = "/api/orders")]
@@ -343,9 +349,10 @@ pub async fn run(a: CrowdArgs) -> Result<()> {
         token_header: HeaderName::from_static("x-entry-token"),
         request_timeout: Duration::from_secs(a.request_timeout_s),
         max_conns: Some(a.conns),
+        host: a.host.clone(),
     })?;
     let start = Instant::now() + Duration::from_millis(100);
-    let keys = Keys::new(&a.prefix);
+    let keys = Keys::of_room(&a.prefix, &a.room);
     let watch = Watch {
         start,
         redis: a.redis.clone().map(|addr| RedisPool::new(addr, 8)),

@@ -13,6 +13,8 @@ use crate::charts;
 use crate::stats::median;
 use crate::{ctx, Result};
 
+mod rooms;
+
 #[derive(Args)]
 pub struct ReportArgs {
     /// The run's folder (holds raw.jsonl, meta.json, crowd-*.json).
@@ -564,6 +566,8 @@ pub fn run(a: ReportArgs) -> Result<()> {
         // Keep the big per-sample series out of the summary JSON's crowd table but in the file.
         results.insert("crowd".into(), Value::Array(crowd));
     }
+
+    rooms::section(&raw, &a.dir, &meta, &mut md, &mut results)?;
 
     // ---------------- callgrind ----------------
     if let Ok(text) = std::fs::read_to_string(a.dir.join("callgrind.json")) {

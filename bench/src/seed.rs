@@ -11,7 +11,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use clap::Args;
 use waitroom_tools::numbers::SplitMix64;
 
-use crate::keys::Keys;
+use crate::keys::{Keys, DEFAULT_ROOM};
 use crate::resp::encode;
 use crate::{ctx, Result};
 
@@ -20,6 +20,9 @@ pub struct SeedArgs {
     /// The room's `redis.key_prefix` (keys are `{prefix}:...`).
     #[arg(long)]
     prefix: String,
+    /// The room's name under `rooms` (keys are then `{prefix:NAME}:...`).
+    #[arg(long, default_value = DEFAULT_ROOM)]
+    room: String,
     /// Users to add.
     #[arg(long)]
     count: u64,
@@ -34,7 +37,7 @@ pub struct SeedArgs {
 }
 
 pub fn seed_queue(a: SeedArgs) -> Result<()> {
-    let Keys { queue, seq, .. } = Keys::new(&a.prefix);
+    let Keys { queue, seq, .. } = Keys::of_room(&a.prefix, &a.room);
     let stdout = std::io::stdout();
     let mut w = std::io::BufWriter::with_capacity(1 << 20, stdout.lock());
     let mut buf = Vec::with_capacity(1 << 16);
@@ -66,6 +69,8 @@ pub fn seed_queue(a: SeedArgs) -> Result<()> {
 pub struct MintArgs {
     #[arg(long)]
     prefix: String,
+    #[arg(long, default_value = DEFAULT_ROOM)]
+    room: String,
     /// Tokens to mint, one per user `t<tag>-<n>`.
     #[arg(long)]
     count: u64,
@@ -82,7 +87,7 @@ pub struct MintArgs {
 pub fn mint_tokens(a: MintArgs) -> Result<()> {
     let now = SystemTime::now().duration_since(UNIX_EPOCH).map_err(ctx("clock"))?;
     let mut rng = SplitMix64::new(now.as_nanos() as u64 ^ 0xA5A5_5A5A);
-    let keys = Keys::new(&a.prefix);
+    let keys = Keys::of_room(&a.prefix, &a.room);
     let expires = (now.as_millis() as u64 + a.ttl_ms).to_string();
     let ttl = a.ttl_ms.to_string();
     let stdout = std::io::stdout();

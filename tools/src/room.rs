@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{HeaderName, CONTENT_TYPE, RETRY_AFTER};
+use http::header::{HeaderName, HeaderValue, CONTENT_TYPE, HOST, RETRY_AFTER};
 use http::{Method, Request, Uri};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -34,6 +34,9 @@ pub struct RoomSettings {
     pub request_timeout: Duration,
     /// Requests in flight at once, at most (one connection each); `None`: no limit.
     pub max_conns: Option<usize>,
+    /// The Host the users' requests carry, when the room is chosen by host (contract section
+    /// 17: rooms on one proxy may share paths and differ only in `host`); `None`: the target's.
+    pub host: Option<String>,
 }
 
 /// The proxy's answers to enter and status. Every field the contract may send, all optional, so
@@ -79,6 +82,7 @@ pub struct Room {
     order: Uri,
     user_header: HeaderName,
     token_header: HeaderName,
+    host: Option<HeaderValue>,
     request_timeout: Duration,
     /// Stands in for the finite connections of the tier in front of the room (and for the
     /// machine's descriptors): a user waiting for a permit is waiting to be served.
@@ -99,6 +103,11 @@ impl Room {
         // Small request/response pairs: Nagle would only add delay.
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(Duration::from_secs(5)));
+        let host = settings
+            .host
+            .as_deref()
+            .map(|h| HeaderValue::from_str(h).map_err(|e| format!("bad host {h}: {e}")))
+            .transpose()?;
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(50))
             .pool_max_idle_per_host(settings.max_conns.unwrap_or(usize::MAX))
@@ -110,6 +119,7 @@ impl Room {
             order: uri(&settings.order_path)?,
             user_header: settings.user_header,
             token_header: settings.token_header,
+            host,
             request_timeout: settings.request_timeout,
             gate: settings.max_conns.map(|n| Semaphore::new(n.max(1))),
             pending: AtomicI64::new(0),
@@ -164,10 +174,15 @@ impl Room {
     }
 
     fn request(&self, method: Method, uri: &Uri, user: &str) -> http::request::Builder {
-        Request::builder()
+        let request = Request::builder()
             .method(method)
             .uri(uri.clone())
-            .header(&self.user_header, user)
+            .header(&self.user_header, user);
+        // The client only fills Host in when the request has none.
+        match &self.host {
+            Some(host) => request.header(HOST, host),
+            None => request,
+        }
     }
 
     async fn send(

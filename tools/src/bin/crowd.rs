@@ -318,6 +318,7 @@ async fn run(cli: Cli) -> ExitCode {
         token_header: cli.token_header.clone(),
         request_timeout: REQUEST_TIMEOUT,
         max_conns: None,
+        host: None,
     });
     let metrics = cli.metrics.as_deref().map(url).transpose();
     let (room, metrics) = match (room, metrics) {
