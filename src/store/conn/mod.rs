@@ -3,9 +3,10 @@
 //! connection type `Room` runs its scripts on, whatever the topology:
 //!
 //! - `redis.url`: a `ConnectionManager`, which reconnects to the same address by itself, but
-//!   only once a call has failed on the dead connection. So a keepalive pings it
-//!   ([`KEEPALIVE_EVERY`](reconnect::KEEPALIVE_EVERY)): the reconnect happens while Redis is
-//!   away, not in the first user's request after it is back.
+//!   only once a call has failed on the dead connection. So a keepalive pings it while it
+//!   carries no calls (once a second while Redis answers, every
+//!   [`KEEPALIVE_EVERY`](reconnect::KEEPALIVE_EVERY) while it does not): the reconnect happens
+//!   while Redis is away, not in the first user's request after it is back.
 //! - `redis.cluster`: redis-rs's async cluster connection. It follows MOVED/ASK, refreshes its slot
 //!   map after a failover and reconnects to the seed nodes when it lost every node, all by itself.
 //!   A room's keys share one hash tag, so every call lands on one slot.
@@ -32,6 +33,7 @@ mod reconnect;
 mod replicas;
 mod sentinel;
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -84,7 +86,8 @@ impl RedisConn {
 
 #[derive(Clone)]
 enum Inner {
-    Single(ConnectionManager),
+    /// The manager, and the count of calls sent on it (which spares its keepalive a PING).
+    Single(ConnectionManager, Arc<AtomicU64>),
     Cluster {
         conn: ClusterConnection,
         read_from_replicas: bool,
@@ -109,6 +112,8 @@ enum Target {
         conn: OnceCell<ConnectionManager>,
         /// The keepalive ends when this is dropped with the connector.
         alive: Arc<()>,
+        /// Calls sent on the connection, read by its keepalive.
+        calls: Arc<AtomicU64>,
     },
     Cluster {
         client: ClusterClient,
@@ -139,6 +144,7 @@ impl Connector {
                 timeout,
                 conn: OnceCell::new(),
                 alive: Arc::new(()),
+                calls: Arc::new(AtomicU64::new(0)),
             },
             RedisTarget::Cluster(nodes) => {
                 let mut builder = ClusterClient::builder(nodes.iter().map(String::as_str))
@@ -231,6 +237,7 @@ impl Connector {
                 timeout,
                 conn,
                 alive,
+                calls,
             } => {
                 let manager = conn
                     .get_or_try_init(|| async {
@@ -244,11 +251,11 @@ impl Connector {
                             .set_number_of_retries(2);
                         let manager = ConnectionManager::new_lazy_with_config(client.clone(), config)?;
                         // Here, on the caller's runtime, which the connection lives on too.
-                        tokio::spawn(keepalive(manager.clone(), *timeout, Arc::downgrade(alive)));
+                        tokio::spawn(keepalive(manager.clone(), *timeout, Arc::downgrade(alive), calls.clone()));
                         Ok::<_, RedisError>(manager)
                     })
                     .await?;
-                Inner::Single(manager.clone())
+                Inner::Single(manager.clone(), calls.clone())
             }
             Target::Cluster {
                 client,
@@ -306,7 +313,10 @@ impl ConnectionLike for RedisConn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         let read_only = self.read_only;
         match &mut self.inner {
-            Inner::Single(conn) => conn.req_packed_command(cmd),
+            Inner::Single(conn, calls) => {
+                calls.fetch_add(1, Ordering::Relaxed);
+                conn.req_packed_command(cmd)
+            }
             Inner::Cluster {
                 conn,
                 read_from_replicas: false,
@@ -346,7 +356,10 @@ impl ConnectionLike for RedisConn {
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
         match &mut self.inner {
-            Inner::Single(conn) => conn.req_packed_commands(pipeline, offset, count),
+            Inner::Single(conn, calls) => {
+                calls.fetch_add(1, Ordering::Relaxed);
+                conn.req_packed_commands(pipeline, offset, count)
+            }
             Inner::Cluster {
                 conn,
                 read_from_replicas: false,
@@ -379,7 +392,7 @@ impl ConnectionLike for RedisConn {
 
     fn get_db(&self) -> i64 {
         match &self.inner {
-            Inner::Single(conn) => conn.get_db(),
+            Inner::Single(conn, _) => conn.get_db(),
             Inner::Cluster { conn, .. } => conn.get_db(),
             Inner::Sentinel { primary, .. } => primary.conn.get_db(),
         }

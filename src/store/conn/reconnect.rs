@@ -16,29 +16,49 @@ use tokio::sync::watch;
 /// First retry after a failed connect; doubled per failure up to `MAX_BACKOFF`.
 const MIN_BACKOFF: Duration = Duration::from_millis(50);
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
-/// How often a single-URL connection is pinged: a Redis back for this long (plus a connect)
-/// meets a live connection.
+/// How often a single-URL connection's keepalive looks at it, and pings it while Redis fails
+/// to answer: a Redis back for this long (plus a connect) meets a live connection.
 pub const KEEPALIVE_EVERY: Duration = Duration::from_millis(250);
+/// While Redis answers, a connection that carried no call for this long is pinged; one that
+/// carried calls is not pinged at all, as a failed call reconnects it as a failed PING does.
+/// So an idle proxy sends one PING a second per connection, not four (contract section 17
+/// gives a room nobody uses 5 calls a second), and only a death goes unnoticed for longer:
+/// a return is still met within [`KEEPALIVE_EVERY`].
+pub const KEEPALIVE_IDLE: Duration = Duration::from_secs(1);
 
 /// Pings `manager` until the connector is dropped. A ping that fails on a dead connection makes
 /// the manager reconnect in the background, and the next ping waits for that; a ping that merely
-/// times out (a frozen Redis) changes nothing.
-pub(super) async fn keepalive(mut manager: ConnectionManager, timeout: Duration, alive: Weak<()>) {
+/// times out (a frozen Redis) changes nothing. `calls` counts the calls sent on the connection.
+pub(super) async fn keepalive(mut manager: ConnectionManager, timeout: Duration, alive: Weak<()>, calls: Arc<AtomicU64>) {
     let mut every = tokio::time::interval(KEEPALIVE_EVERY);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut unanswered = 0u32;
+    let mut answered = false;
+    let (mut seen, mut quiet_since) = (calls.load(Ordering::Relaxed), Instant::now());
     while alive.strong_count() > 0 {
         every.tick().await;
+        let now = calls.load(Ordering::Relaxed);
+        if now != seen {
+            (seen, quiet_since) = (now, Instant::now());
+        }
+        if answered && quiet_since.elapsed() < KEEPALIVE_IDLE {
+            continue;
+        }
         let ping = redis::cmd("PING");
         match tokio::time::timeout(timeout, ping.query_async::<()>(&mut manager)).await {
+            Ok(Ok(())) => {
+                (unanswered, answered) = (0, true);
+                // The PING is the connection's call: the next is due a quiet second from now.
+                quiet_since = Instant::now();
+            }
             // An error (a refused or reset connection) queues nothing, and the next PING is what
             // reconnects: no pause.
-            Ok(Ok(())) => unanswered = 0,
-            Ok(Err(error)) if !error.is_timeout() => unanswered = 0,
+            Ok(Err(error)) if !error.is_timeout() => (unanswered, answered) = (0, false),
             // A frozen Redis keeps every PING it was sent and runs them all when it wakes: after
             // one it did not answer in time, pause longer (up to 8 periods) instead of adding
             // four a second to that pile.
             _ => {
+                answered = false;
                 unanswered = (unanswered + 1).min(3);
                 tokio::time::sleep(KEEPALIVE_EVERY * ((1 << unanswered) - 1)).await;
             }
