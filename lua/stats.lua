@@ -5,13 +5,15 @@
 -- After a prelude that binds the names below (declared in src/store/stats.rs).
 --
 -- KEYS  queue (the line), tokens (live tokens), adaptive (the adaptive state, see adapt.lua),
---       admissions (the admissions log, see record_admissions in admission.lua)
+--       admissions (the admissions log, see record_admissions in admission.lua), room (the
+--       room's state, see room_state.lua: read here so that following it costs no call of its own)
 -- ARGV  read_batch (read the adaptive batch), read_admissions (read the measured admissions);
 --       neither: the two numbers of the fixed rate only
 --
 -- Reply, in the order src/store/stats.rs declares it (StatsReply): waiting (users waiting),
 -- live_tokens, stored_batch (-1: none stored or not asked), admitted_recently (users admitted in
--- the last 10 s), since_first_ms (ms since the room's first admission; -1: none yet or not asked)
+-- the last 10 s), since_first_ms (ms since the room's first admission; -1: none yet or not asked),
+-- state (open, paused or closed), state_since_ms (when it last changed, Redis's clock; -1: never)
 
 local WINDOW_MS = 10000
 local LOG_BUCKET_MS = 100
@@ -47,4 +49,4 @@ if read_admissions then
 end
 
 return {redis.call('ZCARD', queue), redis.call('ZCARD', tokens), stored_batch, admitted_recently,
-  since_first_ms}
+  since_first_ms, room_state_of(room), tonumber(redis.call('HGET', room, 'since')) or -1}

@@ -2,9 +2,9 @@
 //! proxy at most 5 Redis calls a second). Quiet: no request to the room on this proxy for
 //! [`QUIET_AFTER`], its line empty as last read, no poll held, no order in flight or settle
 //! queued, and no event phase beginning within [`QUIET_EVERY`] twice over. A quiet room's
-//! watchers (its state, its gauges and readiness, its event) look once every [`QUIET_EVERY`],
-//! its line watcher and admission ticker not at all; the room's next request on this proxy
-//! wakes them at once.
+//! room watcher (its gauges, state and readiness) looks every 350 ms, its event watcher once
+//! every [`QUIET_EVERY`], its line watcher and admission ticker not at all; the room's next
+//! request on this proxy wakes them at once.
 //!
 //! Why that keeps the contract's latencies: a user who enters through this proxy wakes it, so
 //! the first admission is within one interval of the first enter; one who enters through

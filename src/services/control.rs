@@ -9,9 +9,10 @@
 //! and empties the line in the same step. So a pause holds from the next admission tick of any
 //! proxy, and no enter can slip into a line that was just closed, whatever a proxy has heard.
 //!
-//! **What each proxy follows.** A [`ModeWatcher`] reads the state every
-//! [`ROOM_STATE_EVERY`](crate::store::ROOM_STATE_EVERY) into the room state, for the gauge and
-//! for status: a waiting user of a closed room hears CLOSED. Status does not trust that copy
+//! **What each proxy follows.** The room watcher (`crate::services::watch`) reads the state with
+//! the room's numbers, four times a second (once every 350 ms while the room is quiet), and
+//! [`follow`]s it into the room state, for the gauge and for status: a waiting user of a closed
+//! room hears CLOSED. Status does not trust that copy
 //! alone: a NOT_IN_QUEUE from Redis is checked against Redis's state ([`closed_now`]), because
 //! the line it found empty may have been emptied by a close a moment ago.
 //!
@@ -19,19 +20,15 @@
 //! `waitroom::audit`, with who (admin, origin, event), the state before and after, and when (by
 //! Redis's clock, the same for every proxy).
 
-use std::sync::Arc;
-use std::time::Duration;
 
-use async_trait::async_trait;
 use pingora::http::ResponseHeader;
 
 use crate::config::Phase;
 use crate::metrics;
-use crate::periodic::Watch;
 use crate::policy::Settings;
 pub use crate::room::mode::Mode;
 use crate::room::Room;
-use crate::store::{RoomReport, RoomStore, StoreError, ROOM_STATE_EVERY};
+use crate::store::{RoomReport, RoomStore, StoreError};
 
 /// The response header an origin steers the room with.
 pub const ORIGIN_HEADER: &str = "waitroom-command";
@@ -256,36 +253,13 @@ pub async fn from_origin(room: &Room, response: &mut ResponseHeader, user: Optio
     }
 }
 
-/// Reads the room's state for this proxy every [`ROOM_STATE_EVERY`].
-pub struct ModeWatcher {
-    room: Arc<Room>,
-    store: RoomStore,
-}
-
-impl ModeWatcher {
-    pub fn new(room: Arc<Room>, store: RoomStore) -> ModeWatcher {
-        // A reading slower than a few periods is worth nothing: the next one is due.
-        let timeout = store.timeout().min(ROOM_STATE_EVERY * 5);
-        ModeWatcher { room, store: store.with_timeout(timeout) }
-    }
-}
-
-#[async_trait]
-impl Watch for ModeWatcher {
-    const EVERY: Duration = ROOM_STATE_EVERY;
-
-    async fn step(&self) {
-        match self.store.read_room_state().await {
-            Ok(reading) => {
-                let mode = Mode::parse(reading.state.as_deref());
-                let before = publish(&self.room, mode, reading.since_ms);
-                if before != mode {
-                    tracing::info!(from = before.as_str(), to = mode.as_str(), "room state followed");
-                }
-            }
-            // The last state read stays in force: Redis's absence is the readiness probe's news.
-            Err(error) => tracing::debug!(%error, "reading the room's state failed"),
-        }
+/// Follows the room's state as the room watcher read it (`state`, changed at `since_ms`): the
+/// reading rides on the watcher's own call, so following it costs no Redis call of its own.
+pub fn follow(room: &Room, state: &str, since_ms: Option<u64>) {
+    let mode = Mode::parse(Some(state));
+    let before = publish(room, mode, since_ms);
+    if before != mode {
+        tracing::info!(from = before.as_str(), to = mode.as_str(), "room state followed");
     }
 }
 

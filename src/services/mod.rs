@@ -67,7 +67,6 @@ fn start(process: &Arc<Process>, room: &Arc<Room>, redis: &Redis, shutdown: &Shu
     spawn(Box::new(admission::Admitter::new(room.clone(), store())));
     spawn(Box::new(RoomWatching(room.clone(), watch::RoomWatcher::new(process.clone(), room.clone(), store()))));
     spawn(Box::new(line::LineWatcher::new(room.clone(), store())));
-    spawn(Box::new(RoomWatching(room.clone(), control::ModeWatcher::new(room.clone(), store()))));
     spawn(Box::new(RoomWatching(room.clone(), event::EventWatcher::new(room.clone(), store()))));
     spawn(Box::new(claims::ClaimKeeper::new(room.clone(), store())));
     spawn(Box::new(claims::SettleRetrier::new(room.clone())));

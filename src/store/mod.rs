@@ -59,7 +59,7 @@ pub use event::{seed_bytes, Entering, EventEnter, EventTick, EventTimes, SeedRef
 pub use group::{GROUPS_IN_FLIGHT, GROUP_MAX};
 pub use keys::{Keys, DEFAULT_ROOM};
 pub use line::LineReading;
-pub use room::{RoomReport, RoomStateReading, ROOM_STATE_EVERY};
+pub use room::{RoomReport, RoomStateReading};
 pub use stats::RoomWatch;
 pub use status::{Status, StatusOutcome};
 

@@ -1,7 +1,6 @@
 //! The room's state and the operator's view of it: `lua/room.lua` (look, or change the state and
 //! look, in one step) and a plain read of the state for every proxy's watcher.
 
-use std::time::Duration;
 
 use super::{RoomStore, StoreError};
 
@@ -68,8 +67,8 @@ impl RoomStore {
         })
     }
 
-    /// The room's state and when it changed: one HMGET, cheap enough for every proxy to ask
-    /// several times a second.
+    /// The room's state and when it changed: one HMGET, for a status that must know the state
+    /// now (every proxy follows it with the room watcher's reading, `lua/stats.lua`).
     pub async fn read_room_state(&self) -> Result<RoomStateReading, StoreError> {
         self.bounded(async {
             let mut conn = self.conn().await?;
@@ -81,6 +80,3 @@ impl RoomStore {
     }
 }
 
-/// How often every proxy reads the room's state: well within the second the contract allows
-/// for a change to reach every proxy.
-pub const ROOM_STATE_EVERY: Duration = Duration::from_millis(100);

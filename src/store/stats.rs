@@ -6,8 +6,8 @@ use std::time::Duration;
 use super::{RoomStore, RoomRules, StoreError};
 
 script! {
-    static SCRIPT = [] "lua/stats.lua";
-    keys [queue, tokens, adaptive, admissions]
+    static SCRIPT = [ROOM_STATE] "lua/stats.lua";
+    keys [queue, tokens, adaptive, admissions, room]
     args StatsArgs {
         read_batch: bool,
         read_admissions: bool,
@@ -18,11 +18,13 @@ script! {
         stored_batch: i64,
         admitted_recently: u64,
         since_first_ms: i64,
+        state: String,
+        state_since_ms: i64,
     }
 }
 
 /// What the room watcher reads.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RoomWatch {
     pub waiting: u64,
     pub live_tokens: u64,
@@ -33,6 +35,10 @@ pub struct RoomWatch {
     pub admitted_recently: u64,
     /// Time since the room's first logged admission; `None` before it (or when not asked).
     pub since_first: Option<Duration>,
+    /// The room's state (`open`, `paused`, `closed`), which every proxy follows.
+    pub state: String,
+    /// When the state last changed, in Redis's clock (ms since the Unix epoch).
+    pub state_since_ms: Option<u64>,
 }
 
 impl RoomStore {
@@ -47,6 +53,8 @@ impl RoomStore {
             stored_batch: u32::try_from(reply.stored_batch).ok(),
             admitted_recently: reply.admitted_recently,
             since_first: u64::try_from(reply.since_first_ms).ok().map(Duration::from_millis),
+            state: reply.state,
+            state_since_ms: u64::try_from(reply.state_since_ms).ok(),
         })
     }
 }
