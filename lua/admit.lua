@@ -36,7 +36,8 @@
 --
 -- Reply, in the order src/store/admit.rs declares it (AdmitReply): admitted, wait_us (until the
 -- next admission is due), was_due (1: this call was the due one), abandoned (places removed),
--- batch (the batch in force, 0 when not due).
+-- batch (the batch in force, 0 when not due), passed (the score of the last place popped from
+-- the front, as Redis wrote it; absent when none was).
 -- Numbers arrive as text (see src/store/script.rs).
 
 local SWEEP_MAX = 1000
@@ -105,6 +106,9 @@ local budget = math.min(batch, room_under_cap(tokens, tonumber(max_active), now_
 
 -- Popping and issuing in one script: a crash can never pop a user without a token, or twice.
 local admitted = 0
+-- Everyone up to this score has left the front: the calling proxy's local answers must not show
+-- them waiting from a reading taken before this tick (see src/room/line.rs).
+local passed = nil
 local function admit(user)
   admitted = admitted + 1
   issue_token(token_prefix .. user, tokens, user, ARGV[REST - 1 + admitted], ttl_ms, now_ms)
@@ -114,6 +118,7 @@ if budget > 0 and abandon_ms <= 0 then
   local popped = redis.call('ZPOPMIN', queue, budget)
   for i = 1, #popped, 2 do
     admit(popped[i])
+    passed = popped[i + 1]
   end
 elseif budget > 0 then
   -- In line order; a user the sweep did not reach who is stale loses the place, and the next
@@ -131,6 +136,7 @@ elseif budget > 0 then
         admit(user)
       end
       redis.call('ZREM', heard, user)
+      passed = popped[i + 1]
     end
   end
 end
@@ -142,4 +148,5 @@ if listens then
   record_admissions(admissions, admitted, now_ms)
 end
 count_admitted(admitted_minute, admitted, now_ms)
-return {admitted, next_due - now, 1, abandoned, batch}
+-- A nil `passed` ends the array before it.
+return {admitted, next_due - now, 1, abandoned, batch, passed}

@@ -544,6 +544,7 @@ async fn the_tick_skips_stale_users_it_pops() {
     }
     let outcome = room.admit_within(&rules, None, None).await.unwrap();
     assert_eq!((outcome.admitted, outcome.abandoned), (2, 2), "{outcome:?}");
+    assert_eq!(outcome.passed, Some(4.0), "u3's place, the last taken: everyone ahead has left too");
     for (u, admitted) in [("u0", false), ("u1", true), ("u2", false), ("u3", true)] {
         assert_eq!(
             room.current_token(u).await.unwrap().is_some(),

@@ -184,6 +184,32 @@ async fn enter_teaches_the_number_and_entering_again_is_answered_locally() {
     assert_eq!(proxy.enter("u4").await.json()["position"], 1);
 }
 
+/// READY once admitted (section 3), with no allowance for the proxy that admitted: a line
+/// reading read just before its own tick is still fresh (50 ms) when the tick is counted, and
+/// its admitted users must not be told WAITING from it. Each admission is watched through the
+/// proxy's own counter, and the admitted user's poll follows at once: a proxy that leaves its
+/// own admissions to its next reading tells most of them WAITING at position 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_this_proxy_admitted_is_ready_at_the_next_poll() {
+    const USERS: u64 = 12;
+    let (_redis, _api, proxy) = room(&[], "admission: {interval: 150ms, batch_size: 1}").await;
+    // The room gets its epoch from the line watcher before the first enter, which then teaches
+    // each user's number: the polls below are answered locally until their user is admitted.
+    tokio::time::sleep(SETTLE).await;
+    for i in 1..=USERS {
+        assert_eq!(proxy.enter(&format!("u{i}")).await.status, 200);
+    }
+    for k in 1..=USERS {
+        let counted = wait_until(Duration::from_secs(5), Duration::ZERO, || async {
+            proxy.metric("waitroom_admitted_total").await.unwrap_or(0.0) >= k as f64
+        })
+        .await;
+        assert!(counted, "u{k} not admitted within 5 s");
+        let r = proxy.status(&format!("u{k}")).await;
+        assert_eq!(status_of(&r), "READY", "u{k}, counted admitted by this proxy: {}", r.body);
+    }
+}
+
 /// A proxy (redis.timeout 300 ms) whose user "u1" waits at position 1 and has been answered
 /// locally once.
 async fn known_waiting_user(redis: &RedisServer, api: &DemoApi) -> Proxy {

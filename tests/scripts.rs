@@ -403,6 +403,7 @@ async fn admit_pops_the_front_in_order_and_writes_one_fresh_token_each() {
     let interval = Duration::from_secs(10);
     let first = admit(&room, interval, 5, TTL).await.unwrap();
     assert_eq!(first.admitted, 5);
+    assert_eq!(first.passed, Some(5.0), "the last place popped: the fifth arrival's");
     assert!(first.was_due, "the first call of a fresh room is due");
     assert!(
         first.next_due <= interval && first.next_due > interval - Duration::from_secs(1),
@@ -441,7 +442,7 @@ async fn admit_pops_the_front_in_order_and_writes_one_fresh_token_each() {
 
     // Within the interval: nothing, and how long to wait.
     let early = admit(&room, interval, 5, TTL).await.unwrap();
-    assert_eq!(early.admitted, 0);
+    assert_eq!((early.admitted, early.passed), (0, None));
     assert!(!early.was_due);
     assert!(
         early.next_due <= first.next_due && early.next_due > interval - Duration::from_secs(2),
@@ -457,7 +458,7 @@ async fn admit_pops_the_front_in_order_and_writes_one_fresh_token_each() {
     assert_eq!(line, users[10..].to_vec());
     query::<()>(&mut conn, "DEL", &keys.next_admission).await;
     let last = admit(&room, short, 5, TTL).await.unwrap();
-    assert_eq!(last.admitted, 2);
+    assert_eq!((last.admitted, last.passed), (2, Some(12.0)));
     assert!(last.was_due);
     for u in &users {
         let token = get(&mut conn, &keys.token(u))
@@ -470,7 +471,7 @@ async fn admit_pops_the_front_in_order_and_writes_one_fresh_token_each() {
     // An empty line: a due tick admits nobody.
     query::<()>(&mut conn, "DEL", &keys.next_admission).await;
     let idle = admit(&room, short, 5, TTL).await.unwrap();
-    assert_eq!((idle.admitted, idle.was_due), (0, true));
+    assert_eq!((idle.admitted, idle.was_due, idle.passed), (0, true, None));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

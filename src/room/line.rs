@@ -33,9 +33,12 @@
 //!   always comes from Redis;
 //! - polls that Redis must see (enforced polling, abandonment): never answered here.
 //!
-//! No local answer is older than an exact one this proxy gave: each answer from Redis raises a
-//! floor under the mark (how many have left the front, by that answer) that a reading sent
-//! earlier and answered later cannot lower (see `LocalLine::passed`).
+//! No local answer is older than an exact one this proxy gave: each answer from Redis, and each
+//! admission tick of this proxy, raises a floor under the mark (how many have left the front, by
+//! that answer or tick) that a reading sent earlier and answered later cannot lower (see
+//! `LocalLine::passed`). A reading read just before this proxy's tick is still fresh after it:
+//! without the tick's floor, the users it admitted would be told WAITING by the very proxy that
+//! admitted them.
 //!
 //! What a local answer can get wrong is bounded by the reading's age: a user admitted by
 //! another proxy's tick in the last [`FRESH_FOR`] may be told WAITING at position 1..batch once
@@ -183,6 +186,17 @@ impl<C: Clock> LocalLine<C> {
         let number = self.state.lock().unwrap_or_else(|e| e.into_inner()).users.get(user).copied();
         if let Some(number) = number {
             self.passed(number, None, ticket);
+        }
+    }
+
+    /// This proxy's admission tick took every place up to the score `passed` from the front.
+    /// The reading in hand may have been read just before the tick and still be fresh: the
+    /// users the tick admitted would be told WAITING at the front, by the proxy that admitted
+    /// them, after it has counted them admitted.
+    pub fn learn_popped(&self, passed: f64, ticket: Ticket) {
+        // A draw's users, below 1, are no numbers of the line.
+        if passed >= 1.0 {
+            self.passed(passed as u64, None, ticket);
         }
     }
 
@@ -385,6 +399,37 @@ mod tests {
         clock.advance(Duration::from_millis(1));
         line.refresh(&reading(60, 57, Some(4), "e"));
         assert_eq!(line.position("u56"), Some(53));
+    }
+
+    /// tests/observability.rs once saw this: the reading in hand was read just before this
+    /// proxy's own tick admitted the front, and a poll answered from it after the tick was
+    /// counted told an admitted user WAITING at position 1.
+    #[test]
+    fn this_proxys_admissions_leave_the_line_before_the_next_reading() {
+        let (clock, line) = learned_line(6);
+        // Read before the tick, answered before it too.
+        line.reading();
+        clock.advance(Duration::from_millis(1));
+        line.refresh(&reading(6, 6, Some(1), "e"));
+        line.learn_popped(2.0, line.ticket());
+        assert_eq!(line.position("u2"), None, "admitted: Redis answers READY");
+        assert_eq!(line.position("u3"), Some(1));
+        // Sent before the next tick and answered after it: the line as it was.
+        line.reading();
+        clock.advance(Duration::from_millis(1));
+        line.learn_popped(4.0, line.ticket());
+        line.refresh(&reading(6, 4, Some(3), "e"));
+        assert_eq!(line.position("u4"), None);
+        assert_eq!(line.position("u5"), Some(1));
+        // A draw's users (below 1) are no numbers of the line: nothing to learn.
+        line.learn_popped(0.5, line.ticket());
+        assert_eq!(line.position("u5"), Some(1));
+        // Sent after the tick: the line itself again.
+        line.reading();
+        clock.advance(Duration::from_millis(1));
+        line.refresh(&reading(6, 2, Some(5), "e"));
+        assert_eq!(line.position("u5"), Some(1));
+        assert_eq!(line.position("u6"), Some(2));
     }
 
     #[test]

@@ -79,8 +79,13 @@ impl Admitter {
                 closes_at = Some(0);
             }
         }
+        let ticket = self.room.line().ticket();
         match self.store.admit_within(rules, opens_at, closes_at).await {
             Ok(outcome) => {
+                // Before the tick is counted: whoever sees it counted is told READY.
+                if let Some(passed) = outcome.passed {
+                    self.room.line().learn_popped(passed, ticket);
+                }
                 let label = match (outcome.was_due, outcome.admitted) {
                     (false, _) => "early",
                     (true, 0) => "idle",

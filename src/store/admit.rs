@@ -28,10 +28,11 @@ script! {
         was_due: bool,
         abandoned: u64,
         batch: u32,
+        passed: Option<f64>,
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AdmitOutcome {
     pub admitted: u64,
     /// How long until the room's next admission is due.
@@ -42,6 +43,9 @@ pub struct AdmitOutcome {
     pub abandoned: u64,
     /// The batch this tick admitted with (0 when it was not due).
     pub batch: u32,
+    /// The score of the last place this tick took from the front (admitted, or dropped as
+    /// abandoned): everyone up to it has left the line.
+    pub passed: Option<f64>,
 }
 
 impl RoomStore {
@@ -81,6 +85,7 @@ impl RoomStore {
             was_due: reply.was_due,
             abandoned: reply.abandoned,
             batch: reply.batch,
+            passed: reply.passed,
         })
     }
 }
