@@ -14,9 +14,10 @@
 # With HELD=1 the room holds CONNS users near its front and admits nobody, and each client's poll
 # is held open (contract section 13) for the whole measurement: the cost of a held poll.
 #
-# The build goes to target/heap-profile (release, without LTO, with line tables for the report):
-# a few minutes the first time. Needs heaptrack (apt-get install heaptrack), redis-server and
-# python3. Writes bench/out/heap-profile/<name>.{zst,txt,stacks} and the binary it profiled.
+# The build goes to $HEAP_TARGET (default target/heap-profile; release, without LTO, with line
+# tables for the report): a few minutes the first time. Needs heaptrack (apt-get install
+# heaptrack), redis-server and python3; with HELD=1 also wrbench ($WRB, default
+# target/release/wrbench). Writes bench/out/heap-profile/<name>.{zst,txt,stacks} and the binary it profiled.
 set -euo pipefail
 
 BENCH=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -41,7 +42,7 @@ done
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 [ "$(ulimit -n)" -ge $((CONNS + 100)) ] || die "ulimit -n is $(ulimit -n): $CONNS connections need more"
 
-TARGET=$ROOT/target/heap-profile
+TARGET=${HEAP_TARGET:-$ROOT/target/heap-profile}
 OUT=$ROOT/bench/out/heap-profile
 mkdir -p "$OUT"
 say "building $SOURCE with the system allocator into $TARGET"
@@ -84,7 +85,7 @@ if [ "$HELD" = 1 ]; then
   # Seeded after the first (empty) admission tick, awaited: nobody is admitted for an hour.
   first_tick() { curl -fs "http://127.0.0.1:$MP/metrics" | grep -q '^waitroom_admission_ticks_total{result="idle"} [1-9]'; }
   wait_until 30 "the first admission tick" first_tick || die "no admission tick within 30 s"
-  WRBENCH=$ROOT/target/release/wrbench
+  WRBENCH=${WRB:-$ROOT/target/release/wrbench}
   [ -x "$WRBENCH" ] || (cd "$ROOT" && cargo build --release --quiet -p waitroom-bench)
   "$WRBENCH" seed-queue --prefix heap --count "$CONNS" | redis-cli -p "$RP" --pipe >/dev/null
 fi

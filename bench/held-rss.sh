@@ -11,7 +11,15 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BIN=${BIN:-$ROOT/target/release/waitroom}
 WRB=${WRB:-$ROOT/target/release/wrbench}
 OUT=$(mktemp -d); cd "$OUT"
-trap '[ -n "${KEEP:-}" ] || rm -rf "$OUT"' EXIT
+P="" RP=""
+# A failed step (set -e) still stops the proxy and Redis: left running, they also keep the
+# caller's stdout open.
+cleanup() {
+  [ -z "$P" ] || kill "$P" 2>/dev/null || true
+  [ -z "$RP" ] || redis-cli -p "$RP" shutdown nosave >/dev/null 2>&1 || true
+  [ -n "${KEEP:-}" ] || rm -rf "$OUT"
+}
+trap cleanup EXIT
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 [ "$(ulimit -n)" -ge 10100 ] || { echo "ulimit -n is $(ulimit -n): 10,000 connections need more" >&2; exit 1; }
 # shellcheck source=../scripts/lib.sh
@@ -29,7 +37,7 @@ endpoints: { hold: 60s }
 queue: { capacity: 2000000 }
 limits: { max_connections: 30000 }
 Y
-RUST_LOG=info,waitroom::access=off $BIN --config $OUT/w.yaml 2>$OUT/w.log & P=$!
+RUST_LOG=info,waitroom::access=off $BIN --config $OUT/w.yaml >/dev/null 2>$OUT/w.log & P=$!
 sleep 1.5
 # Seeded after the first (empty) admission tick: nobody is admitted for an hour.
 $WRB seed-queue --prefix held --count 10000 | redis-cli -p $RP --pipe >/dev/null
@@ -38,4 +46,3 @@ rss() { awk '/VmRSS/ {print $2}' /proc/$P/status; }
 echo "rss at start: $(rss) kB"
 # shellcheck disable=SC2046
 python3 "$ROOT/bench/open_polls.py" --port "$LP" --metrics-port "$MP" --count 10000 --pid "$P" $([ "${IDLE:-0}" = 1 ] || echo --held)
-kill $P; redis-cli -p $RP shutdown nosave >/dev/null 2>&1 || true

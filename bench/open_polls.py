@@ -20,7 +20,8 @@ import urllib.request
 
 def held_polls(metrics_port):
     text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics").read().decode()
-    return float(re.search(r"^waitroom_held_polls (\S+)$", text, re.M).group(1))
+    # One series a room (the `room` label): summed over the proxy's rooms.
+    return sum(float(v) for v in re.findall(r"^waitroom_held_polls(?:\{[^}]*\})? (\S+)$", text, re.M))
 
 
 def rss_kb(pid):
