@@ -245,9 +245,12 @@ where
     A: HttpServerApp + Send + Sync + 'static,
     E: Early,
 {
-    /// pingora's HTTP/1 loop (`apps/mod.rs`, `impl ServerApp for T: HttpServerApp`) with the
-    /// stream wrapped and told, before every request, that a head is due. h2c and TLS are not
-    /// served on `listen`, so the other branches of that loop are not needed here.
+    /// Takes the connection's slot and hands the connection to a task of its own
+    /// ([`Guarded::keep_alive`]). pingora's accept loop spawns one task a connection whose state
+    /// keeps room for the accepted socket and its handshake under a 60 s timer (about 2 kB,
+    /// BENCHMARKS.md, "Memory per connection"), dead once the handshake is done but held as long
+    /// as this call runs: returning at once frees it, and an idle connection holds only the
+    /// small task below. One more spawn a connection, none a request.
     async fn process_new(self: &Arc<Self>, stream: Stream, shutdown: &ShutdownWatch) -> Option<Stream> {
         let peer = stream.get_socket_digest().and_then(|d| d.peer_addr().and_then(|a| a.as_inet()).map(peer_ip));
         let slot = match self.connections.take(peer) {
@@ -257,11 +260,35 @@ where
                 return None; // dropping the stream closes it at once
             }
         };
-        let (mut limited, backstop) = {
+        let (limited, backstop) = {
             let settings = self.connections.process.settings();
             let limits = &settings.config.limits;
             (Box::new(LimitedStream::new(stream, slot, limits)), backstop_secs(limits))
         };
+        tokio::spawn(self.clone().keep_alive(limited, backstop, shutdown.clone()));
+        None
+    }
+
+    async fn cleanup(&self) {
+        self.app.http_cleanup().await;
+    }
+}
+
+impl<A, E> Guarded<A, E>
+where
+    A: HttpServerApp + Send + Sync + 'static,
+    E: Early,
+{
+    /// pingora's HTTP/1 loop (`apps/mod.rs`, `impl ServerApp for T: HttpServerApp`) with the
+    /// stream wrapped and told, before every request, that a head is due. h2c and TLS are not
+    /// served on `listen`, so the other branches of that loop are not needed here. Its state is
+    /// what an idle connection's task holds besides the stream.
+    pub(crate) async fn keep_alive(
+        self: Arc<Self>,
+        mut limited: Box<LimitedStream>,
+        backstop: u64,
+        shutdown: ShutdownWatch,
+    ) -> Option<()> {
         let mut persistent: Option<HttpPersistentSettings> = None;
         // A limit on requests per connection is counted by pingora's sessions only.
         let early = self.early.as_ref().filter(|_| self.app.server_options().and_then(|o| o.keepalive_request_limit).is_none());
@@ -292,7 +319,7 @@ where
             fresh = false;
             let framing = match next(early, &head) {
                 Next::Early(call) => {
-                    limited = self.answer_early(limited, call, shutdown).await?;
+                    limited = self.answer_early(limited, call, &shutdown).await?;
                     continue;
                 }
                 Next::Forward(framing) => framing,
@@ -309,7 +336,7 @@ where
                 }
             };
             limited.hand_over(framing);
-            let reused = self.serve(limited, head, persistent, backstop, shutdown).await?;
+            let reused = self.serve(limited, head, persistent, backstop, &shutdown).await?;
             let (next, settings) = reused.consume();
             limited = next.into_any().downcast::<LimitedStream>().ok()?;
             limited.expect_head(&self.connections.process.settings().config.limits, false);
@@ -317,16 +344,6 @@ where
         }
     }
 
-    async fn cleanup(&self) {
-        self.app.http_cleanup().await;
-    }
-}
-
-impl<A, E> Guarded<A, E>
-where
-    A: HttpServerApp + Send + Sync + 'static,
-    E: Early,
-{
     /// A call the connection loop answers itself (see [`Early`]); the stream back when
     /// the connection stays open. Boxed, as `serve`'s future is, to keep the loop's state small.
     fn answer_early<'a>(
