@@ -83,7 +83,7 @@ PIDS+=($!)
 wait_until 60 "the proxy" curl -fs "http://127.0.0.1:$MP/readyz" || die "the proxy did not become ready: $(cat "$WORK/heaptrack.log")"
 if [ "$HELD" = 1 ]; then
   # Seeded after the first (empty) admission tick, awaited: nobody is admitted for an hour.
-  first_tick() { curl -fs "http://127.0.0.1:$MP/metrics" | grep -q '^waitroom_admission_ticks_total{result="idle"} [1-9]'; }
+  first_tick() { curl -fs "http://127.0.0.1:$MP/metrics" | grep -E '^waitroom_admission_ticks_total\{([^}]*,)?result="idle"[,}].* [1-9]' >/dev/null; }
   wait_until 30 "the first admission tick" first_tick || die "no admission tick within 30 s"
   WRBENCH=${WRB:-$ROOT/target/release/wrbench}
   [ -x "$WRBENCH" ] || (cd "$ROOT" && cargo build --release --quiet -p waitroom-bench)
