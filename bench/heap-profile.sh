@@ -58,6 +58,8 @@ cp "$TARGET/release/waitroom" "$BIN"
 WORK=$(mktemp -d -t waitroom-heap.XXXXXX)
 PIDS=()
 cleanup() {
+  # heaptrack runs the proxy as its child, which outlives it when a step fails.
+  pkill -TERM -f "^$BIN --config $WORK/proxy.yaml" 2>/dev/null || true
   stop_all 2 "${PIDS[@]}"
   rm -rf "$WORK"
 }
