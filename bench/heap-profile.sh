@@ -10,6 +10,8 @@
 #   bench/heap-profile.sh --source /path/to/wt   # another checkout (a worktree of an older commit)
 #   CONNS=5000 bench/heap-profile.sh            # at most 10,000 (the batch a held poll needs)
 #   HELD=1 bench/heap-profile.sh                 # held status polls instead (endpoints.hold)
+#   HEAP_BIN=bench/out/heap-profile/NAME.waitroom HELD=1 bench/heap-profile.sh --name NAME-held
+#                                                # a binary built by an earlier run, not rebuilt
 #
 # With HELD=1 the room holds CONNS users near its front and admits nobody, and each client's poll
 # is held open (contract section 13) for the whole measurement: the cost of a held poll.
@@ -45,16 +47,22 @@ ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 TARGET=${HEAP_TARGET:-$ROOT/target/heap-profile}
 OUT=$ROOT/bench/out/heap-profile
 mkdir -p "$OUT"
-say "building $SOURCE with the system allocator into $TARGET"
-# Cargo fingerprints a workspace's own crates by their path inside the workspace, so another
-# checkout's older files look fresh against this target directory: the proxy's crate is cleaned
-# first (its dependencies stay built), and the binary copied out before another build replaces it.
-(cd "$SOURCE" && CARGO_TARGET_DIR=$TARGET cargo clean --release --quiet -p waitroom &&
-  CARGO_TARGET_DIR=$TARGET cargo build --release --quiet --no-default-features --bin waitroom \
-    --config 'profile.release.lto=false' --config 'profile.release.codegen-units=16' \
-    --config 'profile.release.debug="line-tables-only"')
 BIN=$OUT/$NAME.waitroom
-cp "$TARGET/release/waitroom" "$BIN"
+if [ -n "${HEAP_BIN:-}" ]; then
+  # A binary this script built before (bench/out/heap-profile/<name>.waitroom): the idle and the
+  # held profile of one build, without building it twice.
+  [ "$HEAP_BIN" -ef "$BIN" ] || cp "$HEAP_BIN" "$BIN"
+else
+  say "building $SOURCE with the system allocator into $TARGET"
+  # Cargo fingerprints a workspace's own crates by their path inside the workspace, so another
+  # checkout's older files look fresh against this target directory: the proxy's crate is cleaned
+  # first (its dependencies stay built), and the binary copied out before another build replaces it.
+  (cd "$SOURCE" && CARGO_TARGET_DIR=$TARGET cargo clean --release --quiet -p waitroom &&
+    CARGO_TARGET_DIR=$TARGET cargo build --release --quiet --no-default-features --bin waitroom \
+      --config 'profile.release.lto=false' --config 'profile.release.codegen-units=16' \
+      --config 'profile.release.debug="line-tables-only"')
+  cp "$TARGET/release/waitroom" "$BIN"
+fi
 WORK=$(mktemp -d -t waitroom-heap.XXXXXX)
 PIDS=()
 cleanup() {
