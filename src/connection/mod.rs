@@ -289,7 +289,9 @@ where
         backstop: u64,
         shutdown: ShutdownWatch,
     ) -> Option<()> {
-        let mut persistent: Option<HttpPersistentSettings> = None;
+        // Boxed: pingora's settings for a reused session are 80 bytes that every idle connection
+        // would carry in this loop's state, and only a connection that forwarded a request has them.
+        let mut persistent: Option<Box<HttpPersistentSettings>> = None;
         // A limit on requests per connection is counted by pingora's sessions only.
         let early = self.early.as_ref().filter(|_| self.app.server_options().and_then(|o| o.keepalive_request_limit).is_none());
         let mut stopping = shutdown.clone();
@@ -324,14 +326,7 @@ where
                 }
                 Next::Forward(framing) => framing,
                 Next::Refuse => {
-                    // Never pingora's to repair (see `head::plain_request_line`).
-                    tracing::debug!("request line refused");
-                    let _ = tokio::time::timeout(WRITE_TIMEOUT, async {
-                        use tokio::io::AsyncWriteExt;
-                        limited.write_all(&bad_request_line_response()).await?;
-                        limited.flush().await
-                    })
-                    .await;
+                    refuse(&mut limited).await;
                     return None;
                 }
             };
@@ -340,7 +335,7 @@ where
             let (next, settings) = reused.consume();
             limited = next.into_any().downcast::<LimitedStream>().ok()?;
             limited.expect_head(&self.connections.process.settings().config.limits, false);
-            persistent = settings;
+            persistent = settings.map(Box::new);
         }
     }
 
@@ -372,14 +367,14 @@ where
         self: &'a Arc<Self>,
         limited: Box<LimitedStream>,
         head: BytesMut,
-        persistent: Option<HttpPersistentSettings>,
+        persistent: Option<Box<HttpPersistentSettings>>,
         backstop: u64,
         shutdown: &'a ShutdownWatch,
     ) -> Pin<Box<dyn Future<Output = Option<ReusedHttpStream>> + Send + 'a>> {
         let mut session = ServerSession::new_http1(limited);
         session.set_pipelined_prefix(head);
         match persistent {
-            Some(settings) => settings.apply_to_session(&mut session),
+            Some(settings) => (*settings).apply_to_session(&mut session),
             None => {
                 session.set_keepalive(Some(backstop));
                 session.set_keepalive_reuses_remaining(self.app.server_options().and_then(|o| o.keepalive_request_limit));
@@ -391,6 +386,22 @@ where
         }
         self.app.process_new_http(session, shutdown)
     }
+}
+
+/// Answers a request line that is not plain (never pingora's to repair, see
+/// [`head::plain_request_line`]) before the connection is closed. Boxed, as the loop's other
+/// awaits are: its write and its timer would otherwise be room in the state every idle
+/// connection holds.
+fn refuse(limited: &mut LimitedStream) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+    Box::pin(async move {
+        tracing::debug!("request line refused");
+        let _ = tokio::time::timeout(WRITE_TIMEOUT, async {
+            use tokio::io::AsyncWriteExt;
+            limited.write_all(&bad_request_line_response()).await?;
+            limited.flush().await
+        })
+        .await;
+    })
 }
 
 /// Why a limit closed a connection (the label of `waitroom_connections_closed_total`).

@@ -131,8 +131,10 @@ impl HttpServerApp for Nothing {
 
 /// Every idle connection's task holds the connection loop's future (BENCHMARKS.md, "Memory per
 /// connection"). pingora's session is built in `serve`, so the loop keeps only the wait for the
-/// next head; a session held across that wait would add over 400 bytes. The bound leaves room
-/// for compilers, not for a session.
+/// next head; a session held across that wait would add over 400 bytes. tokio allocates a task
+/// in steps of 128 bytes (its cells are aligned to two cache lines) with about a hundred bytes
+/// of its own beside the future: this bound keeps the task at 512 bytes (the heap profile's
+/// `spawn (handle.rs)` site), and the next step is 128 more on every connection.
 #[tokio::test]
 async fn an_idle_connections_loop_state_stays_small() {
     let guarded = guarded(Nothing);
@@ -143,7 +145,7 @@ async fn an_idle_connections_loop_state_stays_small() {
     let limited = Box::new(LimitedStream::new(Box::new(server), slot, &limits));
     let connection = guarded.clone().keep_alive(limited, backstop_secs(&limits), shutdown);
     let size = std::mem::size_of_val(&connection);
-    assert!(size <= 512, "the connection loop's state is {size} bytes");
+    assert!(size <= 408, "the connection loop's state is {size} bytes");
 }
 
 /// pingora's call returns as soon as the connection has its own task, which serves it on: the
