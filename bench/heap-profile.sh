@@ -10,13 +10,16 @@
 #   bench/heap-profile.sh --source /path/to/wt   # another checkout (a worktree of an older commit)
 #   CONNS=5000 bench/heap-profile.sh            # at most 10,000 (the batch a held poll needs)
 #   HELD=1 bench/heap-profile.sh                 # held status polls instead (endpoints.hold)
+#   HEAP_BIN=bench/out/heap-profile/NAME.waitroom HELD=1 bench/heap-profile.sh --name NAME-held
+#                                                # a binary built by an earlier run, not rebuilt
 #
 # With HELD=1 the room holds CONNS users near its front and admits nobody, and each client's poll
 # is held open (contract section 13) for the whole measurement: the cost of a held poll.
 #
-# The build goes to target/heap-profile (release, without LTO, with line tables for the report):
-# a few minutes the first time. Needs heaptrack (apt-get install heaptrack), redis-server and
-# python3. Writes bench/out/heap-profile/<name>.{zst,txt,stacks} and the binary it profiled.
+# The build goes to $HEAP_TARGET (default target/heap-profile; release, without LTO, with line
+# tables for the report): a few minutes the first time. Needs heaptrack (apt-get install
+# heaptrack), redis-server and python3; with HELD=1 also wrbench ($WRB, default
+# target/release/wrbench). Writes bench/out/heap-profile/<name>.{zst,txt,stacks} and the binary it profiled.
 set -euo pipefail
 
 BENCH=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -41,22 +44,30 @@ done
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 [ "$(ulimit -n)" -ge $((CONNS + 100)) ] || die "ulimit -n is $(ulimit -n): $CONNS connections need more"
 
-TARGET=$ROOT/target/heap-profile
+TARGET=${HEAP_TARGET:-$ROOT/target/heap-profile}
 OUT=$ROOT/bench/out/heap-profile
 mkdir -p "$OUT"
-say "building $SOURCE with the system allocator into $TARGET"
-# Cargo fingerprints a workspace's own crates by their path inside the workspace, so another
-# checkout's older files look fresh against this target directory: the proxy's crate is cleaned
-# first (its dependencies stay built), and the binary copied out before another build replaces it.
-(cd "$SOURCE" && CARGO_TARGET_DIR=$TARGET cargo clean --release --quiet -p waitroom &&
-  CARGO_TARGET_DIR=$TARGET cargo build --release --quiet --no-default-features --bin waitroom \
-    --config 'profile.release.lto=false' --config 'profile.release.codegen-units=16' \
-    --config 'profile.release.debug="line-tables-only"')
 BIN=$OUT/$NAME.waitroom
-cp "$TARGET/release/waitroom" "$BIN"
+if [ -n "${HEAP_BIN:-}" ]; then
+  # A binary this script built before (bench/out/heap-profile/<name>.waitroom): the idle and the
+  # held profile of one build, without building it twice.
+  [ "$HEAP_BIN" -ef "$BIN" ] || cp "$HEAP_BIN" "$BIN"
+else
+  say "building $SOURCE with the system allocator into $TARGET"
+  # Cargo fingerprints a workspace's own crates by their path inside the workspace, so another
+  # checkout's older files look fresh against this target directory: the proxy's crate is cleaned
+  # first (its dependencies stay built), and the binary copied out before another build replaces it.
+  (cd "$SOURCE" && CARGO_TARGET_DIR=$TARGET cargo clean --release --quiet -p waitroom &&
+    CARGO_TARGET_DIR=$TARGET cargo build --release --quiet --no-default-features --bin waitroom \
+      --config 'profile.release.lto=false' --config 'profile.release.codegen-units=16' \
+      --config 'profile.release.debug="line-tables-only"')
+  cp "$TARGET/release/waitroom" "$BIN"
+fi
 WORK=$(mktemp -d -t waitroom-heap.XXXXXX)
 PIDS=()
 cleanup() {
+  # heaptrack runs the proxy as its child, which outlives it when a step fails.
+  pkill -TERM -f "^$BIN --config $WORK/proxy.yaml" 2>/dev/null || true
   stop_all 2 "${PIDS[@]}"
   rm -rf "$WORK"
 }
@@ -82,9 +93,9 @@ PIDS+=($!)
 wait_until 60 "the proxy" curl -fs "http://127.0.0.1:$MP/readyz" || die "the proxy did not become ready: $(cat "$WORK/heaptrack.log")"
 if [ "$HELD" = 1 ]; then
   # Seeded after the first (empty) admission tick, awaited: nobody is admitted for an hour.
-  first_tick() { curl -fs "http://127.0.0.1:$MP/metrics" | grep -q '^waitroom_admission_ticks_total{result="idle"} [1-9]'; }
+  first_tick() { curl -fs "http://127.0.0.1:$MP/metrics" | grep -E '^waitroom_admission_ticks_total\{([^}]*,)?result="idle"[,}].* [1-9]' >/dev/null; }
   wait_until 30 "the first admission tick" first_tick || die "no admission tick within 30 s"
-  WRBENCH=$ROOT/target/release/wrbench
+  WRBENCH=${WRB:-$ROOT/target/release/wrbench}
   [ -x "$WRBENCH" ] || (cd "$ROOT" && cargo build --release --quiet -p waitroom-bench)
   "$WRBENCH" seed-queue --prefix heap --count "$CONNS" | redis-cli -p "$RP" --pipe >/dev/null
 fi

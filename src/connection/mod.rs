@@ -245,9 +245,12 @@ where
     A: HttpServerApp + Send + Sync + 'static,
     E: Early,
 {
-    /// pingora's HTTP/1 loop (`apps/mod.rs`, `impl ServerApp for T: HttpServerApp`) with the
-    /// stream wrapped and told, before every request, that a head is due. h2c and TLS are not
-    /// served on `listen`, so the other branches of that loop are not needed here.
+    /// Takes the connection's slot and hands the connection to a task of its own
+    /// ([`Guarded::keep_alive`]). pingora's accept loop spawns one task a connection whose state
+    /// keeps room for the accepted socket and its handshake under a 60 s timer (about 2 kB,
+    /// BENCHMARKS.md, "Memory per connection"), dead once the handshake is done but held as long
+    /// as this call runs: returning at once frees it, and an idle connection holds only the
+    /// small task below. One more spawn a connection, none a request.
     async fn process_new(self: &Arc<Self>, stream: Stream, shutdown: &ShutdownWatch) -> Option<Stream> {
         let peer = stream.get_socket_digest().and_then(|d| d.peer_addr().and_then(|a| a.as_inet()).map(peer_ip));
         let slot = match self.connections.take(peer) {
@@ -257,12 +260,38 @@ where
                 return None; // dropping the stream closes it at once
             }
         };
-        let (mut limited, backstop) = {
+        let (limited, backstop) = {
             let settings = self.connections.process.settings();
             let limits = &settings.config.limits;
             (Box::new(LimitedStream::new(stream, slot, limits)), backstop_secs(limits))
         };
-        let mut persistent: Option<HttpPersistentSettings> = None;
+        tokio::spawn(self.clone().keep_alive(limited, backstop, shutdown.clone()));
+        None
+    }
+
+    async fn cleanup(&self) {
+        self.app.http_cleanup().await;
+    }
+}
+
+impl<A, E> Guarded<A, E>
+where
+    A: HttpServerApp + Send + Sync + 'static,
+    E: Early,
+{
+    /// pingora's HTTP/1 loop (`apps/mod.rs`, `impl ServerApp for T: HttpServerApp`) with the
+    /// stream wrapped and told, before every request, that a head is due. h2c and TLS are not
+    /// served on `listen`, so the other branches of that loop are not needed here. Its state is
+    /// what an idle connection's task holds besides the stream.
+    pub(crate) async fn keep_alive(
+        self: Arc<Self>,
+        mut limited: Box<LimitedStream>,
+        backstop: u64,
+        shutdown: ShutdownWatch,
+    ) -> Option<()> {
+        // Boxed: pingora's settings for a reused session are 80 bytes that every idle connection
+        // would carry in this loop's state, and only a connection that forwarded a request has them.
+        let mut persistent: Option<Box<HttpPersistentSettings>> = None;
         // A limit on requests per connection is counted by pingora's sessions only.
         let early = self.early.as_ref().filter(|_| self.app.server_options().and_then(|o| o.keepalive_request_limit).is_none());
         let mut stopping = shutdown.clone();
@@ -292,41 +321,24 @@ where
             fresh = false;
             let framing = match next(early, &head) {
                 Next::Early(call) => {
-                    limited = self.answer_early(limited, call, shutdown).await?;
+                    limited = self.answer_early(limited, call, &shutdown).await?;
                     continue;
                 }
                 Next::Forward(framing) => framing,
                 Next::Refuse => {
-                    // Never pingora's to repair (see `head::plain_request_line`).
-                    tracing::debug!("request line refused");
-                    let _ = tokio::time::timeout(WRITE_TIMEOUT, async {
-                        use tokio::io::AsyncWriteExt;
-                        limited.write_all(&bad_request_line_response()).await?;
-                        limited.flush().await
-                    })
-                    .await;
+                    refuse(&mut limited).await;
                     return None;
                 }
             };
             limited.hand_over(framing);
-            let reused = self.serve(limited, head, persistent, backstop, shutdown).await?;
+            let reused = self.serve(limited, head, persistent, backstop, &shutdown).await?;
             let (next, settings) = reused.consume();
             limited = next.into_any().downcast::<LimitedStream>().ok()?;
             limited.expect_head(&self.connections.process.settings().config.limits, false);
-            persistent = settings;
+            persistent = settings.map(Box::new);
         }
     }
 
-    async fn cleanup(&self) {
-        self.app.http_cleanup().await;
-    }
-}
-
-impl<A, E> Guarded<A, E>
-where
-    A: HttpServerApp + Send + Sync + 'static,
-    E: Early,
-{
     /// A call the connection loop answers itself (see [`Early`]); the stream back when
     /// the connection stays open. Boxed, as `serve`'s future is, to keep the loop's state small.
     fn answer_early<'a>(
@@ -355,14 +367,14 @@ where
         self: &'a Arc<Self>,
         limited: Box<LimitedStream>,
         head: BytesMut,
-        persistent: Option<HttpPersistentSettings>,
+        persistent: Option<Box<HttpPersistentSettings>>,
         backstop: u64,
         shutdown: &'a ShutdownWatch,
     ) -> Pin<Box<dyn Future<Output = Option<ReusedHttpStream>> + Send + 'a>> {
         let mut session = ServerSession::new_http1(limited);
         session.set_pipelined_prefix(head);
         match persistent {
-            Some(settings) => settings.apply_to_session(&mut session),
+            Some(settings) => (*settings).apply_to_session(&mut session),
             None => {
                 session.set_keepalive(Some(backstop));
                 session.set_keepalive_reuses_remaining(self.app.server_options().and_then(|o| o.keepalive_request_limit));
@@ -374,6 +386,22 @@ where
         }
         self.app.process_new_http(session, shutdown)
     }
+}
+
+/// Answers a request line that is not plain (never pingora's to repair, see
+/// [`head::plain_request_line`]) before the connection is closed. Boxed, as the loop's other
+/// awaits are: its write and its timer would otherwise be room in the state every idle
+/// connection holds.
+fn refuse(limited: &mut LimitedStream) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+    Box::pin(async move {
+        tracing::debug!("request line refused");
+        let _ = tokio::time::timeout(WRITE_TIMEOUT, async {
+            use tokio::io::AsyncWriteExt;
+            limited.write_all(&bad_request_line_response()).await?;
+            limited.flush().await
+        })
+        .await;
+    })
 }
 
 /// Why a limit closed a connection (the label of `waitroom_connections_closed_total`).

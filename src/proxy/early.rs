@@ -33,7 +33,7 @@ use std::time::Instant;
 
 use bytes::BufMut;
 use http::header::{CONNECTION, CONTENT_LENGTH, EXPECT};
-use http::StatusCode;
+use http::{HeaderMap, Method, StatusCode, Uri};
 use pingora::http::RequestHeader;
 use pingora::protocols::http::{authority, date};
 use pingora::protocols::GetSocketDigest;
@@ -72,7 +72,7 @@ impl crate::connection::Early for Answers {
         conn: &'a mut LimitedStream,
         shutdown: &'a ShutdownWatch,
     ) -> Pin<Box<dyn Future<Output = After> + Send + 'a>> {
-        Box::pin(call.serve(conn, shutdown))
+        call.serve(conn, shutdown)
     }
 }
 
@@ -82,7 +82,14 @@ pub struct Early {
     room: Arc<Room>,
     /// Status or enter.
     endpoint: Endpoint,
-    request: RequestHeader,
+    /// The request line's method and target, for the access line: a held poll keeps these, not
+    /// its `RequestHeader` (its header map and its copies of the fields, over a kilobyte of heap,
+    /// for the hold's whole length). Moved out of the request, so no copy is made.
+    method: Method,
+    uri: Uri,
+    /// An enter's header fields, which its sender's limits read ([`super::sender::Sender`]);
+    /// empty, with no allocation, for a status call, which reads none after [`take`].
+    headers: HeaderMap,
     /// The user asking, or why no user could be told.
     caller: Result<String, Refusal>,
     started: Instant,
@@ -120,7 +127,9 @@ fn take(process: &Arc<Process>, head: &[u8]) -> Taken<Box<Early>> {
     let caller = identity_in(config, &request.headers);
     let _in_flight = process.request_started();
     drop(settings);
-    Taken::Call(Box::new(Early { room, endpoint, request, caller, started, _in_flight }))
+    let parts = http::request::Parts::from(request);
+    let headers = if endpoint == Endpoint::Enter { parts.headers } else { HeaderMap::new() };
+    Taken::Call(Box::new(Early { room, endpoint, method: parts.method, uri: parts.uri, headers, caller, started, _in_flight }))
 }
 
 /// The endpoint `head` would call, from its first bytes alone.
@@ -134,30 +143,56 @@ fn candidate(prefix: &[u8], head: &[u8]) -> Option<Endpoint> {
 
 impl Early {
     /// Answers the call (holding the poll when it is one to hold, as the full path does) and
-    /// writes the answer to `stream`; what becomes of the connection.
-    async fn serve<S>(
-        self: Box<Self>,
-        stream: &mut S,
-        shutdown: &ShutdownWatch,
-    ) -> After
+    /// writes the answer to `stream`; what becomes of the connection. Each endpoint's call is
+    /// a future of its own type, boxed at its own size: a held poll waits inside its box for as
+    /// long as it is held, and one future for both calls would give it the size of an enter's
+    /// (its Redis call's state), which it never uses.
+    fn serve<'a, S>(self: Box<Self>, stream: &'a mut S, shutdown: &'a ShutdownWatch) -> Pin<Box<dyn Future<Output = After> + Send + 'a>>
     where
         S: AsyncRead + AsyncWrite + GetSocketDigest + Unread + Unpin + Send,
     {
-        let room = &*self.room;
-        let mut client = ClientWatch { stream: &mut *stream };
-        let answer = match (&self.caller, self.endpoint) {
-            (Err(refusal), _) => Some(Answer::identity(*refusal)),
-            (Ok(user), Endpoint::Enter) => {
+        match self.endpoint {
+            Endpoint::Enter => Box::pin(self.enter(stream, shutdown)),
+            _ => Box::pin(self.status(stream, shutdown)),
+        }
+    }
+
+    async fn enter<S>(self: Box<Self>, stream: &mut S, shutdown: &ShutdownWatch) -> After
+    where
+        S: AsyncRead + AsyncWrite + GetSocketDigest + Unread + Unpin + Send,
+    {
+        let answer = match &self.caller {
+            Err(refusal) => Answer::identity(*refusal),
+            Ok(user) => {
+                let room = &*self.room;
                 // An Arc, not a Guard: the enter waits on Redis with it.
                 let settings = room.snapshot();
                 let limited = settings.config.abuse.identities_per_address > 0;
-                let peer = limited.then(|| peer_ip(client.stream)).flatten();
-                let sender = super::sender::Sender { peer, headers: &self.request.headers };
-                Some(enter::handle(room, &settings, &sender, user).await)
+                let peer = limited.then(|| peer_ip(stream)).flatten();
+                let sender = super::sender::Sender { peer, headers: &self.headers };
+                enter::handle(room, &settings, &sender, user).await
             }
-            // A held poll takes the settings of each reading itself (see `status::answer`).
-            (Ok(user), _) => status::answer(room, &mut client, user).await,
         };
+        self.finish(Some(answer), stream, shutdown).await
+    }
+
+    async fn status<S>(self: Box<Self>, stream: &mut S, shutdown: &ShutdownWatch) -> After
+    where
+        S: AsyncRead + AsyncWrite + Unread + Unpin + Send,
+    {
+        let answer = match &self.caller {
+            Err(refusal) => Some(Answer::identity(*refusal)),
+            // A held poll takes the settings of each reading itself (see `status::answer`).
+            Ok(user) => status::answer(&self.room, &mut ClientWatch { stream: &mut *stream }, user).await,
+        };
+        self.finish(answer, stream, shutdown).await
+    }
+
+    /// Writes the answer (`None`: the client left a held poll) and logs the call.
+    async fn finish<S>(self: Box<Self>, answer: Option<Answer>, stream: &mut S, shutdown: &ShutdownWatch) -> After
+    where
+        S: AsyncWrite + Unpin,
+    {
         let Some(answer) = answer else {
             self.done(0, Some("the client left a held poll".to_owned()));
             return After::Close;
@@ -185,8 +220,8 @@ impl Early {
         tracing::debug!(endpoint, status, "answered before pingora's session");
         self.room.metrics().requests.request_duration.with(endpoint, |duration| duration.observe(elapsed.as_secs_f64()));
         logging::access(&logging::Access {
-            method: self.request.method.as_str(),
-            path: self.request.uri.path(),
+            method: self.method.as_str(),
+            path: self.uri.path(),
             status,
             endpoint,
             duration: elapsed,

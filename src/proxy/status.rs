@@ -100,6 +100,8 @@ pub async fn answer(room: &Room, client: &mut impl Client, user: &str) -> Option
         // that keeps a poll held would be answered in a loop.
         return Some(Reply { answer: Answer::waiting_unheld(position, pace, &settings.config, room.paused()), ..now }.count(room));
     };
+    // Its rendered answer is not sent: its body would be held for the hold's whole length.
+    drop(now);
     let deadline = tokio::time::Instant::now() + settings.config.endpoints.hold;
     let abandon = settings.config.queue.abandon_after;
     let touch = (!abandon.is_zero()).then(|| abandon / TOUCH_PER_ABANDON);
@@ -108,10 +110,14 @@ pub async fn answer(room: &Room, client: &mut impl Client, user: &str) -> Option
     drop(snapshot);
     let read_now = || async { read_small(room, &room.snapshot(), user, true).await };
     let reading = loop {
+        // One timer for the hold's end and the next touch: a held poll waits with this future
+        // inside its own, and a timer is over a hundred bytes of it.
+        let touch_at = touch.map(|touch| tokio::time::Instant::now() + touch);
         let wake = tokio::select! {
             _ = hold.woken() => Wake::Front,
-            _ = tokio::time::sleep_until(deadline) => Wake::Over,
-            _ = sleep_or_never(touch) => Wake::Front,
+            _ = tokio::time::sleep_until(touch_at.map_or(deadline, |at| at.min(deadline))) => {
+                if tokio::time::Instant::now() >= deadline { Wake::Over } else { Wake::Front }
+            }
             watched = client.watch(), if watch_client => Wake::Client(watched),
         };
         match wake {
@@ -159,13 +165,6 @@ enum Wake {
     /// `endpoints.hold` has passed.
     Over,
     Client(Watched),
-}
-
-async fn sleep_or_never(after: Option<Duration>) {
-    match after {
-        Some(after) => tokio::time::sleep(after).await,
-        None => std::future::pending().await,
-    }
 }
 
 /// [`read`], with what needs Redis on the heap: a held poll waits with this future inside its own,
@@ -250,5 +249,37 @@ fn waiting(room: &Room, settings: &Settings, pace: Pace, position: u64, score: O
         },
         waiting: Some((position, score)),
         ready_ms: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::config::Config;
+    use crate::store::Redis;
+
+    /// A client that never speaks: only the held poll's own state is measured.
+    struct Silent;
+
+    impl Client for Silent {
+        async fn watch(&mut self) -> Watched {
+            std::future::pending().await
+        }
+    }
+
+    /// A held poll waits inside this future (boxed by the connection loop's early answers) for
+    /// as long as it is held: one timer for the hold's end and its touches, its Redis readings
+    /// boxed, nothing of the first reading's answer. The bound is today's size in a debug build.
+    #[test]
+    fn a_held_polls_state_stays_small() {
+        let config = Config::parse("upstream: 127.0.0.1:1").unwrap();
+        let redis = Redis::new(&config.redis).unwrap();
+        let room = Room::new("r", None, Arc::new(Settings::new(config)), redis.room(redis.default_keys()));
+        let mut client = Silent;
+        let held = answer(&room, &mut client, "u1");
+        let size = std::mem::size_of_val(&held);
+        assert!(size <= 544, "a held poll's state is {size} bytes");
     }
 }
