@@ -474,17 +474,8 @@ pub fn run(a: ReportArgs) -> Result<()> {
             } else {
                 "–".into()
             };
-            let share = |k: &str| {
-                let x = f(&v["throughput"], k);
-                if x.is_finite() { format!("{:.0} %", x * 100.0) } else { "–".into() }
-            };
-            // A run shorter than the settling time (the smoke mode's) has nothing after it: the
-            // whole run's figures then, marked.
-            let batch = match (&v["batch"]["after_10s"], &v["batch"]["overall"]) {
-                (b, _) if b.is_object() => format!("{:.1} / {} / {}", f(b, "mean"), b["min"], b["max"]),
-                (_, b) if b.is_object() => format!("{:.1} / {} / {} (whole run)", f(b, "mean"), b["min"], b["max"]),
-                _ => "–".into(),
-            };
+            let share = |k: &str| crowd_share(v, k);
+            let batch = crowd_batch(v);
             writeln!(
                 md,
                 "| {} | {} / {} | {:.1} s ({:.0} s) | {} / {} / {} | {} / {} | {} | {} / {} | {} ({:.3} % of pairs) ({}) | {:.1} | {} |",
@@ -582,4 +573,20 @@ pub fn run(a: ReportArgs) -> Result<()> {
     std::fs::write(a.dir.join("table.md"), &md).map_err(ctx("table.md"))?;
     print!("{md}");
     Ok(())
+}
+
+/// A crowd's throughput figure `key` as a share of its capacity, or a dash when it has none.
+fn crowd_share(crowd: &Value, key: &str) -> String {
+    let x = f(&crowd["throughput"], key);
+    if x.is_finite() { format!("{:.0} %", x * 100.0) } else { "–".into() }
+}
+
+/// A crowd's batch in force after its first 10 s: mean / min / max. A run shorter than the
+/// settling time (the smoke mode's) has nothing after it: the whole run's figures then, marked.
+fn crowd_batch(crowd: &Value) -> String {
+    match (&crowd["batch"]["after_10s"], &crowd["batch"]["overall"]) {
+        (b, _) if b.is_object() => format!("{:.1} / {} / {}", f(b, "mean"), b["min"], b["max"]),
+        (_, b) if b.is_object() => format!("{:.1} / {} / {} (whole run)", f(b, "mean"), b["min"], b["max"]),
+        _ => "–".into(),
+    }
 }

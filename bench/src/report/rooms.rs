@@ -9,7 +9,7 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 
-use super::{agg, f, fmt_num, ms, secs};
+use super::{agg, crowd_batch, crowd_share, f, fmt_num, ms, secs};
 use crate::stats::median;
 use crate::{ctx, Result};
 
@@ -140,15 +140,8 @@ fn two_crowds(crowd: &[Value], judged: bool, md: &mut String) -> Value {
         let (p95, lost) = (f(l, "p95"), v["lost"].as_u64());
         let ok = p95 <= CROWD_P95_MS && lost == Some(0);
         let rate = f(&v["throughput"], "ideal_rate");
-        let share = |k: &str| {
-            let x = f(&v["throughput"], k);
-            if x.is_finite() { format!("{:.0} %", x * 100.0) } else { "–".into() }
-        };
-        let batch = match (&v["batch"]["after_10s"], &v["batch"]["overall"]) {
-            (b, _) if b.is_object() => format!("{:.1} / {} / {}", f(b, "mean"), b["min"], b["max"]),
-            (_, b) if b.is_object() => format!("{:.1} / {} / {} (whole run)", f(b, "mean"), b["min"], b["max"]),
-            _ => "–".into(),
-        };
+        let share = |k: &str| crowd_share(v, k);
+        let batch = crowd_batch(v);
         writeln!(
             md,
             "| {} | {} | {} per {} ms | {:.0} slots ({:.0} orders/s) | {} / {} | {:.1} s ({:.1} s) | {} / {} / {} | {} / {} | {batch} | p95 <= {CROWD_P95_MS:.0} ms, none lost{} |",
