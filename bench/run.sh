@@ -819,9 +819,10 @@ EOF
 }
 
 # rooms_run BENCH TARGET ROUND: one wrk run of the busy room's BENCH on TARGET (rooms-1 or
-# rooms-50), with what target_run does around it, for the busy room's keys.
+# rooms-50), with what target_run does around it, for the busy room's keys in TARGET's Redis.
 rooms_run() {
   local bench=$1 target=$2 round=$3 dur=$DURATION env=() script pairs=""
+  local redis=(redis-cli -h 127.0.0.1 -p "${ROOMS_REDIS[$target]}")
   [ "$round" -eq 0 ] && dur=2
   case "$bench" in
     status_one) env=(WR_USER=$STATUS_USER); script=status_one ;;
@@ -830,29 +831,41 @@ rooms_run() {
       TOKEN_TAG=$((TOKEN_TAG + 1))
       pairs=$OUT/tmp/pairs-$TOKEN_TAG.txt
       "$WRBENCH" mint-tokens --prefix "$ROOMS_PREFIX" --room busy --count $((TOKENS_PER_S * dur)) \
-        --tag "$TOKEN_TAG" --pairs "$pairs" | rcli --pipe >/dev/null
+        --tag "$TOKEN_TAG" --pairs "$pairs" | "${redis[@]}" --pipe >/dev/null
       env=(WR_PAIRS="$pairs"); script=protected ;;
     *) die "rooms: no bench $bench" ;;
   esac
   wrk_run rooms "$bench" "$target" "$round" "${WR_URL[$target]}" "$script" "$dur" "" "${env[@]}"
   # Back to the seeded line, as target_run does for the paths' room (see there).
   if [ "$bench" = enter_new ]; then
-    rcli ZREMRANGEBYSCORE "{$ROOMS_PREFIX:busy}:queue" "($QUEUE_SIZE" +inf >/dev/null
-    rcli SET "{$ROOMS_PREFIX:busy}:seq" "$QUEUE_SIZE" >/dev/null
-    rcli DEL "{$ROOMS_PREFIX:busy}:epoch" >/dev/null
+    "${redis[@]}" ZREMRANGEBYSCORE "{$ROOMS_PREFIX:busy}:queue" "($QUEUE_SIZE" +inf >/dev/null
+    "${redis[@]}" SET "{$ROOMS_PREFIX:busy}:seq" "$QUEUE_SIZE" >/dev/null
+    "${redis[@]}" DEL "{$ROOMS_PREFIX:busy}:epoch" >/dev/null
   fi
   [ -z "$pairs" ] || rm -f "$pairs"
 }
 
 # Part 1: the busy room served by a proxy that has only it, and by one that has 49 idle rooms
-# besides; both on the one Redis, so they serve the same line and the same tokens.
+# besides. Each proxy has a Redis of its own, seeded alike: on one shared Redis each proxy would
+# also hear every token the other spends (section 5's announcements), so a protected run would
+# load the proxy not measured as well, and its spent tokens would pile up in both.
+declare -A ROOMS_REDIS ROOMS_REDIS_PID
 rooms_busy_beside_idle() {
   say "== rooms: one busy room alone and beside 49 idle rooms, $ROUNDS round(s) of ${DURATION}s, wrk -t$WRK_THREADS -c$WRK_CONNS"
-  local started
+  local started target
   started=$(now_s)
-  rooms_start rooms-50 "$P_REDIS" "$P_API" "$(rooms_busy_yaml; rooms_idle_yaml 49)"
-  rooms_start rooms-1 "$P_REDIS" "$P_API" "$(rooms_busy_yaml)"
-  "$WRBENCH" seed-queue --prefix "$ROOMS_PREFIX" --room busy --count "$QUEUE_SIZE" | rcli --pipe >"$OUT/logs/seed-rooms.log"
+  for target in rooms-50 rooms-1; do
+    pick_port; ROOMS_REDIS[$target]=$PORT
+    redis-server --port "$PORT" --bind 127.0.0.1 --save '' --appendonly no --protected-mode no \
+      --maxclients 20000 --logfile "$OUT/logs/redis-$target.log" &
+    PIDS+=($!)
+    ROOMS_REDIS_PID[$target]=$!
+    wait_until 10 "redis ($target)" redis-cli -h 127.0.0.1 -p "$PORT" ping
+    "$WRBENCH" seed-queue --prefix "$ROOMS_PREFIX" --room busy --count "$QUEUE_SIZE" \
+      | redis-cli -h 127.0.0.1 -p "$PORT" --pipe >"$OUT/logs/seed-$target.log"
+  done
+  rooms_start rooms-50 "${ROOMS_REDIS[rooms-50]}" "$P_API" "$(rooms_busy_yaml; rooms_idle_yaml 49)"
+  rooms_start rooms-1 "${ROOMS_REDIS[rooms-1]}" "$P_API" "$(rooms_busy_yaml)"
   # The idle rooms as they stay: quiet. The smoke mode does not wait for it: its numbers are not
   # read, only that it runs.
   if [ "$QUICK" -eq 0 ]; then
@@ -861,16 +874,17 @@ rooms_busy_beside_idle() {
   local bench round targets
   for bench in status_one enter_new protected; do
     for round in $(seq $((1 - WARMUP)) "$ROUNDS"); do
-      # Each goes first every other round: whatever the first run leaves behind (a trimmed line,
-      # spent tokens, a warmer cache) falls on both.
+      # Each goes first every other round: whatever the first run leaves behind (a warmer
+      # cache, a busier machine) falls on both.
       targets=(rooms-1 rooms-50)
       [ $((round % 2)) -eq 0 ] && targets=(rooms-50 rooms-1)
       for t in "${targets[@]}"; do rooms_run "$bench" "$t" "$round"; done
     done
   done
-  stop_pid "${WR_PID[rooms-1]}"
-  stop_pid "${WR_PID[rooms-50]}"
-  rcli UNLINK "{$ROOMS_PREFIX:busy}:queue" >/dev/null
+  for target in rooms-1 rooms-50; do
+    stop_pid "${WR_PID[$target]}"
+    stop_pid "${ROOMS_REDIS_PID[$target]}"
+  done
 }
 
 # Part 2: the crowd split over two rooms of one proxy at once, each room with its own rate and its
