@@ -53,7 +53,7 @@ impl PathRefusal {
 /// A request target's canonical path, and its query as the client sent it.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Canonical<'a> {
-    path: Cow<'a, str>,
+    pub(super) path: Cow<'a, str>,
     query: Option<&'a [u8]>,
     /// The whole target was origin-form without a fragment and its path already canonical: it can
     /// be forwarded as it came.

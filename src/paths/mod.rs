@@ -1,9 +1,10 @@
 //! Which requests are protected (contract section 12): the canonical path of a request target,
 //! the rules' matching, and the readings a backend might make that the proxy refuses to guess.
 //!
-//! Pure: no I/O, no pingora types. The proxy calls [`classify`] once per request with the raw
-//! target (`RequestHeader::raw_path()`, bytes, so a non-UTF-8 target is judged and not lost) and
-//! renders a [`PathRefusal`] as 400.
+//! Pure: no I/O, no pingora types. The proxy reads each request's raw target once
+//! ([`Target::read`]; `RequestHeader::raw_path()`, bytes, so a non-UTF-8 target is judged and not
+//! lost), checks it against each room's rules ([`Target::check`]; [`classify`] is both for one set
+//! of rules) and renders a [`PathRefusal`] as 400.
 //!
 //! Why a canonical path: backends route paths their own way (Tomcat drops `;params`, Express
 //! ignores case and a trailing slash, Go's mux cleans `//` and `./`, most decode `%6F`), so the
@@ -52,12 +53,13 @@ mod canonical;
 mod rules;
 
 use std::borrow::Cow;
+use std::cell::OnceCell;
 
 use http::{HeaderMap, Method};
 
 pub use canonical::{canonical_path, Canonical, PathRefusal};
 use canonical::decode;
-pub use rules::{match_key, method_matches, PathMatch, Rule};
+pub use rules::{match_key, method_matches, Methods, PathMatch, Rule};
 use rules::{network_path_readings, reading_key, Reading};
 
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {
@@ -95,61 +97,125 @@ pub fn classify<'a, T: AsRef<[u8]> + ?Sized>(
     headers: &HeaderMap,
     target: &'a T,
 ) -> Result<Verdict<'a>, PathRefusal> {
-    let candidates = || rules.iter().filter(|r| method_matches(&r.method, method, headers));
-    let could_be_protected = candidates().next().is_some();
-    let canonical = match canonical_path(target) {
-        Ok(c) => c,
-        // `OPTIONS *`, `CONNECT host:443`: nothing here could be protected.
-        Err(PathRefusal::NoPath) if !could_be_protected => return Ok(Verdict::PassThrough),
-        Err(refusal) => return Err(refusal),
-    };
-    if !could_be_protected {
+    let target = Target::read(target);
+    if !target.check(rules, &Methods::of(method, headers))? {
         return Ok(Verdict::PassThrough);
     }
-    let protected = |key: &str| candidates().any(|r| r.covers(key.as_bytes()));
-    let plain = match_key(canonical.path());
-    // Rare (browsers and client libraries never send a target starting with `//`): what this
-    // allocates costs the common case nothing.
-    for path in network_path_readings(target.as_ref()) {
-        // The path is a part of the target's path, which decoded: this cannot fail.
-        let Ok(decoded) = decode(&path) else { continue };
-        for bits in 0..8u8 {
-            let reading =
-                Reading { slashes: bits & 1 != 0, params_first: bits & 2 != 0, dots_first: bits & 4 != 0 };
-            // Refused even when this reading is the plain one: the contract refuses any `//`
-            // target whose path after the first segment is protected.
-            if protected(&reading_key(&decoded, reading)) {
-                return Err(PathRefusal::NetworkPath);
+    match target.read {
+        Ok(read) => Ok(Verdict::Protected(read.canonical)),
+        Err(refusal) => Err(refusal),
+    }
+}
+
+/// A request target read once, then judged against any number of rule sets ([`Target::check`],
+/// one per room): reading it costs scans of the target, judging it only compares keys, so a proxy
+/// with fifty rooms reads each request once and not fifty times. [`classify`] is one read and
+/// one check.
+pub struct Target<'a> {
+    raw: &'a [u8],
+    read: Result<Read<'a>, PathRefusal>,
+}
+
+struct Read<'a> {
+    canonical: Canonical<'a>,
+    /// The match key of the canonical path.
+    plain: Cow<'a, str>,
+    /// The other readings' keys, made the first time a rule's method matches: a request no rule
+    /// could protect never pays for them.
+    others: OnceCell<Others>,
+}
+
+/// The keys of the readings other than the plain one (see [`classify`]).
+struct Others {
+    /// The paths after the host of a target starting with `//`, in every reading; any protected
+    /// one refuses the request, even the plain reading itself.
+    network: Vec<String>,
+    /// The alternative readings that differ from the plain one.
+    alternatives: Vec<String>,
+}
+
+impl<'a> Target<'a> {
+    pub fn read<T: AsRef<[u8]> + ?Sized>(target: &'a T) -> Target<'a> {
+        let raw = target.as_ref();
+        let read = canonical_path(raw).map(|canonical| {
+            let plain = match &canonical.path {
+                Cow::Borrowed(path) => match_key(path),
+                Cow::Owned(path) => Cow::Owned(match_key(path).into_owned()),
+            };
+            Read { canonical, plain, others: OnceCell::new() }
+        });
+        Target { raw, read }
+    }
+
+    /// What `rules` make of the target: `Ok(true)` protected (forwarded with
+    /// [`Target::canonical`]'s target), `Ok(false)` passed through as it came, or refused.
+    pub fn check(&self, rules: &[Rule], methods: &Methods<'_>) -> Result<bool, PathRefusal> {
+        let candidates = || rules.iter().filter(|r| methods.include(&r.method));
+        let mut first = candidates().peekable();
+        let could_be_protected = first.peek().is_some();
+        let read = match &self.read {
+            Ok(read) => read,
+            // `OPTIONS *`, `CONNECT host:443`: nothing here could be protected.
+            Err(PathRefusal::NoPath) if !could_be_protected => return Ok(false),
+            Err(refusal) => return Err(*refusal),
+        };
+        if !could_be_protected {
+            return Ok(false);
+        }
+        let protected = |key: &str| candidates().any(|r| r.covers(key.as_bytes()));
+        let others = read.others.get_or_init(|| Others::of(self.raw, &read.canonical, &read.plain));
+        if others.network.is_empty() && others.alternatives.is_empty() {
+            // The common case: the plain reading only, each rule's method compared once.
+            return Ok(first.any(|r| r.covers(read.plain.as_bytes())));
+        }
+        if others.network.iter().any(|key| protected(key)) {
+            return Err(PathRefusal::NetworkPath);
+        }
+        if others.alternatives.iter().any(|key| protected(key)) {
+            return Err(PathRefusal::Ambiguous);
+        }
+        Ok(protected(&read.plain))
+    }
+
+    /// The canonical reading; `None` for a target refused whatever the rules (or naming no path).
+    pub fn canonical(&self) -> Option<&Canonical<'a>> {
+        self.read.as_ref().ok().map(|read| &read.canonical)
+    }
+}
+
+impl Others {
+    fn of(target: &[u8], canonical: &Canonical<'_>, plain: &str) -> Others {
+        let readings = || {
+            (0..8u8).map(|bits| Reading { slashes: bits & 1 != 0, params_first: bits & 2 != 0, dots_first: bits & 4 != 0 })
+        };
+        // Rare (browsers and client libraries never send a target starting with `//`): what this
+        // allocates costs the common case nothing.
+        let mut network = Vec::new();
+        for path in network_path_readings(target) {
+            // The path is a part of the target's path, which decoded: this cannot fail.
+            let Ok(decoded) = decode(&path) else { continue };
+            network.extend(readings().map(|reading| reading_key(&decoded, reading)));
+        }
+        // Only a path with one of these has another reading: the common case stops here.
+        let mut alternatives = Vec::new();
+        let raw = canonical.raw_path;
+        let maybe_slashes = raw.contains(&b'\\') || raw.contains(&b'%');
+        let params = raw.contains(&b';');
+        let double = contains(raw, b"//");
+        if maybe_slashes || params || double {
+            let decoded = decode(raw).expect("the canonical path decoded it");
+            let slashes = contains(&decoded, b"%2F") || contains(&decoded, b"%5C");
+            for reading in readings().skip(1) {
+                if (reading.slashes && !slashes) || (reading.params_first && !params) || (reading.dots_first && !double) {
+                    continue;
+                }
+                let alternative = reading_key(&decoded, reading);
+                if alternative != plain {
+                    alternatives.push(alternative);
+                }
             }
         }
-    }
-    // Only a path with one of these has another reading: the common case stops here.
-    let raw = canonical.raw_path;
-    let maybe_slashes = raw.contains(&b'\\') || raw.contains(&b'%');
-    let params = raw.contains(&b';');
-    let double = contains(raw, b"//");
-    if maybe_slashes || params || double {
-        let decoded = decode(raw).expect("the canonical path decoded it");
-        let slashes = contains(&decoded, b"%2F") || contains(&decoded, b"%5C");
-        for bits in 1..8u8 {
-            let reading =
-                Reading { slashes: bits & 1 != 0, params_first: bits & 2 != 0, dots_first: bits & 4 != 0 };
-            if (reading.slashes && !slashes)
-                || (reading.params_first && !params)
-                || (reading.dots_first && !double)
-            {
-                continue;
-            }
-            let alternative = reading_key(&decoded, reading);
-            if alternative != plain && protected(&alternative) {
-                return Err(PathRefusal::Ambiguous);
-            }
-        }
-    }
-    if protected(&plain) {
-        Ok(Verdict::Protected(canonical))
-    } else {
-        Ok(Verdict::PassThrough)
+        Others { network, alternatives }
     }
 }
 

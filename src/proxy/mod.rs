@@ -44,7 +44,7 @@ use crate::http1::head::Body;
 use crate::connection::{Delimited, WRITE_TIMEOUT};
 use crate::logging;
 use crate::metrics;
-use crate::paths::{self, PathRefusal, Verdict};
+use crate::paths::{self, PathRefusal};
 use crate::rules::{self, Outcome, TokenFate};
 use crate::process::{InFlight, Process};
 use crate::room::Room;
@@ -81,26 +81,40 @@ impl Endpoint {
     /// request whose target is not canonical comes with the target to forward instead, so the
     /// upstream routes what was checked; a target the proxy refuses to guess at is refused.
     pub fn classify(config: &Config, header: &RequestHeader) -> Result<(Endpoint, Option<Vec<u8>>), PathRefusal> {
-        let path = header.uri.path();
-        if let Some(rest) = path.strip_prefix(config.endpoints.prefix.as_str()) {
-            match rest {
-                "/enter" => return Ok((Endpoint::Enter, None)),
-                "/status" => return Ok((Endpoint::Status, None)),
-                "/" if config.page.enabled && header.method == http::Method::GET => {
-                    return Ok((Endpoint::Page, None))
-                }
-                "/event" => return Ok((Endpoint::Event, None)),
-                "/event/draw" => return Ok((Endpoint::EventDraw, None)),
-                _ => {}
-            }
+        if let Some(endpoint) = Endpoint::own(config, header) {
+            return Ok((endpoint, None));
         }
-        let verdict = paths::classify(&config.protected, &header.method, &header.headers, header.raw_path())?;
-        Ok(match verdict {
-            Verdict::PassThrough => (Endpoint::Passthrough, None),
-            Verdict::Protected(canonical) => match canonical.forward_target() {
-                Cow::Borrowed(_) => (Endpoint::Protected, None),
-                Cow::Owned(target) => (Endpoint::Protected, Some(target)),
-            },
+        let methods = paths::Methods::of(&header.method, &header.headers);
+        Endpoint::by_rules(config, &methods, &paths::Target::read(header.raw_path()))
+    }
+
+    /// The proxy's own endpoint `header` asks for in the room of `config`, if any.
+    fn own(config: &Config, header: &RequestHeader) -> Option<Endpoint> {
+        let rest = header.uri.path().strip_prefix(config.endpoints.prefix.as_str())?;
+        match rest {
+            "/enter" => Some(Endpoint::Enter),
+            "/status" => Some(Endpoint::Status),
+            "/" if config.page.enabled && header.method == http::Method::GET => Some(Endpoint::Page),
+            "/event" => Some(Endpoint::Event),
+            "/event/draw" => Some(Endpoint::EventDraw),
+            _ => None,
+        }
+    }
+
+    /// What the room's `protected` rules make of a request that is none of its own endpoints,
+    /// its target read already (once, whatever the number of rooms).
+    fn by_rules(
+        config: &Config,
+        methods: &paths::Methods<'_>,
+        target: &paths::Target<'_>,
+    ) -> Result<(Endpoint, Option<Vec<u8>>), PathRefusal> {
+        if !target.check(&config.protected, methods)? {
+            return Ok((Endpoint::Passthrough, None));
+        }
+        let canonical = target.canonical().expect("a protected target was read");
+        Ok(match canonical.forward_target() {
+            Cow::Borrowed(_) => (Endpoint::Protected, None),
+            Cow::Owned(target) => (Endpoint::Protected, Some(target)),
         })
     }
 }

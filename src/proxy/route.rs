@@ -3,6 +3,7 @@
 //! refuses rooms that could both claim one request, so the first room that claims it is the
 //! only one.
 
+use std::cell::OnceCell;
 use std::sync::Arc;
 
 use pingora::http::RequestHeader;
@@ -23,6 +24,10 @@ pub fn route(rooms: &Rooms, header: &RequestHeader) -> Routed {
     let all = rooms.all();
     // Read only when some room names a host: most configurations have none.
     let host = all.iter().any(|room| room.host().is_some()).then(|| request_host(header)).flatten();
+    // The target, read by the first room that needs it and judged by each room's rules after.
+    let target = OnceCell::new();
+    let target = || target.get_or_init(|| paths::Target::read(header.raw_path()));
+    let methods = paths::Methods::of(&header.method, &header.headers);
     // Whether some room read the target: then it is readable, for every room alike.
     let mut read = false;
     for room in all.iter() {
@@ -30,10 +35,13 @@ pub fn route(rooms: &Rooms, header: &RequestHeader) -> Routed {
             continue;
         }
         let settings = room.settings();
-        if !may_claim(&settings.config, header) {
+        if !may_claim(&settings.config, header, &methods) {
             continue;
         }
-        match Endpoint::classify(&settings.config, header) {
+        if let Some(endpoint) = Endpoint::own(&settings.config, header) {
+            return Routed { room: Some(room.clone()), found: Ok((endpoint, None)) };
+        }
+        match Endpoint::by_rules(&settings.config, &methods, target()) {
             Ok((Endpoint::Passthrough, _)) => read = true,
             found => return Routed { room: Some(room.clone()), found },
         }
@@ -46,10 +54,10 @@ pub fn route(rooms: &Rooms, header: &RequestHeader) -> Routed {
 
 /// Whether a room could claim the request at all: its path under the room's prefix, or its
 /// method one of the room's protected rules'. The cheap look that spares every other room the
-/// canonical reading of the path, so a request costs one reading however many rooms there are.
-fn may_claim(config: &Config, header: &RequestHeader) -> bool {
+/// reading of the path, and every room the look of its rules at the one reading.
+fn may_claim(config: &Config, header: &RequestHeader, methods: &paths::Methods<'_>) -> bool {
     header.uri.path().starts_with(config.endpoints.prefix.as_str())
-        || config.protected.iter().any(|rule| paths::method_matches(rule.method(), &header.method, &header.headers))
+        || config.protected.iter().any(|rule| methods.include(rule.method()))
 }
 
 /// The request's host as rooms name theirs: the Host header (or an absolute target's
