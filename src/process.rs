@@ -60,7 +60,9 @@ impl Process {
         let running = self.rooms.all();
         let next = rooms_of(&self.redis, &settings, &running);
         let same_rooms = next.len() == running.len() && next.iter().zip(running.iter()).all(|(a, b)| Arc::ptr_eq(a, b));
-        if !same_rooms {
+        if same_rooms {
+            self.rooms.reroute();
+        } else {
             self.rooms.replace(next);
         }
         self.settings.store(settings);

@@ -153,6 +153,42 @@ async fn a_room_with_a_host_serves_only_that_host() {
     assert!(other.body.contains("/q/enter"), "the demo API's echo: {}", other.body);
 }
 
+/// A reload that changes a running room's protected rules is followed by the next request, in
+/// the routing of every room; its host and prefix wait for a restart (section 17), logged so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_changes_a_rooms_rules_and_keeps_its_host_and_prefix() {
+    let redis = RedisServer::start();
+    let api = DemoApi::start(&[]);
+    let drop = |host: &str, prefix: &str, order: &str| {
+        format!(
+            "rooms:\n  - {{ name: other, endpoints: {{ prefix: /other }}, protected: [{{ method: POST, path: /api/other }}] }}\n  - {{ name: drop, host: {host}, endpoints: {{ prefix: {prefix} }}, protected: [{{ method: POST, path: {order} }}] }}\n"
+        )
+    };
+    let p = Proxy::builder(&redis.url(), api.addr()).yaml(&drop("old.shop.example", "/q", "/api/a")).start().await;
+    let post = |host: &'static str, path: &'static str| {
+        send(p.client().post(p.url(path)).header("Host", host).header("X-User-Id", "u").header("X-Entry-Token", "nope"))
+    };
+    assert_eq!(post("old.shop.example", "/api/a").await.status, 403, "the room's order path, a wrong token");
+    assert_eq!(post("old.shop.example", "/api/b").await.status, 200, "not protected yet: passes through");
+
+    p.rewrite_config(&drop("new.shop.example", "/line", "/api/b"));
+    p.signal("HUP");
+    let applied = wait_until(Duration::from_secs(2), Duration::from_millis(20), || async {
+        post("old.shop.example", "/api/b").await.status == 403
+    })
+    .await;
+    assert!(applied, "the room's new order path not protected after the reload:\n{}", p.logs());
+    assert_eq!(post("old.shop.example", "/api/a").await.status, 200, "the old order path passes through");
+    // Host and prefix as they were, until a restart.
+    let enter = send(p.client().post(p.url("/q/enter")).header("Host", "old.shop.example").header("X-User-Id", "a")).await;
+    assert_eq!(enter.json()["position"].as_u64(), Some(1), "{}", enter.body);
+    assert_eq!(post("new.shop.example", "/api/b").await.status, 200, "another host: not the room's");
+    let logs = p.logs();
+    for key in ["rooms.endpoints.prefix", "rooms.host"] {
+        assert!(logs.contains(&format!("needs a restart to take effect; keeping the running value key=\"{key}\"")), "{key} not logged:\n{logs}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_adds_and_removes_a_room_while_users_wait_in_the_other() {
     let redis = RedisServer::start();

@@ -101,16 +101,13 @@ pub struct Early {
 /// head as read for pingora.
 fn take(process: &Arc<Process>, head: &[u8]) -> Taken<Box<Early>> {
     // Every other request pays only this look at its first bytes (per room) before its one read.
-    let rooms = process.rooms().all();
-    let found = rooms.iter().find_map(|room| {
-        let endpoint = candidate(room.settings().config.endpoints.prefix.as_bytes(), head)?;
-        Some((room.clone(), endpoint))
-    });
-    let Some((room, endpoint)) = found else {
+    let routes = process.rooms().routes();
+    let found = routes.iter().find_map(|route| Some((route, candidate(route.settings.config.endpoints.prefix.as_bytes(), head)?)));
+    let Some((route, endpoint)) = found else {
         return Taken::Not(head::read(head, false));
     };
-    let settings = room.settings();
-    let config = &settings.config;
+    let room = route.room.clone();
+    let config = &route.settings.config;
     let started = Instant::now();
     let mut read = head::read(head, true);
     let Some(request) = read.request.take().filter(|request| read.plain_line && plain(request, read.framing)) else {
@@ -120,13 +117,12 @@ fn take(process: &Arc<Process>, head: &[u8]) -> Taken<Box<Early>> {
         return Taken::Not(read);
     }
     // A room of another host: the full path finds the request's room.
-    if room.host().is_some_and(|host| !super::route::request_host(&request).is_some_and(|h| h.eq_ignore_ascii_case(host))) {
+    if route.host.as_deref().is_some_and(|host| !super::route::request_host(&request).is_some_and(|h| h.eq_ignore_ascii_case(host))) {
         return Taken::Not(read);
     }
     room.activity().request();
     let caller = identity_in(config, &request.headers);
     let _in_flight = process.request_started();
-    drop(settings);
     let parts = http::request::Parts::from(request);
     let headers = if endpoint == Endpoint::Enter { parts.headers } else { HeaderMap::new() };
     Taken::Call(Box::new(Early { room, endpoint, method: parts.method, uri: parts.uri, headers, caller, started, _in_flight }))

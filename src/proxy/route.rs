@@ -21,34 +21,34 @@ pub struct Routed {
 }
 
 pub fn route(rooms: &Rooms, header: &RequestHeader) -> Routed {
-    let all = rooms.all();
+    let routes = rooms.routes();
     // Read only when some room names a host: most configurations have none.
-    let host = all.iter().any(|room| room.host().is_some()).then(|| request_host(header)).flatten();
+    let host = routes.iter().any(|route| route.host.is_some()).then(|| request_host(header)).flatten();
     // The target, read by the first room that needs it and judged by each room's rules after.
     let target = OnceCell::new();
     let target = || target.get_or_init(|| paths::Target::read(header.raw_path()));
     let methods = paths::Methods::of(&header.method, &header.headers);
     // Whether some room read the target: then it is readable, for every room alike.
     let mut read = false;
-    for room in all.iter() {
-        if room.host().is_some_and(|wanted| !host.is_some_and(|host| host.eq_ignore_ascii_case(wanted))) {
+    for route in routes.iter() {
+        if route.host.as_deref().is_some_and(|wanted| !host.is_some_and(|host| host.eq_ignore_ascii_case(wanted))) {
             continue;
         }
-        let settings = room.settings();
-        if !may_claim(&settings.config, header, &methods) {
+        let config = &route.settings.config;
+        if !may_claim(config, header, &methods) {
             continue;
         }
-        if let Some(endpoint) = Endpoint::own(&settings.config, header) {
-            return Routed { room: Some(room.clone()), found: Ok((endpoint, None)) };
+        if let Some(endpoint) = Endpoint::own(config, header) {
+            return Routed { room: Some(route.room.clone()), found: Ok((endpoint, None)) };
         }
-        match Endpoint::by_rules(&settings.config, &methods, target()) {
+        match Endpoint::by_rules(config, &methods, target()) {
             Ok((Endpoint::Passthrough, _)) => read = true,
-            found => return Routed { room: Some(room.clone()), found },
+            found => return Routed { room: Some(route.room.clone()), found },
         }
     }
     // No room claims it. A target that cannot be read is still refused, as one room refuses it:
     // the reading does not depend on the room, so the first room's is asked.
-    let refused = if read { None } else { all.first().and_then(|room| Endpoint::classify(&room.settings().config, header).err()) };
+    let refused = if read { None } else { routes.first().and_then(|route| Endpoint::classify(&route.settings.config, header).err()) };
     Routed { room: None, found: refused.map_or(Ok((Endpoint::Passthrough, None)), Err) }
 }
 

@@ -37,7 +37,8 @@ pub use crate::config::DEFAULT_ROOM as DEFAULT;
 
 pub struct Room {
     name: String,
-    /// The only Host this room serves (lowercase, no port); `None`: every host.
+    /// The only Host this room serves (lowercase, no port); `None`: every host. Requests read
+    /// it from [`Rooms::routes`].
     host: Option<String>,
     /// The request path's handle on the room's keys (the background work has its own, on the
     /// runtime it runs on).
@@ -229,17 +230,42 @@ impl Room {
 /// `crate::services::RoomWork`).
 pub struct Rooms {
     list: ArcSwap<Vec<Arc<Room>>>,
+    routes: ArcSwap<Vec<Route>>,
     changed: tokio::sync::watch::Sender<()>,
+}
+
+/// A room as requests are routed to it: its settings and host as of the last (re)load, one
+/// snapshot of every room for a request to look through (one load for the request, rather than
+/// one per room and look: see `crate::proxy::route`).
+pub struct Route {
+    pub room: Arc<Room>,
+    pub settings: Arc<Settings>,
+    pub host: Option<String>,
+}
+
+fn routes_of(rooms: &[Arc<Room>]) -> Vec<Route> {
+    rooms.iter().map(|room| Route { room: room.clone(), settings: room.snapshot(), host: room.host.clone() }).collect()
 }
 
 impl Rooms {
     pub fn new(rooms: Vec<Arc<Room>>) -> Rooms {
-        Rooms { list: ArcSwap::from_pointee(rooms), changed: tokio::sync::watch::Sender::new(()) }
+        let routes = ArcSwap::from_pointee(routes_of(&rooms));
+        Rooms { list: ArcSwap::from_pointee(rooms), routes, changed: tokio::sync::watch::Sender::new(()) }
     }
 
     /// Every room now.
     pub fn all(&self) -> Arc<Vec<Arc<Room>>> {
         self.list.load_full()
+    }
+
+    /// Every room as requests are routed to it now, in the configuration's order.
+    pub fn routes(&self) -> arc_swap::Guard<Arc<Vec<Route>>> {
+        self.routes.load()
+    }
+
+    /// Takes up the settings the rooms hold now: after a reload changed them.
+    pub fn reroute(&self) {
+        self.routes.store(Arc::new(routes_of(&self.list.load())));
     }
 
     pub fn get(&self, name: &str) -> Option<Arc<Room>> {
@@ -258,6 +284,7 @@ impl Rooms {
 
     /// Replaces the rooms; the background work starts and stops rooms to match.
     pub fn replace(&self, rooms: Vec<Arc<Room>>) {
+        self.routes.store(Arc::new(routes_of(&rooms)));
         self.list.store(Arc::new(rooms));
         self.changed.send_replace(());
     }
