@@ -864,7 +864,8 @@ rooms_busy_beside_idle() {
     "$WRBENCH" seed-queue --prefix "$ROOMS_PREFIX" --room busy --count "$QUEUE_SIZE" \
       | redis-cli -h 127.0.0.1 -p "$PORT" --pipe >"$OUT/logs/seed-$target.log"
   done
-  rooms_start rooms-50 "${ROOMS_REDIS[rooms-50]}" "$P_API" "$(rooms_busy_yaml; rooms_idle_yaml 49)"
+  # The busy room last: every request to it is first offered to the 49 idle rooms.
+  rooms_start rooms-50 "${ROOMS_REDIS[rooms-50]}" "$P_API" "$(rooms_idle_yaml 49; rooms_busy_yaml)"
   rooms_start rooms-1 "${ROOMS_REDIS[rooms-1]}" "$P_API" "$(rooms_busy_yaml)"
   # The idle rooms as they stay: quiet. The smoke mode does not wait for it: its numbers are not
   # read, only that it runs.

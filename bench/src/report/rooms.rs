@@ -70,7 +70,7 @@ pub fn section(raw: &[Value], dir: &Path, meta: &Value, md: &mut String, results
 fn busy_beside_idle(rows: &[&Value], meta: &Value, judged: bool, md: &mut String) -> Value {
     writeln!(
         md,
-        "One busy room alone (`{ALONE}`), and the same room with 49 idle rooms beside it (`{BESIDE}`): two proxies, each on a Redis of its own, interleaved, wrk -t2 -c64, medians of {} round(s); the ratios are taken per round, then their median.\n",
+        "One busy room alone (`{ALONE}`), and the same room with 49 idle rooms configured before it (`{BESIDE}`): two proxies, each on a Redis of its own, interleaved, wrk -t2 -c64, medians of {} round(s); the ratios are taken per round, then their median.\n",
         meta["rounds"].as_u64().unwrap_or(1)
     )
     .ok();
