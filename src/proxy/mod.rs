@@ -91,10 +91,15 @@ impl Endpoint {
     /// The proxy's own endpoint `header` asks for in the room of `config`, if any.
     fn own(config: &Config, header: &RequestHeader) -> Option<Endpoint> {
         let rest = header.uri.path().strip_prefix(config.endpoints.prefix.as_str())?;
+        Endpoint::own_below(config, &header.method, rest)
+    }
+
+    /// The proxy's own endpoint at `rest`, the path after the room's prefix, if any.
+    fn own_below(config: &Config, method: &http::Method, rest: &str) -> Option<Endpoint> {
         match rest {
             "/enter" => Some(Endpoint::Enter),
             "/status" => Some(Endpoint::Status),
-            "/" if config.page.enabled && header.method == http::Method::GET => Some(Endpoint::Page),
+            "/" if config.page.enabled && *method == http::Method::GET => Some(Endpoint::Page),
             "/event" => Some(Endpoint::Event),
             "/event/draw" => Some(Endpoint::EventDraw),
             _ => None,

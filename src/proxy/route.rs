@@ -9,7 +9,6 @@ use std::sync::Arc;
 use pingora::http::RequestHeader;
 
 use super::Endpoint;
-use crate::config::Config;
 use crate::paths::{self, PathRefusal};
 use crate::room::{Room, Rooms};
 
@@ -28,6 +27,7 @@ pub fn route(rooms: &Rooms, header: &RequestHeader) -> Routed {
     let target = OnceCell::new();
     let target = || target.get_or_init(|| paths::Target::read(header.raw_path()));
     let methods = paths::Methods::of(&header.method, &header.headers);
+    let path = header.uri.path();
     // Whether some room read the target: then it is readable, for every room alike.
     let mut read = false;
     for route in routes.iter() {
@@ -35,10 +35,14 @@ pub fn route(rooms: &Rooms, header: &RequestHeader) -> Routed {
             continue;
         }
         let config = &route.settings.config;
-        if !may_claim(config, header, &methods) {
+        // The cheap look that spares every other room the reading of the target, and every
+        // room the look of its rules at the one reading: the path under the room's prefix, or
+        // the request's method one of the room's protected rules'.
+        let below = path.strip_prefix(config.endpoints.prefix.as_str());
+        if below.is_none() && !config.protected.iter().any(|rule| methods.include(rule.method())) {
             continue;
         }
-        if let Some(endpoint) = Endpoint::own(config, header) {
+        if let Some(endpoint) = below.and_then(|rest| Endpoint::own_below(config, &header.method, rest)) {
             return Routed { room: Some(route.room.clone()), found: Ok((endpoint, None)) };
         }
         match Endpoint::by_rules(config, &methods, target()) {
@@ -50,14 +54,6 @@ pub fn route(rooms: &Rooms, header: &RequestHeader) -> Routed {
     // the reading does not depend on the room, so the first room's is asked.
     let refused = if read { None } else { routes.first().and_then(|route| Endpoint::classify(&route.settings.config, header).err()) };
     Routed { room: None, found: refused.map_or(Ok((Endpoint::Passthrough, None)), Err) }
-}
-
-/// Whether a room could claim the request at all: its path under the room's prefix, or its
-/// method one of the room's protected rules'. The cheap look that spares every other room the
-/// reading of the path, and every room the look of its rules at the one reading.
-fn may_claim(config: &Config, header: &RequestHeader, methods: &paths::Methods<'_>) -> bool {
-    header.uri.path().starts_with(config.endpoints.prefix.as_str())
-        || config.protected.iter().any(|rule| methods.include(rule.method()))
 }
 
 /// The request's host as rooms name theirs: the Host header (or an absolute target's
