@@ -219,6 +219,21 @@ impl Others {
     }
 }
 
+// ---- a room's prefix ---------------------------------------------------------------------------
+
+/// `bytes` after `prefix`, when it starts with it. A request is offered to every room before the
+/// one it is for, and rooms' prefixes differ from a path within their first 8 bytes as a rule
+/// (`/queue/s...` and `/queue/c...`): those are compared as one word, so every other room costs
+/// a compare and not a call to `memcmp`.
+pub fn after_prefix<'a>(bytes: &'a [u8], prefix: &[u8]) -> Option<&'a [u8]> {
+    if let (Some(head), Some(wanted)) = (bytes.first_chunk::<8>(), prefix.first_chunk::<8>()) {
+        if u64::from_ne_bytes(*head) != u64::from_ne_bytes(*wanted) {
+            return None;
+        }
+    }
+    bytes.strip_prefix(prefix)
+}
+
 // ---- the client address's list -----------------------------------------------------------------
 
 /// What stands for an `X-Forwarded-For` line that is not text.
@@ -268,6 +283,22 @@ mod tests {
             Verdict::PassThrough => None,
             Verdict::Protected(c) => Some(String::from_utf8(c.forward_target().into_owned()).unwrap()),
         })
+    }
+
+    #[test]
+    fn after_a_prefix() {
+        for (bytes, prefix, rest) in [
+            (&b"/queue/sneakers/enter"[..], &b"/queue/sneakers"[..], Some(&b"/enter"[..])),
+            (b"/queue/console/enter", b"/queue/sneakers", None),
+            (b"/queue/sneaker", b"/queue/sneakers", None),
+            (b"/q/enter", b"/q", Some(&b"/enter"[..])),
+            (b"/r/enter", b"/q", None),
+            (b"/queue/s", b"/queue/sneakers", None),
+            (b"/queue/sneakers", b"/queue/sneakers", Some(&b""[..])),
+            (b"", b"/q", None),
+        ] {
+            assert_eq!(after_prefix(bytes, prefix), rest, "{:?} after {:?}", String::from_utf8_lossy(bytes), String::from_utf8_lossy(prefix));
+        }
     }
 
     #[test]

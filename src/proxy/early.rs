@@ -131,8 +131,8 @@ fn take(process: &Arc<Process>, head: &[u8]) -> Taken<Box<Early>> {
 /// The endpoint `head` would call, from its first bytes alone.
 fn candidate(prefix: &[u8], head: &[u8]) -> Option<Endpoint> {
     let (endpoint, target) = match head.strip_prefix(b"GET ") {
-        Some(target) => (Endpoint::Status, target.strip_prefix(prefix)?.strip_prefix(b"/status")?),
-        None => (Endpoint::Enter, head.strip_prefix(b"POST ")?.strip_prefix(prefix)?.strip_prefix(b"/enter")?),
+        Some(target) => (Endpoint::Status, crate::paths::after_prefix(target, prefix)?.strip_prefix(b"/status")?),
+        None => (Endpoint::Enter, crate::paths::after_prefix(head.strip_prefix(b"POST ")?, prefix)?.strip_prefix(b"/enter")?),
     };
     matches!(target.first(), Some(b' ' | b'?')).then_some(endpoint)
 }

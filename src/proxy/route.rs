@@ -38,7 +38,9 @@ pub fn route(rooms: &Rooms, header: &RequestHeader) -> Routed {
         // The cheap look that spares every other room the reading of the target, and every
         // room the look of its rules at the one reading: the path under the room's prefix, or
         // the request's method one of the room's protected rules'.
-        let below = path.strip_prefix(config.endpoints.prefix.as_str());
+        // The prefix is a whole string: what follows it in the path starts on a char boundary.
+        let below = paths::after_prefix(path.as_bytes(), config.endpoints.prefix.as_bytes())
+            .map(|rest| &path[path.len() - rest.len()..]);
         if below.is_none() && !config.protected.iter().any(|rule| methods.include(rule.method())) {
             continue;
         }
