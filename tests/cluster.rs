@@ -457,17 +457,31 @@ struct Outcome {
     label: String,
 }
 
-/// Requests from 8 workers over two proxies, each alternating a status of a waiting user (which
-/// must answer WAITING) and an enter of a new user, every 10 ms, until stopped.
-struct Load {
+/// Workers sending requests until stopped: what each request saw (`O`), and the users they
+/// entered (`E`).
+struct Load<O, E> {
     stop: Arc<AtomicBool>,
-    log: Arc<Mutex<Vec<Outcome>>>,
-    entered: Arc<Mutex<Vec<String>>>,
+    log: Arc<Mutex<Vec<O>>>,
+    entered: Arc<Mutex<Vec<E>>>,
     workers: Vec<tokio::task::JoinHandle<()>>,
 }
 
-impl Load {
-    fn start(proxies: [&Proxy; 2], waiting: &[String], tag: &'static str) -> Load {
+impl<O, E> Load<O, E> {
+    async fn stop(self) -> (Vec<O>, Vec<E>) {
+        self.stop.store(true, Ordering::Relaxed);
+        for w in self.workers {
+            w.await.expect("load worker");
+        }
+        let log = std::mem::take(&mut *self.log.lock().unwrap());
+        let entered = std::mem::take(&mut *self.entered.lock().unwrap());
+        (log, entered)
+    }
+}
+
+impl Load<Outcome, String> {
+    /// Requests from 8 workers over two proxies, each alternating a status of a waiting user
+    /// (which must answer WAITING) and an enter of a new user, every 10 ms.
+    fn start(proxies: [&Proxy; 2], waiting: &[String], tag: &'static str) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let log = Arc::new(Mutex::new(Vec::<Outcome>::new()));
         let entered = Arc::new(Mutex::new(Vec::<String>::new()));
@@ -522,16 +536,6 @@ impl Load {
             entered,
             workers,
         }
-    }
-
-    async fn stop(self) -> (Vec<Outcome>, Vec<String>) {
-        self.stop.store(true, Ordering::Relaxed);
-        for w in self.workers {
-            w.await.expect("load worker");
-        }
-        let log = std::mem::take(&mut *self.log.lock().unwrap());
-        let entered = std::mem::take(&mut *self.entered.lock().unwrap());
-        (log, entered)
     }
 }
 
@@ -799,18 +803,13 @@ struct RoomOutcome {
     label: String,
 }
 
-/// Four workers per room (two per proxy), each alternating a status of one of the room's
-/// waiting users (which must answer WAITING at that user's exact place) and an enter of a new
-/// user (a place behind the line), every 10 ms, until stopped.
-struct RoomsLoad {
-    stop: Arc<AtomicBool>,
-    log: Arc<Mutex<Vec<RoomOutcome>>>,
-    entered: Arc<Mutex<Vec<(&'static str, String)>>>,
-    workers: Vec<tokio::task::JoinHandle<()>>,
-}
+type RoomsLoad = Load<RoomOutcome, (&'static str, String)>;
 
 impl RoomsLoad {
-    fn start(proxies: [&Proxy; 2], waiting: &[String]) -> RoomsLoad {
+    /// Four workers per room (two per proxy), each alternating a status of one of the room's
+    /// waiting users (which must answer WAITING at that user's exact place) and an enter of a
+    /// new user (a place behind the line), every 10 ms.
+    fn start_rooms(proxies: [&Proxy; 2], waiting: &[String]) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let log = Arc::new(Mutex::new(Vec::new()));
         let entered = Arc::new(Mutex::new(Vec::new()));
@@ -860,17 +859,7 @@ impl RoomsLoad {
                 }));
             }
         }
-        RoomsLoad { stop, log, entered, workers }
-    }
-
-    async fn stop(self) -> (Vec<RoomOutcome>, Vec<(&'static str, String)>) {
-        self.stop.store(true, Ordering::Relaxed);
-        for w in self.workers {
-            w.await.expect("load worker");
-        }
-        let log = std::mem::take(&mut *self.log.lock().unwrap());
-        let entered = std::mem::take(&mut *self.entered.lock().unwrap());
-        (log, entered)
+        Load { stop, log, entered, workers }
     }
 }
 
@@ -956,7 +945,7 @@ async fn three_rooms_on_three_primaries(cluster: &mut Cluster, db: &Db, seed: &s
     let failed = ROOMS[0];
     let (_, primary, replica) = primaries[0].clone();
     crate::topology::wait_in_sync(replica.port, Duration::from_secs(10));
-    let load = RoomsLoad::start([&p1, &p2], &waiting);
+    let load = RoomsLoad::start_rooms([&p1, &p2], &waiting);
     tokio::time::sleep(Duration::from_millis(500)).await;
     let killed = Instant::now();
     cluster.node(primary.port).crash();

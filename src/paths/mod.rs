@@ -59,7 +59,7 @@ use http::{HeaderMap, Method};
 
 pub use canonical::{canonical_path, Canonical, PathRefusal};
 use canonical::decode;
-pub use rules::{match_key, method_matches, Methods, PathMatch, Rule};
+pub use rules::{match_key, Methods, PathMatch, Rule};
 use rules::{network_path_readings, reading_key, Reading};
 
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {
@@ -80,7 +80,7 @@ pub enum Verdict<'a> {
 /// Decides a request (contract section 12): protected, passed through, or refused (400).
 ///
 /// - Protected: the method, or one named by an override header, is a rule's method (see
-///   [`method_matches`]), and the match key of the canonical path is the rule's path.
+///   [`Methods`]), and the match key of the canonical path is the rule's path.
 /// - Refused, whatever the method: a malformed percent-encoding; dot segments above the root.
 /// - Refused when some rule's method matches: a target that names no path; an ambiguous path:
 ///   one whose alternative reading differs from the plain one and is protected. The readings:

@@ -92,16 +92,12 @@ static METHOD_OVERRIDES: [HeaderName; 3] = [
     HeaderName::from_static("x-method-override"),
 ];
 
-/// Whether a request's method, or a method named by an override header, is `wanted`
-/// ASCII-case-insensitively (some backends upper-case `post`). Every line of each header counts,
-/// and each comma-separated item of a line (backends disagree about which one they use).
-pub fn method_matches(wanted: &Method, method: &Method, headers: &HeaderMap) -> bool {
-    Methods::of(method, headers).include(wanted)
-}
-
 /// A request's method, and whether override headers name others, read once: each room's rules
 /// are then compared without looking the headers up again (three lookups a rule, which fifty
-/// rooms would make a third of a pass-through request's cost).
+/// rooms would make a third of a pass-through request's cost). A rule matches when the method,
+/// or one an override header names, is its method ASCII-case-insensitively (some backends
+/// upper-case `post`); every line of each override header counts, and each comma-separated item
+/// of a line (backends disagree about which one they use).
 pub struct Methods<'h> {
     /// The request's method, upper-cased.
     method: Method,

@@ -97,10 +97,6 @@ impl Room {
         &self.name
     }
 
-    pub fn host(&self) -> Option<&str> {
-        self.host.as_deref()
-    }
-
     pub fn metrics(&self) -> &RoomMetrics {
         &self.metrics
     }
