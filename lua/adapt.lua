@@ -15,18 +15,27 @@
 --   period_us  the step period
 --   keep_ms    how long the state outlives the last call: a room nobody adapts for that long
 --              starts again at batch_size
+--   judged     of this proxy's latencies, how many it judged against the room's target_p95...
+--   over       ... and how many of those were above it (kept beside the state, as the fields
+--              judged and over: the histogram's hash holds numbered buckets only)
 --   from ARGV[REST], this proxy's report as pairs (bucket, count)
 --
 -- Reply, in the order src/store/adapt.rs declares it (AdaptReply): claimed (1: this call claimed
 -- the step), wait_us (until the next step is due); a claimed step adds step (its id), batch (-1:
--- none before the first commit), settle, served_at_cut, probe_wait and latencies (every report
--- since the previous step, as one array of pairs bucket, count).
+-- none before the first commit), settle, served_at_cut, probe_wait, latencies (every report
+-- since the previous step, as one array of pairs bucket, count), judged and over (their sums).
 
 for i = REST, #ARGV - 1, 2 do
   redis.call('HINCRBY', latencies, ARGV[i], ARGV[i + 1])
 end
 if #ARGV > REST then
   redis.call('PEXPIRE', latencies, keep_ms)
+end
+-- A new state hash these create has no expiry yet; it is claimed below at once (no 'next'), and
+-- the claim sets it.
+if tonumber(judged) > 0 then
+  redis.call('HINCRBY', adaptive, 'judged', judged)
+  redis.call('HINCRBY', adaptive, 'over', over)
 end
 
 local t = redis.call('TIME')
@@ -45,8 +54,9 @@ local step = string.format('%.0f', next_due)
 redis.call('HSET', adaptive, 'next', step)
 redis.call('PEXPIRE', adaptive, keep_ms)
 
-local state = redis.call('HMGET', adaptive, 'batch', 'settle', 'served', 'wait')
+local state = redis.call('HMGET', adaptive, 'batch', 'settle', 'served', 'wait', 'judged', 'over')
+redis.call('HDEL', adaptive, 'judged', 'over')
 local reported = redis.call('HGETALL', latencies)
 redis.call('DEL', latencies)
 return {1, next_due - now, step, tonumber(state[1]) or -1, tonumber(state[2]) or 0, tonumber(state[3]) or 0,
-  tonumber(state[4]) or 0, reported}
+  tonumber(state[4]) or 0, reported, tonumber(state[5]) or 0, tonumber(state[6]) or 0}

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use redis::aio::MultiplexedConnection;
-use waitroom::rules::{self, ControlState};
+use waitroom::rules::{self, ControlState, Latencies};
 use waitroom::store::{EnterOutcome, EnterRequest, Keys, PollClock, RoomRules, StatusOutcome};
 
 const TTL_MS: f64 = 300_000.0;
@@ -813,7 +813,8 @@ async fn the_controller_steps_once_a_second_whoever_calls() {
         .iter()
         .map(|r| {
             let r = r.clone();
-            tokio::spawn(async move { r.adapt(&[(bucket, 10)]).await.unwrap() })
+            let report = Latencies { buckets: vec![(bucket, 10)], judged: 10, over_target: 4 };
+            tokio::spawn(async move { r.adapt(&report).await.unwrap() })
         })
         .collect();
     let mut claimed = Vec::new();
@@ -826,10 +827,15 @@ async fn the_controller_steps_once_a_second_whoever_calls() {
     let step = &claimed[0];
     assert_eq!(step.state, None, "a new room has no stored state");
     // The claimer saw its own report and those that came before it.
-    let seen: u64 = step.latencies.iter().map(|(_, n)| n).sum();
+    let seen = step.latencies.count();
     assert!(
         (10..=40).contains(&seen) && seen.is_multiple_of(10),
         "{step:?}"
+    );
+    assert_eq!(
+        (step.latencies.judged, step.latencies.over_target),
+        (seen, seen / 10 * 4),
+        "the counts against the target travel with their reports"
     );
 
     let state = ControlState {
@@ -845,13 +851,18 @@ async fn the_controller_steps_once_a_second_whoever_calls() {
     // The next step, a second later, gets the reports the first one did not.
     tokio::time::sleep(Duration::from_millis(1_050)).await;
     let next = rooms[2]
-        .adapt(&[])
+        .adapt(&Latencies::default())
         .await
         .unwrap()
         .step
         .expect("due again after a second");
-    let later: u64 = next.latencies.iter().map(|(_, n)| n).sum();
+    let later = next.latencies.count();
     assert_eq!(seen + later, 40, "every report counted exactly once");
+    assert_eq!(
+        (step.latencies.judged + next.latencies.judged, step.latencies.over_target + next.latencies.over_target),
+        (40, 16),
+        "and so is every count against the target"
+    );
     assert_eq!(next.state, Some(state));
     // The first step's id is stale now.
     let stale = ControlState {

@@ -15,7 +15,7 @@ use common::*;
 use redis::aio::MultiplexedConnection;
 use redis::FromRedisValue;
 use waitroom::config::Config;
-use waitroom::rules::ControlState;
+use waitroom::rules::{ControlState, Latencies};
 use waitroom::store::{
     AdmitOutcome, Claim, EnterOutcome, EnterRequest, Keys, PollClock, RoomStore, RoomRules, StatusOutcome,
     StoreError, ADAPT_PERIOD,
@@ -777,18 +777,23 @@ async fn adapt_claims_one_step_per_period_and_stores_only_the_latest_result() {
     let room = open_room(&redis, "adapt");
 
     // A fresh room's first call claims the step, with the reports sent so far and no state.
-    let first = room.adapt(&[(3, 2), (7, 1)]).await.unwrap();
+    let report = |buckets: &[(usize, u64)], judged, over_target| Latencies {
+        buckets: buckets.to_vec(),
+        judged,
+        over_target,
+    };
+    let first = room.adapt(&report(&[(3, 2), (7, 1)], 3, 1)).await.unwrap();
     let step = first
         .step
         .expect("the first call of a fresh room claims the step");
     assert_eq!(step.state, None);
     let mut latencies = step.latencies.clone();
-    latencies.sort();
-    assert_eq!(latencies, vec![(3, 2), (7, 1)]);
+    latencies.buckets.sort();
+    assert_eq!(latencies, report(&[(3, 2), (7, 1)], 3, 1));
     assert!(first.next_due <= ADAPT_PERIOD, "{:?}", first.next_due);
 
     // Within the period: reported, not claimed.
-    let early = room.adapt(&[(5, 4)]).await.unwrap();
+    let early = room.adapt(&report(&[(5, 4)], 4, 2)).await.unwrap();
     assert!(early.step.is_none(), "{early:?}");
     assert!(early.next_due <= first.next_due, "{early:?}");
 
@@ -811,6 +816,13 @@ async fn adapt_claims_one_step_per_period_and_stores_only_the_latest_result() {
         None,
         "read only when the rules adapt"
     );
+
+    // The next step carries the report made in between, counts against the target included,
+    // and nothing twice.
+    tokio::time::sleep(early.next_due + Duration::from_millis(20)).await;
+    let next = room.adapt(&Latencies::default()).await.unwrap().step.expect("due again");
+    assert_eq!(next.latencies, report(&[(5, 4)], 4, 2));
+    assert_eq!(next.state, Some(state));
 }
 
 // ---- stats ------------------------------------------------------------------------------------

@@ -648,7 +648,7 @@ impl ProxyHttp for Waitroom {
                 .with(ctx.endpoint.label(), |duration| duration.observe(latency.as_secs_f64()));
             // What the adaptive controller listens to (see crate::admission).
             if let (Endpoint::Protected, Some(room)) = (ctx.endpoint, &ctx.room) {
-                room.latencies().record(latency);
+                room.record_latency(latency);
             }
         }
         if let (Some(claimed), Some(user), Some(room)) = (ctx.claimed.take(), ctx.user.as_deref(), ctx.room.as_deref()) {
@@ -691,7 +691,7 @@ impl ProxyHttp for Waitroom {
             // wait, at least upstream_timeout, is its slowest sample. (A body that stalls after
             // the response header was already counted when the header came.)
             if let (Some(started), Some(room)) = (ctx.upstream_started, &ctx.room) {
-                room.latencies().record(started.elapsed());
+                room.record_latency(started.elapsed());
             }
         }
         // Settled before the error answer leaves, so the user's immediate retry is not a 409.

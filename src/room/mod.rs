@@ -18,6 +18,7 @@ pub mod spent;
 
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use arc_swap::{ArcSwap, ArcSwapOption, Guard};
 
@@ -165,6 +166,12 @@ impl Room {
 
     pub fn latencies(&self) -> &LatencyHistogram {
         &self.latencies
+    }
+
+    /// A protected upstream latency, for the adaptive controller.
+    pub fn record_latency(&self, latency: Duration) {
+        let target = self.settings().policy.controller.map(|c| c.target_p95);
+        self.latencies.record(latency, target);
     }
 
     pub fn line(&self) -> &LocalLine {

@@ -14,27 +14,48 @@ use crate::store::PollClock;
 /// Protected upstream latencies seen by this proxy since its last report to the room.
 pub struct LatencyHistogram {
     buckets: [AtomicU64; rules::LATENCY_BUCKETS],
+    /// Latencies recorded with the room's target at hand, and of them those above it: see
+    /// [`rules::Latencies::p95`].
+    judged: AtomicU64,
+    over_target: AtomicU64,
 }
 
 impl LatencyHistogram {
     pub const fn new() -> LatencyHistogram {
-        LatencyHistogram { buckets: [const { AtomicU64::new(0) }; rules::LATENCY_BUCKETS] }
+        LatencyHistogram {
+            buckets: [const { AtomicU64::new(0) }; rules::LATENCY_BUCKETS],
+            judged: AtomicU64::new(0),
+            over_target: AtomicU64::new(0),
+        }
     }
 
-    pub fn record(&self, latency: Duration) {
+    /// `target`: the room's `target_p95`, when it adapts.
+    pub fn record(&self, latency: Duration, target: Option<Duration>) {
         self.buckets[rules::latency_bucket(latency)].fetch_add(1, Ordering::Relaxed);
+        if let Some(target) = target {
+            self.judged.fetch_add(1, Ordering::Relaxed);
+            if latency > target {
+                self.over_target.fetch_add(1, Ordering::Relaxed);
+            }
+        }
     }
 
-    /// Takes every count recorded so far, as `(bucket, count)` for the non-empty buckets.
-    pub fn drain(&self) -> Vec<(usize, u64)> {
-        self.buckets
+    /// Takes everything recorded so far (the non-empty buckets only).
+    pub fn drain(&self) -> rules::Latencies {
+        let buckets = self
+            .buckets
             .iter()
             .enumerate()
             .filter_map(|(i, b)| match b.swap(0, Ordering::Relaxed) {
                 0 => None,
                 n => Some((i, n)),
             })
-            .collect()
+            .collect();
+        rules::Latencies {
+            buckets,
+            judged: self.judged.swap(0, Ordering::Relaxed),
+            over_target: self.over_target.swap(0, Ordering::Relaxed),
+        }
     }
 }
 
@@ -96,11 +117,13 @@ mod tests {
     #[test]
     fn the_histogram_drains_what_it_recorded() {
         let h = LatencyHistogram::new();
-        h.record(Duration::from_millis(200));
-        h.record(Duration::from_millis(200));
-        h.record(Duration::from_micros(10));
+        let target = Some(Duration::from_millis(150));
+        h.record(Duration::from_millis(200), target);
+        h.record(Duration::from_millis(200), None);
+        h.record(Duration::from_micros(10), target);
         let drained = h.drain();
-        assert_eq!(drained, vec![(0, 1), (rules::latency_bucket(Duration::from_millis(200)), 2)]);
-        assert!(h.drain().is_empty(), "drained counts start again from zero");
+        assert_eq!(drained.buckets, vec![(0, 1), (rules::latency_bucket(Duration::from_millis(200)), 2)]);
+        assert_eq!((drained.judged, drained.over_target), (2, 1));
+        assert_eq!(h.drain(), rules::Latencies::default(), "drained counts start again from zero");
     }
 }

@@ -130,8 +130,8 @@ impl Admitter {
             Ok(outcome) => {
                 if let Some(step) = outcome.step {
                     let before = step.state.unwrap_or(controller.initial());
-                    let p95 = rules::latency_quantile(&step.latencies, 0.95);
-                    let responses: u64 = step.latencies.iter().map(|(_, n)| n).sum();
+                    let p95 = step.latencies.p95(controller.target_p95);
+                    let responses = step.latencies.count();
                     let after = rules::control_step(controller, before, p95, responses);
                     tracing::debug!(
                         responses,

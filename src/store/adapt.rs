@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use super::{RoomStore, StoreError};
-use crate::rules::ControlState;
+use crate::rules::{ControlState, Latencies};
 use crate::store::script::needed;
 
 /// How often the room's adaptive controller steps.
@@ -20,6 +20,8 @@ script! {
     args AdaptArgs {
         period_us: u64,
         keep_ms: u64,
+        judged: u64,
+        over: u64,
     }
     reply AdaptReply {
         claimed: bool,
@@ -30,6 +32,8 @@ script! {
         served_at_cut: Option<i64>,
         probe_wait: Option<i64>,
         latencies: Option<Vec<i64>>,
+        judged: Option<i64>,
+        over: Option<i64>,
     }
 }
 
@@ -71,8 +75,8 @@ pub struct AdaptStep {
     pub id: String,
     /// The stored state; `None` before the room's first commit.
     pub state: Option<ControlState>,
-    /// Every latency reported since the previous step, as `(bucket, count)`.
-    pub latencies: Vec<(usize, u64)>,
+    /// Every latency reported since the previous step.
+    pub latencies: Latencies,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -84,13 +88,18 @@ pub struct AdaptOutcome {
 }
 
 impl RoomStore {
-    /// This proxy's once-a-second adaptive call: reports its latencies (`(bucket, count)`) and
-    /// claims the room's controller step when it is due.
-    pub async fn adapt(&self, report: &[(usize, u64)]) -> Result<AdaptOutcome, StoreError> {
+    /// This proxy's once-a-second adaptive call: reports its latencies and claims the room's
+    /// controller step when it is due.
+    pub async fn adapt(&self, report: &Latencies) -> Result<AdaptOutcome, StoreError> {
         let period_us = ADAPT_PERIOD.as_micros() as u64;
-        let args = AdaptArgs { period_us, keep_ms: ADAPT_KEEP.as_millis() as u64 };
+        let args = AdaptArgs {
+            period_us,
+            keep_ms: ADAPT_KEEP.as_millis() as u64,
+            judged: report.judged,
+            over: report.over_target,
+        };
         let mut call = invoke(&self.keys, args);
-        for (bucket, count) in report {
+        for (bucket, count) in &report.buckets {
             call.arg(*bucket).arg(*count);
         }
         adapted(AdaptReply::decode(self.run(&call).await?)?)
@@ -104,7 +113,11 @@ fn adapted(reply: AdaptReply) -> Result<AdaptOutcome, StoreError> {
         return Ok(AdaptOutcome { step: None, next_due });
     }
     let pairs = reply.latencies.unwrap_or_default();
-    let latencies = pairs.chunks_exact(2).map(|pair| (pair[0].max(0) as usize, pair[1].max(0) as u64)).collect();
+    let latencies = Latencies {
+        buckets: pairs.chunks_exact(2).map(|pair| (pair[0].max(0) as usize, pair[1].max(0) as u64)).collect(),
+        judged: reply.judged.unwrap_or(0).max(0) as u64,
+        over_target: reply.over.unwrap_or(0).max(0) as u64,
+    };
     let number = |name, value: Option<i64>| -> Result<u32, StoreError> {
         Ok(needed(FILE, name, value)?.clamp(0, u32::MAX as i64) as u32)
     };
