@@ -2,12 +2,13 @@
 # Instructions per request on the hot paths, with valgrind's callgrind: repeatable on a busy
 # machine, where wall-clock numbers are not (and `perf` records nothing in these VMs).
 #
-#   bench/callgrind.sh [--waitroom-bin PATH] [--n 2000] [--paths status,pass,enter,enter_new,protected]
+#   bench/callgrind.sh [--waitroom-bin PATH] [--n 2000] [--paths status,status_10k,pass,enter,enter_new,protected]
 #                      [--out DIR (default bench/out/callgrind)] [--redis] [--rust-log FILTER]
 #                      [--connections C] [--config-extra YAML]
 #
 # `enter` is the enter of a user already waiting (one of the 100,000 seeded), `enter_new` that of a
-# user never seen before (a new id each request).
+# user never seen before (a new id each request). `status` polls one waiting user, `status_10k`
+# 10,000 of them in turn (`--n` at most 10,000), as the paths benchmark's two status rows do.
 #
 # --redis runs redis-server under callgrind too, and counts its instructions per waitroom
 # request (Redis shares the proxy's cores: its work is part of a request's cost).
@@ -181,6 +182,12 @@ for p in "${paths[@]}"; do
     status)
       measure status waitroom "$WR_PID" "$P_WR" --path /queue/status --header "X-User-Id: u50000"
       measure status nginx "$NG_PID" "$P_NG" --path /queue/status --header "X-User-Id: u50000" ;;
+    status_10k)
+      # The wrk run's 10k users cycling: the warm-up polls each of them once (a user's first
+      # status learns their arrival number from Redis), the measured requests poll the first N
+      # of them again, each from the proxy's memory.
+      WARM=10000 measure status_10k waitroom "$WR_PID" "$P_WR" --path /queue/status --header "X-User-Id: u{n}" --users 10000
+      WARM=10000 measure status_10k nginx "$NG_PID" "$P_NG" --path /queue/status --header "X-User-Id: u{n}" --users 10000 ;;
     pass)
       measure pass waitroom "$WR_PID" "$P_WR" --path /echo/pass
       measure pass nginx "$NG_PID" "$P_NG" --path /echo/pass ;;
