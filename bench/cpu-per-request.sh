@@ -7,9 +7,12 @@
 #
 #   NEW=<binary> OLD=<binary> bench/cpu-per-request.sh            # default paths: protected enter_new
 #   NEW=... OLD=... PATHS="protected pass" ROUNDS=5 bench/cpu-per-request.sh
+#   NEW=... OLD=... PATHS="status_one status_many" bench/cpu-per-request.sh   # and nginx's return 200
 #
 # Paths: protected (a fresh token each request, as wrk/protected.lua), enter_new (a new user each
-# request), pass (forwarded, not protected). Both proxies forward to one demo order API, share one
+# request), pass (forwarded, not protected), status_one (one waiting user polling) and
+# status_many (users picked among 100,000 waiting, from each wrk thread's pool of 10,000, as the
+# paths benchmark's "10k users cycling"). Both proxies forward to one demo order API, share one
 # fresh Redis (no persistence) and subscribe to its spent tokens, as two proxies of one room do.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -42,18 +45,61 @@ start() { # NAME BIN
 }
 start new "$NEW"
 start old "$OLD"
-for s in protected enter_new pass; do
+NAMES="new old"
+# The status paths' bound, nginx answering by itself with the same body (bench/run.sh's `return
+# 200`, two workers): its CPU a request beside waitroom's, under the same wrk.
+case " $PATHS " in
+  *" status_"*)
+    NGINX=$(command -v nginx || echo /usr/sbin/nginx)
+    read -r NP <<<"$(free_ports 1)"
+    cat >nginx.conf <<EOF
+$([ "$(id -u)" -eq 0 ] && echo "user root;")
+worker_processes 2;
+daemon off;
+pid $OUT/nginx.pid;
+error_log $OUT/nginx-error.log warn;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  keepalive_requests 1000000;
+  server {
+    listen 127.0.0.1:$NP backlog=4096;
+    location / {
+      default_type application/json;
+      return 200 '{"status":"WAITING","position":50000,"estimatedWaitTime":180000,"pollAfter":2000}\n';
+    }
+  }
+}
+EOF
+    "$NGINX" -c "$OUT/nginx.conf" -p "$OUT/" &
+    PIDS+=($!)
+    wait_until 10 nginx curl -fsS -o /dev/null "http://127.0.0.1:$NP/"
+    # The master and its workers: the workers do the work.
+    PORT[nginx-return]=$NP PID[nginx-return]="$! $(pgrep -P $! | tr '\n' ' ')"
+    NAMES="new old nginx-return" ;;
+esac
+for s in protected enter_new pass status_one users; do
   cat "$ROOT/bench/wrk/$s.lua" "$ROOT/bench/wrk/common.lua" >"$s.lua"
 done
-# utime + stime, in clock ticks.
-ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
+cp users.lua status_many.lua
+case " $PATHS " in
+  *" status_"*) "$WRBENCH" seed-queue --prefix bench --count 100000 | redis-cli -p "$RP" --pipe >/dev/null ;;
+esac
+# utime + stime of the processes given, in clock ticks.
+ticks() {
+  local pid total=0
+  for pid in "$@"; do total=$((total + $(awk '{ print $14 + $15 }' "/proc/$pid/stat"))); done
+  echo "$total"
+}
 HZ=$(getconf CLK_TCK)
 tag=0
 echo "round proxy path req/s proxy_us/req redis_us/req scripts_us/req evalsha/req"
 # Round 0 is a warm-up of 2 s, not printed: the first calls load the scripts and open connections.
 for round in $(seq 0 "$ROUNDS"); do
-  for name in new old; do
+  for name in $NAMES; do
     for path in $PATHS; do
+      # nginx answers nothing but the status paths' body.
+      [ "$name" != nginx-return ] || [[ "$path" == status_* ]] || continue
       tag=$((tag + 1))
       seconds=$SECONDS_EACH
       [ "$round" -eq 0 ] && seconds=2
@@ -66,9 +112,11 @@ for round in $(seq 0 "$ROUNDS"); do
         enter_new) env=(WR_TAG="$tag$name") ;;
       esac
       redis-cli -p "$RP" config resetstat >/dev/null
-      p0=$(ticks "${PID[$name]}") r0=$(ticks "$(cat redis.pid)")
+      # shellcheck disable=SC2086 # nginx's entry lists its processes
+      p0=$(ticks ${PID[$name]}) r0=$(ticks "$(cat redis.pid)")
       report=$(env "${env[@]}" wrk -t2 -c64 -d"${seconds}s" -s "$path.lua" "http://127.0.0.1:${PORT[$name]}/")
-      p1=$(ticks "${PID[$name]}") r1=$(ticks "$(cat redis.pid)")
+      # shellcheck disable=SC2086
+      p1=$(ticks ${PID[$name]}) r1=$(ticks "$(cat redis.pid)")
       requests=$(awk '/requests in/ { print $1 }' <<<"$report")
       stats=$(redis-cli -p "$RP" info commandstats | tr -d '\r' | awk -F'[=,]' '/^cmdstat_evalsha:/ { print $2, $4 }')
       [ "$round" -eq 0 ] || awk -v r="$round" -v n="$name" -v p="$path" -v q="$requests" -v s="$seconds" -v hz="$HZ" \
