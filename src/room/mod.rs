@@ -320,6 +320,26 @@ mod tests {
     }
 
     #[test]
+    fn a_room_judges_its_latencies_against_its_own_target_only_when_it_adapts() {
+        let ms = Duration::from_millis;
+        let fixed = room("fixed", 5);
+        let config = Config::parse(
+            "upstream: 127.0.0.1:1\nadmission: {batch_size: 5, adaptive: {target_p95: 250ms}}",
+        )
+        .unwrap();
+        let redis = Redis::new(&config.redis).unwrap();
+        let adaptive = Room::new("adaptive", None, Arc::new(Settings::new(config)), redis.room(redis.default_keys()));
+        for r in [&fixed, &adaptive] {
+            for latency in [ms(100), ms(250), ms(251), ms(900)] {
+                r.record_latency(latency);
+            }
+        }
+        let (f, a) = (fixed.latencies().drain(), adaptive.latencies().drain());
+        assert_eq!((f.count(), f.judged, f.over_target), (4, 0, 0), "nothing to judge against");
+        assert_eq!((a.count(), a.judged, a.over_target), (4, 4, 2), "above 250 ms: 251 and 900");
+    }
+
+    #[test]
     fn the_registry_finds_rooms_by_name_and_tells_of_changes() {
         let rooms = Rooms::new(vec![room("sneakers", 1)]);
         assert_eq!(rooms.default_or_only().map(|r| r.name().to_owned()).as_deref(), Some("sneakers"), "the only room");
