@@ -123,14 +123,8 @@ http {
     listen 127.0.0.1:$P_NG;
     location / { proxy_pass http://backend; proxy_http_version 1.1; proxy_set_header Connection ""; }
   }
-  # The status paths' bound in bench/run.sh: nginx answering by itself, the same body.
-  server {
-    listen 127.0.0.1:$P_NGR;
-    location / {
-      default_type application/json;
-      return 200 '{"status":"WAITING","position":50000,"estimatedWaitTime":180000,"pollAfter":2000}\n';
-    }
-  }
+  # The status paths' bound in bench/run.sh: nginx answering by itself.
+$(bench_nginx_return "$P_NGR")
 }
 EOF
 

@@ -62,13 +62,7 @@ events { worker_connections 4096; }
 http {
   access_log off;
   keepalive_requests 1000000;
-  server {
-    listen 127.0.0.1:$NP backlog=4096;
-    location / {
-      default_type application/json;
-      return 200 '{"status":"WAITING","position":50000,"estimatedWaitTime":180000,"pollAfter":2000}\n';
-    }
-  }
+$(bench_nginx_return "$NP")
 }
 EOF
     "$NGINX" -c "$OUT/nginx.conf" -p "$OUT/" &

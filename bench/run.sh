@@ -326,13 +326,7 @@ http {
       proxy_read_timeout 300s;
     }
   }
-  server {
-    listen 127.0.0.1:$P_NGINX_RETURN backlog=4096;
-    location / {
-      default_type application/json;
-      return 200 '{"status":"WAITING","position":50000,"estimatedWaitTime":180000,"pollAfter":2000}\n';
-    }
-  }
+$(bench_nginx_return "$P_NGINX_RETURN")
 }
 EOF
   say "nginx on $P_NGINX (proxy_pass, upstream keepalive 64, $(nproc) workers) and on $P_NGINX_RETURN (return 200)"

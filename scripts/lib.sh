@@ -198,3 +198,19 @@ endpoints: { hold: 0s }
 queue: { capacity: 2000000 }
 EOF
 }
+
+# bench_nginx_return PORT: the server block (for an nginx.conf's http block) of nginx answering by
+# itself what the status paths' bound answers: 200 with a WAITING body of waitroom's size. One
+# definition for bench/run.sh, bench/callgrind.sh and bench/cpu-per-request.sh, so the bound is
+# the same answer in all three.
+bench_nginx_return() {
+  cat <<EOF
+  server {
+    listen 127.0.0.1:$1 backlog=4096;
+    location / {
+      default_type application/json;
+      return 200 '{"status":"WAITING","position":50000,"estimatedWaitTime":180000,"pollAfter":2000}\n';
+    }
+  }
+EOF
+}
