@@ -49,8 +49,10 @@ impl Latencies {
     /// twentieth waited 300-304 ms read as 290 and was not cut, and a room whose backend runs at
     /// its capacity spends seconds there (issue 38's `drop-b`). Whether the p95 is above the
     /// target is therefore decided by the exact count of samples above it, whenever every sample
-    /// was judged (a proxy of an older version, or one whose target was reloaded mid-second,
-    /// leaves the histogram alone to decide); the histogram still says by how much.
+    /// was judged (a proxy of an older version, which judges none, leaves the histogram alone to
+    /// decide); the histogram still says by how much. A reload that changes `target_p95` has the
+    /// proxies judge against the old target until each has reloaded: the steps of those seconds
+    /// count against it.
     pub fn p95(&self, target: Duration) -> Option<Duration> {
         let p95 = latency_quantile(&self.buckets, 0.95)?;
         let total = self.count();
